@@ -1,0 +1,67 @@
+// Validation, result shapes and dtypes for every npu_loss op.
+//
+// Every backend (CPU kernels, the composite fallback, the NPU kernels) calls these before doing any work,
+// so the rules of SPEC.md live in one place. npu_loss_ops/_fake.py mirrors them rule for rule, with the
+// same exception classes and messages.
+#pragma once
+
+#include <ATen/core/Tensor.h>
+#include <c10/util/SmallVector.h>
+
+#include <initializer_list>
+#include <utility>
+
+namespace npu_loss {
+
+// Same numbering as at::Reduction and the aclnn kernels.
+enum class Reduction : int64_t { None = 0, Mean = 1, Sum = 2 };
+
+constexpr int64_t kMaxDims = 8;
+
+// What an op returns: its shape, its dtype, and the shape all inputs broadcast to.
+struct ResultSpec {
+  c10::DimVector shape;
+  c10::ScalarType dtype;
+  c10::DimVector broadcast_shape;
+};
+
+// A named tensor argument, for messages.
+using NamedTensor = std::pair<const char*, const at::Tensor*>;
+
+ResultSpec check_smooth_l1_loss(
+    const at::Tensor& self, const at::Tensor& target, int64_t reduction, double beta);
+ResultSpec check_smooth_l1_loss_backward(
+    const at::Tensor& grad_output, const at::Tensor& self, const at::Tensor& target,
+    int64_t reduction, double beta);
+ResultSpec check_l1_loss(const at::Tensor& self, const at::Tensor& target, int64_t reduction);
+ResultSpec check_l1_loss_backward(
+    const at::Tensor& grad_output, const at::Tensor& self, const at::Tensor& target,
+    int64_t reduction);
+ResultSpec check_kl_div(const at::Tensor& self, const at::Tensor& target, int64_t reduction);
+ResultSpec check_kl_div_target_backward(
+    const at::Tensor& grad_output, const at::Tensor& self, const at::Tensor& target,
+    int64_t reduction);
+
+// How an out= tensor's dtype is constrained.
+enum class OutDtype {
+  AnyFloating,   // any accepted floating dtype (the result is cast into it)
+  EqualsResult,  // exactly the result's dtype (grad_target must have target's dtype)
+};
+
+// Validates an out= tensor against the result it will receive: defined, same device, dtype, exact shape,
+// no internal overlap, and no partial overlap with any input (an exact alias is allowed only where the
+// result has the broadcast shape).
+void check_out(
+    const char* op, const char* name, const at::Tensor& out, const ResultSpec& spec, OutDtype rule,
+    std::initializer_list<NamedTensor> inputs);
+
+// float64 runs on CPU and the fallback, never on the NPU.
+bool float64_allowed(const at::Tensor& t);
+
+// 1 / count for "mean", 1 otherwise (count == 0 gives inf, as 1 / 0 does in PyTorch).
+double reduction_scale(int64_t reduction, int64_t count);
+
+// The element count of a shape.
+int64_t shape_numel(c10::IntArrayRef shape);
+
+}  // namespace npu_loss

@@ -1,1 +1,70 @@
-from . import _C  # noqa: F401
+"""npu_loss_ops: SmoothL1, L1 and KL-divergence losses with their gradients as torch.ops.npu_loss.* ops.
+
+On an Ascend NPU (torch_npu) the gradients run on the CANN aclnn kernels; everywhere else native CPU
+kernels (or, on other devices, a composite of ATen ops) give the same numbers and the same errors.
+"""
+import importlib.util
+
+import torch
+
+from .version import __version__
+
+# The extension must be loaded before any torch.library registration refers to its ops.
+from . import _C
+
+_npu_status = {"available": False, "reason": "not checked"}
+
+
+def _load_npu_kernels():
+    """Import torch_npu if it is installed and load the aclnn kernels; never fail the import."""
+    if importlib.util.find_spec("torch_npu") is None:
+        _npu_status["reason"] = "torch_npu is not installed"
+        return
+    try:
+        import torch_npu  # noqa: F401
+    except Exception as exc:  # without CANN torch_npu raises more than ImportError
+        _npu_status["reason"] = f"import torch_npu failed: {type(exc).__name__}: {exc}"
+        return
+    if importlib.util.find_spec(f"{__name__}._C_npu") is None:
+        _npu_status["reason"] = "npu_loss_ops was built without the NPU kernels (_C_npu)"
+        return
+    try:
+        from . import _C_npu  # noqa: F401
+    except Exception as exc:
+        _npu_status["reason"] = f"loading _C_npu failed: {type(exc).__name__}: {exc}"
+        return
+    _npu_status.update(available=True, reason="aclnn kernels registered for the NPU")
+
+
+_load_npu_kernels()
+
+from . import _fake, _autograd  # noqa: E402,F401  (registrations)
+from .functional import kl_div, l1_loss, smooth_l1_loss  # noqa: E402
+from .modules import KLDivLoss, L1Loss, SmoothL1Loss  # noqa: E402
+
+
+def npu_kernels_available() -> bool:
+    """True when the aclnn NPU kernels are registered (torch_npu imported and _C_npu loaded)."""
+    return _npu_status["available"]
+
+
+def build_info() -> dict:
+    """What this installation runs: CPU kernel ISA, OpenMP, torch version, and the NPU kernels' status."""
+    info = dict(_C.build_info())
+    info["version"] = __version__
+    info["npu_kernels"] = _npu_status["available"]
+    info["npu_reason"] = _npu_status["reason"]
+    return info
+
+
+__all__ = [
+    "__version__",
+    "smooth_l1_loss",
+    "l1_loss",
+    "kl_div",
+    "SmoothL1Loss",
+    "L1Loss",
+    "KLDivLoss",
+    "npu_kernels_available",
+    "build_info",
+]

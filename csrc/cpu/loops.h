@@ -20,6 +20,8 @@
 #include "../checks.h"
 
 #include <cmath>
+#include <cstdint>
+#include <cstring>
 #include <vector>
 
 #if defined(__x86_64__) && defined(__has_attribute)
@@ -51,6 +53,34 @@ constexpr int64_t kSumChunk = 4096;
 // Elements per task for elementwise work: small tensors stay on the calling thread.
 constexpr int64_t kGrain = 32768;
 
+// Loads and stores that convert to and from the opmath type without branches, so the loops vectorize:
+// bfloat16 <-> float is a 16-bit shift plus round-to-nearest-even (NaN stays a quiet NaN).
+template <typename T>
+NPU_LOSS_INLINE acc_t<T> load(T v) {
+  return static_cast<acc_t<T>>(v);
+}
+
+template <>
+NPU_LOSS_INLINE float load(c10::BFloat16 v) {
+  const uint32_t bits = static_cast<uint32_t>(v.x) << 16;
+  float f;
+  std::memcpy(&f, &bits, sizeof(f));
+  return f;
+}
+
+template <typename T>
+NPU_LOSS_INLINE T store(acc_t<T> v) {
+  return static_cast<T>(v);
+}
+
+template <>
+NPU_LOSS_INLINE c10::BFloat16 store(float v) {
+  uint32_t bits;
+  std::memcpy(&bits, &v, sizeof(bits));
+  const uint32_t rounded = (bits + UINT32_C(0x7FFF) + ((bits >> 16) & 1)) >> 16;
+  return c10::BFloat16(static_cast<uint16_t>(v != v ? UINT32_C(0x7FC0) : rounded), c10::BFloat16::from_bits());
+}
+
 template <typename T>
 NPU_LOSS_INLINE acc_t<T> sign_of(acc_t<T> v) {
   // NaN -> 0, as PyTorch's sgn on CPU.
@@ -63,15 +93,15 @@ NPU_LOSS_INLINE void backward_loop(
     const T* g, bool g_scalar, const T* x, const T* t, T* out, int64_t n, acc_t<T> scale, const Op& op) {
   using A = acc_t<T>;
   if (g_scalar) {
-    const A gs = static_cast<A>(g[0]) * scale;
+    const A gs = load(g[0]) * scale;
     NPU_LOSS_SIMD
     for (int64_t i = 0; i < n; ++i) {
-      out[i] = static_cast<T>(op(gs, static_cast<A>(x[i]), static_cast<A>(t[i])));
+      out[i] = store<T>(op(gs, load(x[i]), load(t[i])));
     }
   } else {
     NPU_LOSS_SIMD
     for (int64_t i = 0; i < n; ++i) {
-      out[i] = static_cast<T>(op(static_cast<A>(g[i]) * scale, static_cast<A>(x[i]), static_cast<A>(t[i])));
+      out[i] = store<T>(op(load(g[i]) * scale, load(x[i]), load(t[i])));
     }
   }
 }
@@ -79,10 +109,9 @@ NPU_LOSS_INLINE void backward_loop(
 // out[i] = op(x[i], t[i]).
 template <typename T, typename Op>
 NPU_LOSS_INLINE void forward_loop(const T* x, const T* t, T* out, int64_t n, const Op& op) {
-  using A = acc_t<T>;
   NPU_LOSS_SIMD
   for (int64_t i = 0; i < n; ++i) {
-    out[i] = static_cast<T>(op(static_cast<A>(x[i]), static_cast<A>(t[i])));
+    out[i] = store<T>(op(load(x[i]), load(t[i])));
   }
 }
 
@@ -93,7 +122,7 @@ NPU_LOSS_INLINE acc_t<T> sum_loop(const T* x, const T* t, int64_t n, const Op& o
   A acc = 0;
   NPU_LOSS_SIMD_SUM(acc)
   for (int64_t i = 0; i < n; ++i) {
-    acc += op(static_cast<A>(x[i]), static_cast<A>(t[i]));
+    acc += op(load(x[i]), load(t[i]));
   }
   return acc;
 }

@@ -1,0 +1,329 @@
+"""torch.nn.functional-style losses backed by the ``torch.ops.npu_loss`` ops.
+
+Each function takes the same arguments as its ``torch.nn.functional`` twin (reduction strings, the legacy
+``size_average``/``reduce`` pair, KL's ``'batchmean'``), gives the same results and warnings, and calls
+the matching ``torch.ops.npu_loss`` op, so its gradient runs on the package's kernels (the CANN ``aclnn``
+kernels on an Ascend NPU, native kernels on the CPU).
+"""
+import warnings
+
+import torch
+from torch import Tensor
+from torch.nn import _reduction as _Reduction
+from torch.overrides import handle_torch_function, has_torch_function_variadic
+
+__all__ = ["smooth_l1_loss", "l1_loss", "kl_div"]
+
+# The ops' `int reduction` argument (ATen's Reduction enum).
+_REDUCTION_ENUMS = {"none": 0, "mean": 1, "sum": 2}
+
+
+def _reduction_enum(reduction: str) -> int:
+    enum = _REDUCTION_ENUMS.get(reduction) if isinstance(reduction, str) else None
+    if enum is None:
+        raise ValueError(f"{reduction} is not a valid value for reduction")
+    return enum
+
+
+def _legacy_reduction(size_average: bool | None, reduce: bool | None) -> str:
+    if torch.compiler.is_compiling():
+        # torch.compile cannot trace legacy_get_string called from outside torch (a graph break, as is its
+        # warning), so the same mapping is spelled out here, without the warning.
+        if reduce is False:
+            return "none"
+        return "sum" if size_average is False else "mean"
+    return _Reduction.legacy_get_string(size_average, reduce)
+
+
+def _warn_if_sizes_differ(input: Tensor, target: Tensor) -> None:
+    if target.size() != input.size() and not torch.compiler.is_compiling():
+        warnings.warn(
+            f"Using a target size ({target.size()}) that is different to the input size ({input.size()}). "
+            "This will likely lead to incorrect results due to broadcasting. "
+            "Please ensure they have the same size.",
+            stacklevel=3,
+        )
+
+
+def _is_integral(t: Tensor) -> bool:
+    return not (t.is_floating_point() or t.is_complex())
+
+
+def _promote_like_functional(
+    input: Tensor, target: Tensor, *, bool_ok: bool, integral_result_ok: bool
+) -> tuple[Tensor, Tensor]:
+    """Prepares input and target so that the op's result dtype is torch.nn.functional's.
+
+    F broadcasts input and target before its kernel, so its result dtype is
+    ``torch.promote_types(input.dtype, target.dtype)``: a 0-dim operand promotes like any other (float16
+    with a 0-dim float32 gives float32), unlike under ``torch.result_type``'s 0-dim rule, which the op
+    follows. Integer (and, if ``bool_ok``, bool) operands are cast to that dtype when it is floating, or to
+    the default dtype if both are integral and ``integral_result_ok``. Then a 0-dim operand whose dtype
+    still differs is expanded (a view) to the other's shape. Whatever F rejects (and complex, which casting
+    would silently truncate) is passed on unchanged for the op to reject with a TypeError.
+    """
+    if input.dtype == target.dtype and not _is_integral(input):
+        return input, target
+    result_dtype = torch.promote_types(input.dtype, target.dtype)
+    if (_is_integral(input) or _is_integral(target)) and not result_dtype.is_complex:
+        if not bool_ok and torch.bool in (input.dtype, target.dtype):
+            return input, target
+        if not result_dtype.is_floating_point:
+            if not integral_result_ok:
+                return input, target
+            result_dtype = torch.get_default_dtype()
+        # Cast before any expand below, so that a 0-dim operand is cast as one element.
+        if _is_integral(input):
+            input = input.to(result_dtype)
+        if _is_integral(target):
+            target = target.to(result_dtype)
+    if input.dtype != target.dtype and (input.dim() == 0) != (target.dim() == 0):
+        if input.dim() == 0:
+            input = input.expand(target.shape)
+        else:
+            target = target.expand(input.shape)
+    return input, target
+
+
+def smooth_l1_loss(
+    input: Tensor,
+    target: Tensor,
+    size_average: bool | None = None,
+    reduce: bool | None = None,
+    reduction: str = "mean",
+    beta: float = 1.0,
+) -> Tensor:
+    """Compute the Smooth L1 loss: squared below ``beta``, L1 above it.
+
+    A drop-in for :func:`torch.nn.functional.smooth_l1_loss` whose kernels (forward and gradient) are
+    ``torch.ops.npu_loss.smooth_l1_loss`` / ``smooth_l1_loss_backward``. With ``d = input - target``
+    (broadcast together), the unreduced loss is, elementwise::
+
+        l = 0.5 * d**2 / beta    if |d| < beta
+        l = |d| - 0.5 * beta     otherwise
+
+    ``beta == 0`` gives exactly the L1 loss ``|d|``. The result is then reduced by ``reduction``.
+
+    Args:
+        input (Tensor): Predicted values.
+        target (Tensor): Ground truth values; broadcast against ``input`` (a warning is issued when the
+            sizes differ, as in PyTorch).
+        size_average (bool, optional): Deprecated (see ``reduction``). If given, together with ``reduce``
+            it overrides ``reduction``. Default: ``None``
+        reduce (bool, optional): Deprecated (see ``reduction``). Default: ``None``
+        reduction (str, optional): ``'none'`` | ``'mean'`` | ``'sum'``. ``'none'``: no reduction,
+            ``'mean'``: the mean over all elements of the broadcast result, ``'sum'``: their sum.
+            Anything else raises ``ValueError``. Default: ``'mean'``
+        beta (float, optional): Threshold between the squared and the L1 term. Must be non-negative
+            (a negative or NaN beta raises ``ValueError``). Default: ``1.0``
+
+    Shape:
+        - Input: ``(*)``, where ``*`` means any number of dimensions.
+        - Target: ``(*)``, same shape as the input (or broadcastable to it).
+        - Output: scalar. If ``reduction`` is ``'none'``, then ``(*)``, the broadcast shape.
+
+    The result dtype is PyTorch's: ``torch.promote_types(input.dtype, target.dtype)`` (PyTorch broadcasts
+    the two first, so a 0-dim operand promotes like any other). An integer or bool operand is cast to the
+    floating result dtype first. Where PyTorch rejects the dtypes (both integral), so does this function,
+    with a ``TypeError``; complex tensors are not supported either.
+
+    Example::
+
+        >>> import torch
+        >>> from npu_loss_ops.functional import smooth_l1_loss
+        >>> input = torch.tensor([0.5, 1.0, 3.0])
+        >>> target = torch.tensor([0.0, 0.0, 0.0])
+        >>> smooth_l1_loss(input, target, reduction="none")
+        tensor([0.1250, 0.5000, 2.5000])
+        >>> smooth_l1_loss(input, target)
+        tensor(1.0417)
+        >>> smooth_l1_loss(input, target, reduction="sum", beta=0.5)
+        tensor(3.7500)
+    """
+    if has_torch_function_variadic(input, target):
+        return handle_torch_function(
+            smooth_l1_loss,
+            (input, target),
+            input,
+            target,
+            size_average=size_average,
+            reduce=reduce,
+            reduction=reduction,
+            beta=beta,
+        )
+    _warn_if_sizes_differ(input, target)
+    if size_average is not None or reduce is not None:
+        reduction = _legacy_reduction(size_average, reduce)
+    reduction_enum = _reduction_enum(reduction)
+    # F's kernel rejects an all-integral pair; bool with a floating operand it accepts.
+    input, target = _promote_like_functional(input, target, bool_ok=True, integral_result_ok=False)
+    return torch.ops.npu_loss.smooth_l1_loss(input, target, reduction_enum, beta)
+
+
+def l1_loss(
+    input: Tensor,
+    target: Tensor,
+    size_average: bool | None = None,
+    reduce: bool | None = None,
+    reduction: str = "mean",
+) -> Tensor:
+    """Compute the L1 loss: the element-wise absolute difference, optionally reduced.
+
+    A drop-in for :func:`torch.nn.functional.l1_loss` (without its ``weight`` argument) whose kernels
+    (forward and gradient) are ``torch.ops.npu_loss.l1_loss`` / ``l1_loss_backward``. With
+    ``d = input - target`` (broadcast together), the unreduced loss is, elementwise::
+
+        l = |d|
+
+    and it is then reduced by ``reduction``.
+
+    Args:
+        input (Tensor): Predicted values.
+        target (Tensor): Ground truth values; broadcast against ``input`` (a warning is issued when the
+            sizes differ, as in PyTorch).
+        size_average (bool, optional): Deprecated (see ``reduction``). If given, together with ``reduce``
+            it overrides ``reduction``. Default: ``None``
+        reduce (bool, optional): Deprecated (see ``reduction``). Default: ``None``
+        reduction (str, optional): ``'none'`` | ``'mean'`` | ``'sum'``. ``'none'``: no reduction,
+            ``'mean'``: the mean over all elements of the broadcast result, ``'sum'``: their sum.
+            Anything else raises ``ValueError``. Default: ``'mean'``
+
+    Shape:
+        - Input: ``(*)``, where ``*`` means any number of dimensions.
+        - Target: ``(*)``, same shape as the input (or broadcastable to it).
+        - Output: scalar. If ``reduction`` is ``'none'``, then ``(*)``, the broadcast shape.
+
+    The result dtype is PyTorch's: ``torch.promote_types(input.dtype, target.dtype)`` (PyTorch broadcasts
+    the two first, so a 0-dim operand promotes like any other). An integer or bool operand is cast to the
+    floating result dtype first. When both are integral, ``'none'`` and ``'sum'`` are computed in
+    ``torch.get_default_dtype()`` (PyTorch computes them in the integer dtype). Where PyTorch rejects the
+    dtypes (a bool operand; ``'mean'`` of two integer tensors), so does this function, with a
+    ``TypeError``; complex tensors are not supported either.
+
+    Example::
+
+        >>> import torch
+        >>> from npu_loss_ops.functional import l1_loss
+        >>> input = torch.tensor([[0.5, -1.0], [2.0, 4.0]])
+        >>> target = torch.tensor([1.0, 1.0])
+        >>> l1_loss(input, target.expand(2, 2), reduction="none")
+        tensor([[0.5000, 2.0000],
+                [1.0000, 3.0000]])
+        >>> l1_loss(input, target.expand(2, 2))
+        tensor(1.6250)
+        >>> l1_loss(input, target.expand(2, 2), reduction="sum")
+        tensor(6.5000)
+    """
+    if has_torch_function_variadic(input, target):
+        return handle_torch_function(
+            l1_loss,
+            (input, target),
+            input,
+            target,
+            size_average=size_average,
+            reduce=reduce,
+            reduction=reduction,
+        )
+    _warn_if_sizes_differ(input, target)
+    if size_average is not None or reduce is not None:
+        reduction = _legacy_reduction(size_average, reduce)
+    reduction_enum = _reduction_enum(reduction)
+    # F computes an all-integral 'none'/'sum' in the integer dtype, rejects its 'mean' and rejects bool.
+    input, target = _promote_like_functional(
+        input, target, bool_ok=False, integral_result_ok=reduction_enum != _REDUCTION_ENUMS["mean"]
+    )
+    return torch.ops.npu_loss.l1_loss(input, target, reduction_enum)
+
+
+def kl_div(
+    input: Tensor,
+    target: Tensor,
+    size_average: bool | None = None,
+    reduce: bool | None = None,
+    reduction: str = "mean",
+    log_target: bool = False,
+) -> Tensor:
+    """Compute the Kullback-Leibler divergence loss of ``input`` (log-probabilities) from ``target``.
+
+    A drop-in for :func:`torch.nn.functional.kl_div` whose kernels are ``torch.ops.npu_loss.kl_div`` and,
+    for the gradient w.r.t. ``target``, ``kl_div_target_backward``. With ``input`` and ``target`` broadcast
+    together, the unreduced loss is, elementwise::
+
+        l = target * (log(target) - input)       if not log_target (0 where target == 0)
+        l = exp(target) * (target - input)       if log_target
+
+    and it is then reduced by ``reduction``.
+
+    One deliberate difference from PyTorch: with ``log_target=False`` the gradient w.r.t. ``target`` is
+    exactly 0 where ``target == 0`` (a zero probability contributes nothing), where PyTorch's autograd gives
+    NaN. Forward values and all other gradients equal PyTorch's.
+
+    Args:
+        input (Tensor): Tensor of arbitrary shape in log-probabilities.
+        target (Tensor): Tensor of the same shape as input (or broadcastable to it): probabilities, or
+            log-probabilities if ``log_target`` is ``True``.
+        size_average (bool, optional): Deprecated (see ``reduction``). If given, together with ``reduce``
+            it overrides ``reduction``. Default: ``None``
+        reduce (bool, optional): Deprecated (see ``reduction``). Default: ``None``
+        reduction (str, optional): ``'none'`` | ``'batchmean'`` | ``'sum'`` | ``'mean'``.
+            ``'none'``: no reduction, ``'batchmean'``: the sum divided by ``input.size(0)`` (the sum itself
+            for a 0-dim input), ``'sum'``: the sum, ``'mean'``: the sum divided by the number of elements
+            of the broadcast result. Anything else raises ``ValueError``. Default: ``'mean'``
+        log_target (bool, optional): Whether ``target`` is given in log space. Default: ``False``
+
+    Shape:
+        - Input: ``(*)``, where ``*`` means any number of dimensions.
+        - Target: ``(*)``, same shape as the input (or broadcastable to it).
+        - Output: scalar. If ``reduction`` is ``'none'``, then ``(*)``, the broadcast shape.
+
+    .. warning::
+        ``reduction='mean'`` does not return the true KL divergence; use ``reduction='batchmean'``, which
+        matches the mathematical definition. As in PyTorch, ``'mean'`` issues a ``UserWarning`` saying so
+        (not inside ``torch.compile``).
+
+    Integer or bool tensors raise ``TypeError`` (PyTorch rejects them too, with a ``RuntimeError``).
+
+    Example::
+
+        >>> import torch
+        >>> from npu_loss_ops.functional import kl_div
+        >>> input = torch.tensor([[0.25, 0.75], [0.5, 0.5]]).log()
+        >>> target = torch.tensor([[0.5, 0.5], [0.5, 0.5]])
+        >>> kl_div(input, target, reduction="batchmean")
+        tensor(0.0719)
+        >>> kl_div(input, target.log(), reduction="sum", log_target=True)
+        tensor(0.1438)
+        >>> kl_div(input, torch.tensor([[1.0, 0.0], [0.0, 1.0]]), reduction="none")
+        tensor([[1.3863, 0.0000],
+                [0.0000, 0.6931]])
+    """
+    if has_torch_function_variadic(input, target):
+        return handle_torch_function(
+            kl_div,
+            (input, target),
+            input,
+            target,
+            size_average=size_average,
+            reduce=reduce,
+            reduction=reduction,
+            log_target=log_target,
+        )
+    if size_average is not None or reduce is not None:
+        reduction_enum = _reduction_enum(_legacy_reduction(size_average, reduce))
+    else:
+        if reduction == "mean" and not torch.compiler.is_compiling():
+            # PyTorch's message, word for word (so filters written for it keep working).
+            warnings.warn(
+                "reduction: 'mean' divides the total loss by both the batch size and the support size."
+                "'batchmean' divides only by the batch size, and aligns with the KL div math definition."
+                "'mean' will be changed to behave the same as 'batchmean' in the next major release.",
+                stacklevel=2,
+            )
+        reduction_enum = _reduction_enum("sum" if reduction == "batchmean" else reduction)
+
+    reduced = torch.ops.npu_loss.kl_div(input, target, reduction_enum, log_target=log_target)
+
+    # PyTorch's rule, legacy arguments included: 'batchmean' divides by the batch size unless input is 0-dim.
+    if reduction == "batchmean" and input.dim() != 0:
+        reduced = reduced / input.size(0)
+    return reduced

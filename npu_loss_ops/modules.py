@@ -1,0 +1,165 @@
+"""torch.nn-style loss modules backed by the ``torch.ops.npu_loss`` ops.
+
+Drop-ins for :class:`torch.nn.SmoothL1Loss`, :class:`torch.nn.L1Loss` and :class:`torch.nn.KLDivLoss`:
+same constructor arguments, attributes and legacy ``size_average``/``reduce`` handling (they subclass
+torch's ``_Loss``), with ``forward`` calling :mod:`npu_loss_ops.functional`.
+"""
+from torch import Tensor
+from torch.nn.modules.loss import _Loss
+
+from . import functional
+
+__all__ = ["SmoothL1Loss", "L1Loss", "KLDivLoss"]
+
+
+class SmoothL1Loss(_Loss):
+    """Creates a criterion that uses a squared term if the absolute element-wise error falls below
+    ``beta`` and an L1 term otherwise.
+
+    A drop-in for :class:`torch.nn.SmoothL1Loss`; see :func:`npu_loss_ops.functional.smooth_l1_loss`.
+    With ``d = input - target``, the unreduced loss is, elementwise::
+
+        l = 0.5 * d**2 / beta    if |d| < beta
+        l = |d| - 0.5 * beta     otherwise
+
+    then its mean (``reduction='mean'``) or sum (``'sum'``), or the elementwise loss itself (``'none'``).
+    ``beta == 0`` gives exactly the L1 loss.
+
+    Args:
+        size_average (bool, optional): Deprecated (see ``reduction``). If given, together with ``reduce``
+            it overrides ``reduction``. Default: ``None``
+        reduce (bool, optional): Deprecated (see ``reduction``). Default: ``None``
+        reduction (str, optional): ``'none'`` | ``'mean'`` | ``'sum'``. Default: ``'mean'``
+        beta (float, optional): Threshold between the squared and the L1 term; must be non-negative.
+            Default: ``1.0``
+
+    Attributes:
+        reduction (str): the reduction in use (after the legacy arguments are resolved).
+        beta (float): the threshold.
+
+    Shape:
+        - Input: ``(*)``, where ``*`` means any number of dimensions.
+        - Target: ``(*)``, same shape as the input.
+        - Output: scalar. If ``reduction`` is ``'none'``, then ``(*)``, same shape as the input.
+
+    Example::
+
+        >>> import torch
+        >>> from npu_loss_ops.modules import SmoothL1Loss
+        >>> loss = SmoothL1Loss(beta=0.5)
+        >>> loss(torch.tensor([0.25, 2.0]), torch.tensor([0.0, 0.0]))
+        tensor(0.9062)
+    """
+
+    __constants__ = ["reduction"]
+
+    def __init__(self, size_average=None, reduce=None, reduction: str = "mean", beta: float = 1.0) -> None:
+        super().__init__(size_average, reduce, reduction)
+        self.beta = beta
+
+    def forward(self, input: Tensor, target: Tensor) -> Tensor:
+        """Runs the forward pass."""
+        return functional.smooth_l1_loss(input, target, reduction=self.reduction, beta=self.beta)
+
+
+class L1Loss(_Loss):
+    """Creates a criterion that measures the mean absolute error (MAE) between each element in the input
+    and the target.
+
+    A drop-in for :class:`torch.nn.L1Loss`; see :func:`npu_loss_ops.functional.l1_loss`. The unreduced
+    loss is, elementwise, ``l = |input - target|``; then its mean (``reduction='mean'``) or sum
+    (``'sum'``), or the elementwise loss itself (``'none'``).
+
+    Args:
+        size_average (bool, optional): Deprecated (see ``reduction``). If given, together with ``reduce``
+            it overrides ``reduction``. Default: ``None``
+        reduce (bool, optional): Deprecated (see ``reduction``). Default: ``None``
+        reduction (str, optional): ``'none'`` | ``'mean'`` | ``'sum'``. Default: ``'mean'``
+
+    Attributes:
+        reduction (str): the reduction in use (after the legacy arguments are resolved).
+
+    Shape:
+        - Input: ``(*)``, where ``*`` means any number of dimensions.
+        - Target: ``(*)``, same shape as the input.
+        - Output: scalar. If ``reduction`` is ``'none'``, then ``(*)``, same shape as the input.
+
+    Example::
+
+        >>> import torch
+        >>> from npu_loss_ops.modules import L1Loss
+        >>> loss = L1Loss(reduction="sum")
+        >>> loss(torch.tensor([1.0, -2.0, 3.5]), torch.tensor([0.0, 0.0, 0.0]))
+        tensor(6.5000)
+    """
+
+    __constants__ = ["reduction"]
+
+    def forward(self, input: Tensor, target: Tensor) -> Tensor:
+        """Runs the forward pass."""
+        return functional.l1_loss(input, target, reduction=self.reduction)
+
+
+class KLDivLoss(_Loss):
+    """The Kullback-Leibler divergence loss.
+
+    A drop-in for :class:`torch.nn.KLDivLoss`; see :func:`npu_loss_ops.functional.kl_div`. ``input`` is
+    expected in log space; ``target`` too if ``log_target`` is ``True``. The unreduced loss is,
+    elementwise::
+
+        l = target * (log(target) - input)       if not log_target (0 where target == 0)
+        l = exp(target) * (target - input)       if log_target
+
+    then reduced: ``'batchmean'`` divides the sum by ``input.size(0)`` (the true KL divergence of a
+    batch), ``'sum'`` sums, ``'mean'`` divides the sum by the element count, ``'none'`` keeps every element.
+
+    One deliberate difference from PyTorch: with ``log_target=False`` the gradient w.r.t. ``target`` is
+    exactly 0 where ``target == 0``, where PyTorch's autograd gives NaN.
+
+    .. warning::
+        ``reduction='mean'`` does not return the true KL divergence value; use ``'batchmean'``.
+
+    Args:
+        size_average (bool, optional): Deprecated (see ``reduction``). If given, together with ``reduce``
+            it overrides ``reduction``. Default: ``None``
+        reduce (bool, optional): Deprecated (see ``reduction``). Default: ``None``
+        reduction (str, optional): ``'none'`` | ``'batchmean'`` | ``'sum'`` | ``'mean'``. Default: ``'mean'``
+        log_target (bool, optional): Whether ``target`` is given in log space. Default: ``False``
+
+    Attributes:
+        reduction (str): the reduction in use (after the legacy arguments are resolved).
+        log_target (bool): whether ``target`` is in log space.
+
+    Shape:
+        - Input: ``(*)``, where ``*`` means any number of dimensions.
+        - Target: ``(*)``, same shape as the input.
+        - Output: scalar by default. If ``reduction`` is ``'none'``, then ``(*)``, same shape as the input.
+
+    Example::
+
+        >>> import torch
+        >>> from npu_loss_ops.modules import KLDivLoss
+        >>> kl_loss = KLDivLoss(reduction="batchmean")
+        >>> input = torch.tensor([[0.25, 0.75], [0.5, 0.5]]).log()   # model output, log-probabilities
+        >>> target = torch.tensor([[0.5, 0.5], [0.5, 0.5]])          # probabilities
+        >>> kl_loss(input, target)
+        tensor(0.0719)
+        >>> KLDivLoss(reduction="batchmean", log_target=True)(input, target.log())
+        tensor(0.0719)
+    """
+
+    __constants__ = ["reduction"]
+
+    def __init__(
+        self,
+        size_average=None,
+        reduce=None,
+        reduction: str = "mean",
+        log_target: bool = False,
+    ) -> None:
+        super().__init__(size_average, reduce, reduction)
+        self.log_target = log_target
+
+    def forward(self, input: Tensor, target: Tensor) -> Tensor:
+        """Runs the forward pass."""
+        return functional.kl_div(input, target, reduction=self.reduction, log_target=self.log_target)

@@ -1,0 +1,145 @@
+# Sourced by scripts/run_example.sh and scripts/run_tests.sh (and so by .ci/run): one place that turns a
+# fresh machine into a venv with torch==2.13.0 (CPU) and npu_loss_ops built into it.
+#
+#   setup_env [extra pip packages...]
+#
+# Environment knobs:
+#   NPU_LOSS_OPS_VENV        venv directory (default: <repo>/.venv)
+#   NPU_LOSS_OPS_FRESH_VENV  1 = delete and recreate the venv (CI does this)
+#   PYTHON                   interpreter to build the venv from (default: python3.11, else python3 if 3.11)
+#   NPU_LOSS_OPS_REBUILD     1 = rebuild the extension even when it looks up to date
+#   MAX_JOBS                 parallel compile jobs (default 2)
+
+REPO_ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+VENV_DIR="${NPU_LOSS_OPS_VENV:-$REPO_ROOT/.venv}"
+# The only torch the extension is built and tested against; a looser pin pulls a multi-GB CUDA build.
+TORCH_PIN="torch==2.13.0"
+DEBIAN_PACKAGES="python3 python3-dev python3-venv g++"
+
+_setup_log() { printf '[setup %s] %s\n' "$(date +%H:%M:%S)" "$*" >&2; }
+
+_is_python311() { "$1" -c 'import sys; sys.exit(sys.version_info[:2] != (3, 11))' 2>/dev/null; }
+
+_find_python() {
+  local candidate
+  for candidate in ${PYTHON:-} python3.11 python3; do
+    if command -v "$candidate" >/dev/null 2>&1 && _is_python311 "$candidate"; then
+      command -v "$candidate"
+      return 0
+    fi
+  done
+  return 1
+}
+
+_has_python_headers() {
+  "$1" -c 'import os, sys, sysconfig
+sys.exit(not os.path.exists(os.path.join(sysconfig.get_paths()["include"], "Python.h")))' 2>/dev/null
+}
+
+_has_venv_module() { "$1" -c 'import venv, ensurepip' 2>/dev/null; }
+
+_has_compiler() { command -v "${CXX:-g++}" >/dev/null 2>&1 || command -v c++ >/dev/null 2>&1; }
+
+# What is missing for the build, empty when nothing is.
+_missing_prerequisites() {
+  local py missing=()
+  if ! py="$(_find_python)"; then
+    missing+=("python3.11")
+  else
+    _has_python_headers "$py" || missing+=("Python 3.11 headers (Python.h)")
+    _has_venv_module "$py" || missing+=("Python 3.11 venv/ensurepip module")
+  fi
+  _has_compiler || missing+=("a C++ compiler (g++)")
+  if ((${#missing[@]})); then
+    local IFS=", "
+    printf '%s' "${missing[*]}"
+  fi
+}
+
+# Install the system prerequisites with apt-get only when something is missing and we are allowed to.
+_ensure_prerequisites() {
+  local missing
+  missing="$(_missing_prerequisites)"
+  [[ -z "$missing" ]] && return 0
+  if [[ "$(id -u)" == "0" ]] && command -v apt-get >/dev/null 2>&1; then
+    _setup_log "missing: $missing; installing $DEBIAN_PACKAGES with apt-get"
+    export DEBIAN_FRONTEND=noninteractive
+    apt-get update -q
+    # shellcheck disable=SC2086
+    apt-get install -y -q $DEBIAN_PACKAGES
+    missing="$(_missing_prerequisites)"
+    [[ -z "$missing" ]] && return 0
+  fi
+  cat >&2 <<EOF
+npu_loss_ops needs Python 3.11 (with its headers and the venv module) and a C++ compiler.
+Still missing: $missing
+On Debian/Ubuntu (as root): apt-get install -y $DEBIAN_PACKAGES   (python3 must be 3.11 there)
+Elsewhere: install Python 3.11 (e.g. with pyenv) and g++, or point PYTHON=/path/to/python3.11.
+The torch==2.13.0 CPU wheel this project pins is built for CPython 3.11.
+EOF
+  return 1
+}
+
+_make_venv() {
+  local py="$1"
+  if [[ "${NPU_LOSS_OPS_FRESH_VENV:-0}" == "1" && -e "$VENV_DIR" ]]; then
+    _setup_log "removing $VENV_DIR (fresh venv requested)"
+    rm -rf "$VENV_DIR"
+  fi
+  if [[ -x "$VENV_DIR/bin/python" ]] && _is_python311 "$VENV_DIR/bin/python"; then
+    _setup_log "reusing venv $VENV_DIR"
+  else
+    rm -rf "$VENV_DIR"
+    _setup_log "creating venv $VENV_DIR from $py"
+    "$py" -m venv "$VENV_DIR"
+  fi
+  # shellcheck disable=SC1091
+  source "$VENV_DIR/bin/activate"
+}
+
+_pip() {
+  export PIP_DISABLE_PIP_VERSION_CHECK=1
+  local quiet=()
+  [[ -n "${CI:-}" ]] && quiet=(--progress-bar off)
+  python -m pip install "${quiet[@]}" "$@"
+}
+
+# True when the venv has the package installed and the compiled _C is newer than every build input.
+_extension_up_to_date() {
+  [[ "${NPU_LOSS_OPS_REBUILD:-0}" == "1" ]] && return 1
+  python -c 'import importlib.metadata as m; m.version("npu_loss_ops")' 2>/dev/null || return 1
+  local so
+  so="$(compgen -G "$REPO_ROOT/npu_loss_ops/_C.*.so" | head -n 1)" || return 1
+  [[ -n "$so" ]] || return 1
+  [[ -z "$(cd "$REPO_ROOT" && find csrc setup.py pyproject.toml -newer "$so" -print -quit)" ]]
+}
+
+# Editable install: the compiled _C lands inside npu_loss_ops/ in the repo, so running pytest or the
+# example from the repo root imports the package together with its extension (a plain install would let
+# the source directory shadow the installed copy, which has the .so). pip builds editables in a temporary
+# directory, i.e. from scratch every time, hence the up-to-date check.
+_build_extension() {
+  if _extension_up_to_date; then
+    _setup_log "extension up to date, not rebuilding (NPU_LOSS_OPS_REBUILD=1 forces it)"
+    return 0
+  fi
+  _setup_log "building npu_loss_ops (MAX_JOBS=${MAX_JOBS:-2}; a few minutes on 2 cores)"
+  (cd "$REPO_ROOT" && MAX_JOBS="${MAX_JOBS:-2}" python -m pip install --no-build-isolation --no-deps \
+    ${CI:+--progress-bar off} -e .)
+}
+
+setup_env() {
+  local t0=$SECONDS t1
+  _ensure_prerequisites || return 1
+  _make_venv "$(_find_python)" || return 1
+  t1=$SECONDS
+  _setup_log "installing $TORCH_PIN and tools: ninja setuptools wheel $*"
+  _pip "$TORCH_PIN" ninja setuptools wheel "$@" || return 1
+  _setup_log "packages ready in $((SECONDS - t1))s"
+  t1=$SECONDS
+  _build_extension || return 1
+  _setup_log "extension ready in $((SECONDS - t1))s"
+  python -c 'import torch, npu_loss_ops; print("[setup] torch", torch.__version__, "| npu_loss_ops from",
+      npu_loss_ops.__file__)' >&2 || return 1
+  _setup_log "environment ready in $((SECONDS - t0))s"
+}

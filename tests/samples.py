@@ -1,0 +1,445 @@
+"""The one sample generator every test kind uses.
+
+A `Sample` is one call of one loss: its `self`/`target` (and a `grad_output` for the backward op), a
+reduction, beta (smooth L1) or log_target (KL), and a `differentiable` flag that is True only when every
+broadcast element is far from the kinks (|d| == 0 and |d| == beta for the L1-type losses, target <= 0
+for KL with a probability target), so gradcheck/gradgradcheck can use it.
+
+Sources:
+  * `samples(loss, ...)`: our own grid over shapes (0-dim, empty, 1, odd sizes, broadcast among all three
+    arguments, 8-dim, multi-chunk sizes), layouts (transposed, sliced with a step, expanded), dtypes,
+    reductions, betas and log_target.
+  * `opinfo_samples(loss, ...)`: PyTorch's own OpInfo samples, converted to the same `Sample`.
+
+Every tensor is made from a seeded generator, so the samples are the same on every run.
+"""
+from __future__ import annotations
+
+import dataclasses
+import functools
+import itertools
+import math
+import zlib
+from typing import Iterator
+
+import torch
+
+LOSSES = ("smooth_l1_loss", "l1_loss", "kl_div")
+BACKWARD_OP = {
+    "smooth_l1_loss": "smooth_l1_loss_backward",
+    "l1_loss": "l1_loss_backward",
+    "kl_div": "kl_div_target_backward",
+}
+OUT_OVERLOAD = {
+    "smooth_l1_loss": "grad_input",
+    "l1_loss": "grad_input",
+    "kl_div": "grad_target",
+}
+REDUCTIONS = {"none": 0, "mean": 1, "sum": 2}
+FLOAT_DTYPES = (torch.float32, torch.float64, torch.float16, torch.bfloat16)
+BETAS = (0.0, 0.5, 1.0, 2.0)
+
+# How far from a kink every element of a differentiable sample stays (gradcheck's eps is 1e-6).
+KINK_MARGIN = 1e-2
+
+
+@dataclasses.dataclass
+class Sample:
+    loss: str
+    self: torch.Tensor
+    target: torch.Tensor
+    grad_output: torch.Tensor
+    reduction: str = "mean"  # "none" | "mean" | "sum" | "batchmean" (KL's functional API only)
+    beta: float = 1.0
+    log_target: bool = False
+    differentiable: bool = False
+    name: str = ""
+
+    # ---- what is called ----
+    @property
+    def reduction_enum(self) -> int:
+        return REDUCTIONS[self.reduction]
+
+    @property
+    def op_compatible(self) -> bool:
+        """False for 'batchmean', which only the functional API knows."""
+        return self.reduction in REDUCTIONS
+
+    @property
+    def broadcast_shape(self) -> torch.Size:
+        return torch.broadcast_shapes(self.self.shape, self.target.shape)
+
+    @property
+    def backward_shape(self) -> torch.Size:
+        return torch.broadcast_shapes(self.grad_output.shape, self.self.shape, self.target.shape)
+
+    def forward_op(self):
+        return getattr(torch.ops.npu_loss, self.loss).default
+
+    def backward_op(self):
+        return getattr(torch.ops.npu_loss, BACKWARD_OP[self.loss]).default
+
+    def out_op(self):
+        return getattr(getattr(torch.ops.npu_loss, BACKWARD_OP[self.loss]), OUT_OVERLOAD[self.loss])
+
+    @property
+    def out_name(self) -> str:
+        return OUT_OVERLOAD[self.loss]
+
+    def forward_args(self, self_=None, target=None):
+        """(args, kwargs) for torch.ops.npu_loss.<loss>."""
+        x = self.self if self_ is None else self_
+        t = self.target if target is None else target
+        if self.loss == "smooth_l1_loss":
+            return (x, t, self.reduction_enum, self.beta), {}
+        if self.loss == "l1_loss":
+            return (x, t, self.reduction_enum), {}
+        return (x, t, self.reduction_enum), {"log_target": self.log_target}
+
+    def backward_args(self, grad_output=None, self_=None, target=None):
+        """(args, kwargs) for torch.ops.npu_loss.<loss>_backward (kl: kl_div_target_backward)."""
+        g = self.grad_output if grad_output is None else grad_output
+        x = self.self if self_ is None else self_
+        t = self.target if target is None else target
+        if self.loss == "smooth_l1_loss":
+            return (g, x, t, self.reduction_enum, self.beta), {}
+        if self.loss == "l1_loss":
+            return (g, x, t, self.reduction_enum), {}
+        return (g, x, t, self.reduction_enum, self.log_target), {}
+
+    def functional_kwargs(self) -> dict:
+        """Keyword arguments for npu_loss_ops.<loss> and torch.nn.functional.<loss>."""
+        kwargs = {"reduction": self.reduction}
+        if self.loss == "smooth_l1_loss":
+            kwargs["beta"] = self.beta
+        if self.loss == "kl_div":
+            kwargs["log_target"] = self.log_target
+        return kwargs
+
+    # ---- helpers ----
+    def map_tensors(self, fn) -> "Sample":
+        return dataclasses.replace(
+            self, self=fn(self.self), target=fn(self.target), grad_output=fn(self.grad_output)
+        )
+
+    @property
+    def dtype(self) -> torch.dtype:
+        """The lowest-precision dtype among the inputs (picks the tolerance)."""
+        return lowest_precision(self.self.dtype, self.target.dtype, self.grad_output.dtype)
+
+    def __repr__(self) -> str:
+        return f"Sample({self.name})"
+
+
+def lowest_precision(*dtypes: torch.dtype) -> torch.dtype:
+    order = [torch.bfloat16, torch.float16, torch.float32, torch.float64]
+    return min(dtypes, key=order.index)
+
+
+# ---------------------------------------------------------------------------------------------------
+# Tensor construction
+
+
+def _seed(*parts) -> int:
+    return zlib.crc32(repr(parts).encode())
+
+
+def _values(shape, gen: torch.Generator, kind: str) -> torch.Tensor:
+    """float64 values: 'signed' in [-3, 3], 'prob' in [0.1, 1], 'logprob' in [-3, 0]."""
+    u = torch.rand(shape, generator=gen, dtype=torch.float64)
+    if kind == "signed":
+        return u * 6 - 3
+    if kind == "prob":
+        return u * 0.9 + 0.1
+    return u * -3
+
+
+def make_layout(values: torch.Tensor, layout: str) -> torch.Tensor:
+    """`values` (contiguous) re-laid out: the same shape and values, different strides."""
+    if layout == "contiguous" or values.dim() == 0 or values.numel() == 0:
+        return values.clone()
+    if layout == "transposed":
+        return values.mT.contiguous().mT if values.dim() >= 2 else values.flip(0).clone().flip(0)
+    if layout == "sliced":
+        # Every other element of a buffer twice as long in the last dim.
+        shape = list(values.shape)
+        shape[-1] *= 2
+        buf = torch.full(shape, float("nan"), dtype=values.dtype)
+        view = buf[..., ::2]
+        view.copy_(values)
+        return view
+    if layout == "expanded":
+        # Values constant along dim 0 (keep the first row), read through a stride-0 view.
+        if values.shape[0] <= 1:
+            return values.clone()
+        return values[:1].clone().expand(values.shape)
+    raise ValueError(layout)
+
+
+def _kinks_ok(loss: str, x: torch.Tensor, t: torch.Tensor, beta: float, log_target: bool) -> bool:
+    x, t = torch.broadcast_tensors(x.double(), t.double())
+    if x.numel() == 0:
+        return False
+    if loss == "kl_div":
+        return bool(log_target or (t > KINK_MARGIN).all())
+    d = (x - t).abs()
+    ok = bool((d > KINK_MARGIN).all())
+    if loss == "smooth_l1_loss" and beta > 0:
+        ok = ok and bool(((d - beta).abs() > KINK_MARGIN).all())
+    return ok and math.isfinite(beta)
+
+
+def _round_trip(t: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    return t.to(dtype)
+
+
+def _grad_shape(shape_kind: str, reduction: str, bshape, self_shape, target_shape, loss: str):
+    if shape_kind == "scalar" or (shape_kind == "auto" and reduction != "none"):
+        return ()
+    if shape_kind == "auto":
+        return tuple(bshape)
+    if shape_kind == "partial":
+        # Broadcasts to bshape without being it: the last dim kept, the others 1.
+        return (1,) * (len(bshape) - 1) + tuple(bshape[-1:]) if len(bshape) else ()
+    if shape_kind == "enlarging":  # only legal for smooth L1 and L1
+        assert loss != "kl_div"
+        return (2,) + tuple(bshape)
+    raise ValueError(shape_kind)
+
+
+def make_sample(
+    loss: str,
+    self_shape,
+    target_shape,
+    *,
+    dtype=torch.float64,
+    target_dtype=None,
+    grad_dtype=None,
+    reduction="mean",
+    beta=1.0,
+    log_target=False,
+    layout="contiguous",
+    grad_kind="auto",
+    self_layout=None,
+    target_layout=None,
+    grad_layout=None,
+    name=None,
+    zero_targets=False,
+    retries=40,
+) -> Sample:
+    """One deterministic sample; retries seeds until it is differentiable (if that is reachable)."""
+    target_dtype = target_dtype or dtype
+    grad_dtype = grad_dtype or dtype
+    bshape = torch.broadcast_shapes(torch.Size(self_shape), torch.Size(target_shape))
+    gshape = _grad_shape(grad_kind, reduction, bshape, self_shape, target_shape, loss)
+    key = (loss, self_shape, target_shape, str(dtype), reduction, beta, log_target, layout, grad_kind)
+    target_kind = "signed" if loss != "kl_div" else ("logprob" if log_target else "prob")
+    self_kind = "signed" if loss != "kl_div" else "logprob"
+    wants_differentiable = (
+        not zero_targets and dtype == target_dtype == grad_dtype == torch.float64 and bshape.numel() <= 1000
+    )
+    for attempt in range(retries if wants_differentiable else 1):
+        gen = torch.Generator().manual_seed(_seed(key, attempt))
+        x = _values(self_shape, gen, self_kind)
+        t = _values(target_shape, gen, target_kind)
+        g = _values(gshape, gen, "signed")
+        if zero_targets and t.numel():
+            t.view(-1)[:: 3] = 0.0
+        x, t, g = _round_trip(x, dtype), _round_trip(t, target_dtype), _round_trip(g, grad_dtype)
+        if not wants_differentiable or _kinks_ok(loss, x, t, beta, log_target):
+            break
+    differentiable = wants_differentiable and _kinks_ok(loss, x, t, beta, log_target)
+    x = make_layout(x, self_layout or layout)
+    t = make_layout(t, target_layout or layout)
+    g = make_layout(g, grad_layout or layout)
+    # An expanded layout makes rows equal: re-check the kinks on what is actually passed.
+    differentiable = differentiable and _kinks_ok(loss, x, t, beta, log_target)
+    if name is None:
+        dt = str(dtype).removeprefix("torch.")
+        extra = f"-beta{beta:g}" if loss == "smooth_l1_loss" else ("-logt" if log_target else "")
+        name = (
+            f"{loss}-{_fmt(self_shape)}x{_fmt(target_shape)}-g{_fmt(gshape)}-{dt}-{reduction}"
+            f"{extra}-{layout}"
+        )
+    return Sample(loss, x, t, g, reduction, beta, log_target, differentiable, name)
+
+
+def _fmt(shape) -> str:
+    return "(" + ",".join(str(s) for s in shape) + ")"
+
+
+# (self shape, target shape, what it covers)
+SHAPES = [
+    ((), ()),
+    ((0,), (0,)),
+    ((0, 3), (3,)),  # empty self, non-empty target (KL's zero-filled target gradient)
+    ((1,), (1,)),
+    ((7, 13), (7, 13)),
+    ((4, 1), (1, 5)),  # broadcast both ways
+    ((5,), ()),  # 0-dim target
+    ((), (5,)),  # 0-dim self
+    ((2, 3, 4), (3, 1)),
+    ((3, 1, 4), (2, 1)),
+    ((33, 65), (33, 65)),  # vector tails
+    ((1, 2, 1, 2, 1, 2, 1, 2), (2, 1, 2, 1, 2, 1, 2, 1)),  # 8 dims, broadcast
+]
+# Large: more than one reduction chunk (4096) / more than one thread's grain (32768); fewer dtypes.
+BIG_SHAPES = [
+    (((5000,), (5000,)), (torch.float32, torch.float16)),
+    (((200, 200), (200, 1)), (torch.float32, torch.bfloat16)),
+]
+LAYOUTS = ("transposed", "sliced", "expanded")
+
+
+def _loss_variants(loss: str, index: int):
+    """(beta, log_target) combinations, cycled through the shapes so each appears often."""
+    if loss == "smooth_l1_loss":
+        return [(BETAS[index % len(BETAS)], False)]
+    if loss == "kl_div":
+        return [(1.0, bool(index % 2)), (1.0, not bool(index % 2))]
+    return [(1.0, False)]
+
+
+def samples(
+    loss: str,
+    *,
+    dtypes=FLOAT_DTYPES,
+    reductions=("none", "mean", "sum"),
+    layouts=True,
+    big=True,
+) -> Iterator[Sample]:
+    """Our own grid of samples for `loss`."""
+    grid = [(shapes, dtypes) for shapes in SHAPES]
+    if big:
+        grid += [(shapes, [d for d in dts if d in dtypes]) for shapes, dts in BIG_SHAPES]
+    for i, ((xs, ts), shape_dtypes) in enumerate(grid):
+        for dtype in shape_dtypes:
+            for r, reduction in enumerate(reductions):
+                for beta, log_target in _loss_variants(loss, i + r):
+                    yield make_sample(loss, xs, ts, dtype=dtype, reduction=reduction, beta=beta,
+                                      log_target=log_target)
+    if not layouts:
+        return
+    # Layouts: each on each 2-D-or-more shape, a subset of dtypes, all reductions.
+    for (xs, ts), layout in itertools.product([((7, 13), (7, 13)), ((4, 6), (4, 6)), ((3, 5, 4), (5, 1))],
+                                              LAYOUTS):
+        for dtype in (torch.float32, torch.float64, torch.bfloat16):
+            for r, reduction in enumerate(reductions):
+                for beta, log_target in _loss_variants(loss, r):
+                    yield make_sample(loss, xs, ts, dtype=dtype, reduction=reduction, beta=beta,
+                                      log_target=log_target, layout=layout)
+    # Broadcast among all three arguments and grads of other shapes.
+    for reduction in reductions:
+        yield make_sample(loss, (4, 1), (1, 5), reduction=reduction, grad_kind="partial",
+                          dtype=torch.float32, name=f"{loss}-gpartial-{reduction}")
+        yield make_sample(loss, (4, 5), (4, 5), reduction=reduction, grad_kind="scalar",
+                          dtype=torch.float32, name=f"{loss}-gscalar-{reduction}")
+        if loss != "kl_div":
+            yield make_sample(loss, (4, 1), (1, 5), reduction=reduction, grad_kind="enlarging",
+                              dtype=torch.float32, name=f"{loss}-genlarging-{reduction}")
+    # Mixed dtypes (result type is at::result_type; the backward op's dtype per SPEC's table).
+    for reduction in reductions:
+        yield make_sample(loss, (6, 7), (6, 7), dtype=torch.float32, target_dtype=torch.float16,
+                          reduction=reduction, name=f"{loss}-f32xf16-{reduction}")
+        yield make_sample(loss, (6, 7), (), dtype=torch.float16, target_dtype=torch.float64,
+                          reduction=reduction, name=f"{loss}-f16x0dimf64-{reduction}")
+        yield make_sample(loss, (6, 7), (6, 7), dtype=torch.bfloat16, target_dtype=torch.float32,
+                          grad_dtype=torch.float64, reduction=reduction, name=f"{loss}-bf16xf32gf64-{reduction}")
+    # Non-contiguous grad_output only.
+    for reduction in ("none",):
+        yield make_sample(loss, (7, 13), (7, 13), reduction=reduction, dtype=torch.float32,
+                          self_layout="contiguous", target_layout="contiguous", grad_layout="transposed",
+                          name=f"{loss}-gtransposed")
+    if loss == "smooth_l1_loss":
+        for reduction in reductions:
+            yield make_sample(loss, (7, 13), (7, 13), beta=math.inf, reduction=reduction,
+                              dtype=torch.float32, name=f"{loss}-betainf-{reduction}")
+            yield make_sample(loss, (7, 13), (7, 13), beta=1e-3, reduction=reduction,
+                              dtype=torch.float32, name=f"{loss}-beta1e-3-{reduction}")
+    if loss == "kl_div":
+        for reduction in reductions:
+            for shapes in [((4, 5), (4, 5)), ((4, 5), (1, 5))]:
+                for dtype in (torch.float32, torch.float16):
+                    yield make_sample(loss, *shapes, reduction=reduction, dtype=dtype, zero_targets=True,
+                                      name=f"{loss}-zerotarget-{_fmt(shapes[1])}-{dtype}-{reduction}")
+
+
+def differentiable_samples(loss: str) -> Iterator[Sample]:
+    """float64, small, away from the kinks: for gradcheck/gradgradcheck."""
+    for s in all_samples(loss):
+        if s.differentiable:
+            yield s
+    # Broadcast between self and target and grads of other shapes, in float64.
+    extra = [((4, 1), (1, 5), "partial"), ((3,), (2, 3), "auto"), ((2, 3), (), "auto")]
+    if loss != "kl_div":
+        extra.append(((3, 1), (1, 2), "enlarging"))
+    for reduction in ("none", "mean", "sum"):
+        for xs, ts, gk in extra:
+            for beta, log_target in _loss_variants(loss, 1):
+                s = make_sample(loss, xs, ts, reduction=reduction, beta=beta, log_target=log_target,
+                                grad_kind=gk, name=f"{loss}-{_fmt(xs)}x{_fmt(ts)}-g{gk}-{reduction}-b{beta}"
+                                f"{'-logt' if log_target else ''}")
+                if s.differentiable:
+                    yield s
+
+
+# ---------------------------------------------------------------------------------------------------
+# PyTorch's OpInfo samples
+
+
+@functools.lru_cache(maxsize=None)
+def _opinfo(loss: str):
+    from torch.testing._internal.common_methods_invocations import op_db
+
+    name = {"smooth_l1_loss": "nn.functional.smooth_l1_loss", "l1_loss": "nn.functional.l1_loss",
+            "kl_div": "nn.functional.kl_div"}[loss]
+    (info,) = [o for o in op_db if o.name == name]
+    return info
+
+
+def opinfo_samples(loss: str, dtype=torch.float64, requires_grad=False) -> Iterator[Sample]:
+    """PyTorch's OpInfo sample inputs for F.<loss>, as Samples ('batchmean' kept: functional API only)."""
+    info = _opinfo(loss)
+    for i, s in enumerate(info.sample_inputs("cpu", dtype, requires_grad=requires_grad)):
+        kwargs = dict(s.kwargs)
+        x, (t, *rest) = s.input, s.args
+        assert not rest, rest
+        reduction = kwargs.pop("reduction", "mean")
+        beta = float(kwargs.pop("beta", 1.0))
+        log_target = bool(kwargs.pop("log_target", False))
+        assert not kwargs, kwargs
+        if loss == "kl_div" and not log_target:
+            # OpInfo's targets may be <= 0 (F's xlogy gives 0 or NaN there); we use probabilities.
+            with torch.no_grad():
+                t = t.detach().abs().add(0.1).requires_grad_(t.requires_grad)
+        bshape = torch.broadcast_shapes(x.shape, t.shape)
+        gen = torch.Generator().manual_seed(_seed(loss, "opinfo", i))
+        gshape = tuple(bshape) if reduction == "none" else ()
+        g = _values(gshape, gen, "signed").to(dtype)
+        differentiable = dtype == torch.float64 and _kinks_ok(loss, x.detach(), t.detach(), beta, log_target)
+        yield Sample(loss, x, t, g, reduction, beta, log_target, differentiable,
+                     f"opinfo-{loss}-{i}-{_fmt(x.shape)}-{reduction}-b{beta:g}{'-logt' if log_target else ''}")
+
+
+@functools.lru_cache(maxsize=None)
+def all_samples(loss: str) -> tuple[Sample, ...]:
+    """The full grid, built once per session (tests must not modify the tensors in place)."""
+    return tuple(samples(loss))
+
+
+def ids(samples_list) -> list[str]:
+    return [s.name for s in samples_list]
+
+
+def params(samples_list, known_bugs=None):
+    """pytest.param per sample, id = its name; `known_bugs(sample)` may return a reason string, which marks
+    the case xfail(strict=True): it fails today because of a reported product bug, and the strict mark
+    turns the fix into a reminder to drop the mark."""
+    import pytest
+
+    out = []
+    for s in samples_list:
+        reason = known_bugs(s) if known_bugs else None
+        marks = [pytest.mark.xfail(strict=True, reason=reason)] if reason else []
+        out.append(pytest.param(s, id=s.name, marks=marks))
+    return out

@@ -4,6 +4,7 @@
 Install with `pip install --no-build-isolation .` so the installed torch==2.13.0 is built against.
 """
 import glob
+import importlib.util
 import os
 import platform
 import shutil
@@ -54,11 +55,52 @@ def cpu_flags():
     return flags, link
 
 
+def torch_npu_dir():
+    """torch_npu's install folder, found without importing it (its import needs CANN)."""
+    spec = importlib.util.find_spec("torch_npu")
+    if spec is None or not spec.submodule_search_locations:
+        return None
+    return list(spec.submodule_search_locations)[0]
+
+
+def build_npu():
+    """NPU_LOSS_OPS_NPU=1 forces the NPU kernels, =0 disables them; by default, build when torch_npu is found."""
+    switch = os.environ.get("NPU_LOSS_OPS_NPU", "auto").lower()
+    if switch in ("0", "false", "off"):
+        return None
+    root = torch_npu_dir()
+    if root is None and switch in ("1", "true", "on"):
+        raise RuntimeError("NPU_LOSS_OPS_NPU=1 but torch_npu is not installed (pip install torch-npu==2.13.0)")
+    return root
+
+
+def npu_extension(root, flags, link):
+    import torch
+
+    major, minor = torch.__version__.split(".")[:2]
+    include = os.path.join(root, "include")
+    return CppExtension(
+        "npu_loss_ops._C_npu",
+        sorted(glob.glob("csrc/npu/*.cpp")),
+        include_dirs=[
+            include,
+            os.path.join(include, "third_party", "acl", "inc"),
+            os.path.join(include, "third_party", "op-plugin"),
+            os.path.join(include, "third_party", "op-plugin", "op_plugin", "include"),
+        ],
+        library_dirs=[os.path.join(root, "lib")],
+        libraries=["torch_npu"],
+        # torch_npu's headers need the torch version as V<major>R<minor>.
+        extra_compile_args={"cxx": flags + [f"-DCURRENT_VERSION=V{major}R{minor}"]},
+        extra_link_args=link + [f"-Wl,-rpath,{os.path.join(root, 'lib')}"],
+    )
+
+
 def extensions():
     flags, link = cpu_flags()
     sources = ["csrc/registration.cpp", "csrc/checks.cpp", "csrc/composite.cpp", "csrc/module.cpp"]
     sources += sorted(glob.glob("csrc/cpu/*.cpp"))
-    return [
+    exts = [
         CppExtension(
             "npu_loss_ops._C",
             sources,
@@ -66,6 +108,10 @@ def extensions():
             extra_link_args=link,
         )
     ]
+    npu_root = build_npu()
+    if npu_root is not None:
+        exts.append(npu_extension(npu_root, flags, link))
+    return exts
 
 
 setup(

@@ -5,6 +5,8 @@
 #include <ATen/ExpandUtils.h>
 #include <torch/library.h>
 
+#include "composite.h"
+
 #include "checks.h"
 
 namespace npu_loss {
@@ -35,7 +37,11 @@ at::Tensor reduce_loss(const at::Tensor& values, int64_t reduction, const Result
   return values.sum().to(spec.dtype);
 }
 
-at::Tensor smooth_l1_loss_composite(const at::Tensor& self, const at::Tensor& target, int64_t reduction, double beta) {
+}  // namespace
+
+namespace composite {
+
+at::Tensor smooth_l1_loss(const at::Tensor& self, const at::Tensor& target, int64_t reduction, double beta) {
   const auto spec = check_smooth_l1_loss(self, target, reduction, beta);
   const auto c = compute_dtype({&self, &target});
   const auto d = self.to(c) - target.to(c);
@@ -44,7 +50,7 @@ at::Tensor smooth_l1_loss_composite(const at::Tensor& self, const at::Tensor& ta
   return reduce_loss(values, reduction, spec);
 }
 
-at::Tensor smooth_l1_loss_backward_composite(
+at::Tensor smooth_l1_loss_backward(
     const at::Tensor& grad_output, const at::Tensor& self, const at::Tensor& target, int64_t reduction,
     double beta) {
   const auto spec = check_smooth_l1_loss_backward(grad_output, self, target, reduction, beta);
@@ -56,13 +62,13 @@ at::Tensor smooth_l1_loss_backward_composite(
   return (g * slope).expand(spec.shape).to(spec.dtype).contiguous();
 }
 
-at::Tensor l1_loss_composite(const at::Tensor& self, const at::Tensor& target, int64_t reduction) {
+at::Tensor l1_loss(const at::Tensor& self, const at::Tensor& target, int64_t reduction) {
   const auto spec = check_l1_loss(self, target, reduction);
   const auto c = compute_dtype({&self, &target});
   return reduce_loss((self.to(c) - target.to(c)).abs(), reduction, spec);
 }
 
-at::Tensor l1_loss_backward_composite(
+at::Tensor l1_loss_backward(
     const at::Tensor& grad_output, const at::Tensor& self, const at::Tensor& target, int64_t reduction) {
   const auto spec = check_l1_loss_backward(grad_output, self, target, reduction);
   const auto c = compute_dtype({&grad_output, &self, &target});
@@ -70,7 +76,7 @@ at::Tensor l1_loss_backward_composite(
   return (g * sign_nan_zero(self.to(c) - target.to(c))).expand(spec.shape).to(spec.dtype).contiguous();
 }
 
-at::Tensor kl_div_composite(const at::Tensor& self, const at::Tensor& target, int64_t reduction, bool log_target) {
+at::Tensor kl_div(const at::Tensor& self, const at::Tensor& target, int64_t reduction, bool log_target) {
   const auto spec = check_kl_div(self, target, reduction);
   const auto c = compute_dtype({&self, &target});
   const auto x = self.to(c);
@@ -79,7 +85,7 @@ at::Tensor kl_div_composite(const at::Tensor& self, const at::Tensor& target, in
   return reduce_loss(values, reduction, spec);
 }
 
-at::Tensor kl_div_target_backward_composite(
+at::Tensor kl_div_target_backward(
     const at::Tensor& grad_output, const at::Tensor& self, const at::Tensor& target, int64_t reduction,
     bool log_target) {
   const auto spec = check_kl_div_target_backward(grad_output, self, target, reduction);
@@ -98,6 +104,12 @@ at::Tensor kl_div_target_backward_composite(
   return at::sum_to(values, target.sizes()).to(spec.dtype).contiguous();
 }
 
+}  // namespace composite
+
+// The registrations live in _C only; _C_npu compiles this file for the composite math above.
+#ifndef NPU_LOSS_NPU_MODULE
+namespace {
+
 at::Tensor& smooth_l1_loss_backward_out_composite(
     const at::Tensor& grad_output, const at::Tensor& self, const at::Tensor& target, int64_t reduction,
     double beta, at::Tensor& grad_input) {
@@ -105,7 +117,7 @@ at::Tensor& smooth_l1_loss_backward_out_composite(
   check_out(
       "smooth_l1_loss_backward", "grad_input", grad_input, spec, OutDtype::AnyFloating,
       {{"grad_output", &grad_output}, {"self", &self}, {"target", &target}});
-  return grad_input.copy_(smooth_l1_loss_backward_composite(grad_output, self, target, reduction, beta));
+  return grad_input.copy_(composite::smooth_l1_loss_backward(grad_output, self, target, reduction, beta));
 }
 
 at::Tensor& l1_loss_backward_out_composite(
@@ -115,7 +127,7 @@ at::Tensor& l1_loss_backward_out_composite(
   check_out(
       "l1_loss_backward", "grad_input", grad_input, spec, OutDtype::AnyFloating,
       {{"grad_output", &grad_output}, {"self", &self}, {"target", &target}});
-  return grad_input.copy_(l1_loss_backward_composite(grad_output, self, target, reduction));
+  return grad_input.copy_(composite::l1_loss_backward(grad_output, self, target, reduction));
 }
 
 at::Tensor& kl_div_target_backward_out_composite(
@@ -125,7 +137,7 @@ at::Tensor& kl_div_target_backward_out_composite(
   check_out(
       "kl_div_target_backward", "grad_target", grad_target, spec, OutDtype::EqualsResult,
       {{"grad_output", &grad_output}, {"self", &self}, {"target", &target}});
-  return grad_target.copy_(kl_div_target_backward_composite(grad_output, self, target, reduction, log_target));
+  return grad_target.copy_(composite::kl_div_target_backward(grad_output, self, target, reduction, log_target));
 }
 
 // Functionalize kernels: PyTorch does not functionalize a custom op whose result aliases an input, so
@@ -175,14 +187,14 @@ at::Tensor& kl_div_target_backward_out_functionalize(
 }  // namespace
 
 TORCH_LIBRARY_IMPL(npu_loss, CompositeExplicitAutograd, m) {
-  m.impl("smooth_l1_loss", &smooth_l1_loss_composite);
-  m.impl("smooth_l1_loss_backward", &smooth_l1_loss_backward_composite);
+  m.impl("smooth_l1_loss", &composite::smooth_l1_loss);
+  m.impl("smooth_l1_loss_backward", &composite::smooth_l1_loss_backward);
   m.impl("smooth_l1_loss_backward.grad_input", &smooth_l1_loss_backward_out_composite);
-  m.impl("l1_loss", &l1_loss_composite);
-  m.impl("l1_loss_backward", &l1_loss_backward_composite);
+  m.impl("l1_loss", &composite::l1_loss);
+  m.impl("l1_loss_backward", &composite::l1_loss_backward);
   m.impl("l1_loss_backward.grad_input", &l1_loss_backward_out_composite);
-  m.impl("kl_div", &kl_div_composite);
-  m.impl("kl_div_target_backward", &kl_div_target_backward_composite);
+  m.impl("kl_div", &composite::kl_div);
+  m.impl("kl_div_target_backward", &composite::kl_div_target_backward);
   m.impl("kl_div_target_backward.grad_target", &kl_div_target_backward_out_composite);
 }
 
@@ -191,5 +203,6 @@ TORCH_LIBRARY_IMPL(npu_loss, Functionalize, m) {
   m.impl("l1_loss_backward.grad_input", &l1_loss_backward_out_functionalize);
   m.impl("kl_div_target_backward.grad_target", &kl_div_target_backward_out_functionalize);
 }
+#endif  // NPU_LOSS_NPU_MODULE
 
 }  // namespace npu_loss

@@ -1,0 +1,83 @@
+// KL divergence on the NPU: aclnnKlDiv and aclnnKlDivTargetBackward.
+#include <torch/library.h>
+
+#include "../checks.h"
+#include "../composite.h"
+#include "aclnn_api.h"
+#include "npu_common.h"
+
+namespace npu_loss::npu {
+namespace {
+
+void kl_div_target_backward_into(
+    at::Tensor& out, const at::Tensor& grad_output, const at::Tensor& self, const at::Tensor& target,
+    int64_t reduction, bool log_target, const ResultSpec& spec) {
+  if (out.numel() == 0) return;
+  const int64_t n = shape_numel(spec.broadcast_shape);
+  if (n == 0) {
+    // An empty self makes aclnn return early and leave grad_target unwritten; the sum over nothing is 0.
+    out.zero_();
+    return;
+  }
+  if (current_chip() == Chip::Legacy) {
+    // aclnnKlDivTargetBackward supports no dtype on Ascend 910/310P.
+    out.copy_(composite::kl_div_target_backward(grad_output, self, target, reduction, log_target));
+    return;
+  }
+  // Taken before the call: out may be target itself.
+  const at::Tensor zero_target = log_target ? at::Tensor() : target == 0;
+  // Ascend 950 divides "mean" by numel(self) instead of the broadcast count: pre-scale on every chip.
+  const auto scaled = mean_as_scaled_sum(grad_output, reduction, n);
+  NPU_LOSS_EXEC_ACLNN(aclnnKlDivTargetBackward, scaled.grad_output, self, target, scaled.reduction, log_target, out);
+  if (zero_target.defined()) {
+    // aclnn gives NaN where target == 0; SPEC (and the seed document): a zero probability gets 0.
+    out.masked_fill_(zero_target, 0);
+  }
+}
+
+at::Tensor kl_div_npu(const at::Tensor& self, const at::Tensor& target, int64_t reduction, bool log_target) {
+  const c10::OptionalDeviceGuard guard(at::device_of(self));
+  const auto spec = check_kl_div(self, target, reduction);
+  if (shape_numel(spec.broadcast_shape) == 0) return empty_forward(spec, reduction, self.options());
+  // Only the Ascend 950 kernel is documented to give 0 at target == 0 (the others' formula gives NaN), and
+  // Ascend 910/310P lack bf16: those calls run the composite fallback.
+  const Chip chip = current_chip();
+  const bool aclnn_serves = chip == Chip::Ascend950 ||
+      (chip == Chip::A2A3 && log_target) || (chip == Chip::Legacy && log_target && !any_bfloat16({&self, &target}));
+  if (!aclnn_serves) return composite::kl_div(self, target, reduction, log_target);
+  at::Tensor out = at::empty(spec.shape, self.options().dtype(spec.dtype));
+  NPU_LOSS_EXEC_ACLNN(aclnnKlDiv, self, target, reduction, log_target, out);
+  return out;
+}
+
+at::Tensor kl_div_target_backward_npu(
+    const at::Tensor& grad_output, const at::Tensor& self, const at::Tensor& target, int64_t reduction,
+    bool log_target) {
+  const c10::OptionalDeviceGuard guard(at::device_of(self));
+  const auto spec = check_kl_div_target_backward(grad_output, self, target, reduction);
+  at::Tensor grad_target = at::empty(spec.shape, target.options());
+  kl_div_target_backward_into(grad_target, grad_output, self, target, reduction, log_target, spec);
+  return grad_target;
+}
+
+at::Tensor& kl_div_target_backward_out_npu(
+    const at::Tensor& grad_output, const at::Tensor& self, const at::Tensor& target, int64_t reduction,
+    bool log_target, at::Tensor& grad_target) {
+  const c10::OptionalDeviceGuard guard(at::device_of(self));
+  const auto spec = check_kl_div_target_backward(grad_output, self, target, reduction);
+  check_out(
+      "kl_div_target_backward", "grad_target", grad_target, spec, OutDtype::EqualsResult,
+      {{"grad_output", &grad_output}, {"self", &self}, {"target", &target}});
+  kl_div_target_backward_into(grad_target, grad_output, self, target, reduction, log_target, spec);
+  return grad_target;
+}
+
+}  // namespace
+
+TORCH_LIBRARY_IMPL(npu_loss, PrivateUse1, m) {
+  m.impl("kl_div", &kl_div_npu);
+  m.impl("kl_div_target_backward", &kl_div_target_backward_npu);
+  m.impl("kl_div_target_backward.grad_target", &kl_div_target_backward_out_npu);
+}
+
+}  // namespace npu_loss::npu

@@ -1,0 +1,69 @@
+// L1 loss on the NPU: aclnnL1Loss and aclnnL1LossBackward.
+#include <torch/library.h>
+
+#include "../checks.h"
+#include "../composite.h"
+#include "aclnn_api.h"
+#include "npu_common.h"
+
+namespace npu_loss::npu {
+namespace {
+
+// aclnn's L1 kernels list bf16 only for 910B/910_93; elsewhere such calls run the composite fallback.
+bool aclnn_serves(std::initializer_list<const at::Tensor*> tensors) {
+  return current_chip() == Chip::A2A3 || !any_bfloat16(tensors);
+}
+
+// "mean" divides by the broadcast count, as SPEC says. At a NaN input the 910-family TBE kernel gives
+// -grad where PyTorch gives 0: the one difference SPEC leaves to the chip.
+void l1_loss_backward_into(
+    at::Tensor& out, const at::Tensor& grad_output, const at::Tensor& self, const at::Tensor& target,
+    int64_t reduction) {
+  if (out.numel() == 0) return;  // aclnn launches nothing for empty inputs
+  if (!aclnn_serves({&out, &grad_output, &self, &target})) {
+    out.copy_(composite::l1_loss_backward(grad_output, self, target, reduction));
+    return;
+  }
+  NPU_LOSS_EXEC_ACLNN(aclnnL1LossBackward, grad_output, self, target, reduction, out);
+}
+
+at::Tensor l1_loss_npu(const at::Tensor& self, const at::Tensor& target, int64_t reduction) {
+  const c10::OptionalDeviceGuard guard(at::device_of(self));
+  const auto spec = check_l1_loss(self, target, reduction);
+  if (shape_numel(spec.broadcast_shape) == 0) return empty_forward(spec, reduction, self.options());
+  if (!aclnn_serves({&self, &target})) return composite::l1_loss(self, target, reduction);
+  at::Tensor out = at::empty(spec.shape, self.options().dtype(spec.dtype));
+  NPU_LOSS_EXEC_ACLNN(aclnnL1Loss, self, target, reduction, out);
+  return out;
+}
+
+at::Tensor l1_loss_backward_npu(
+    const at::Tensor& grad_output, const at::Tensor& self, const at::Tensor& target, int64_t reduction) {
+  const c10::OptionalDeviceGuard guard(at::device_of(self));
+  const auto spec = check_l1_loss_backward(grad_output, self, target, reduction);
+  at::Tensor grad_input = at::empty(spec.shape, self.options().dtype(spec.dtype));
+  l1_loss_backward_into(grad_input, grad_output, self, target, reduction);
+  return grad_input;
+}
+
+at::Tensor& l1_loss_backward_out_npu(
+    const at::Tensor& grad_output, const at::Tensor& self, const at::Tensor& target, int64_t reduction,
+    at::Tensor& grad_input) {
+  const c10::OptionalDeviceGuard guard(at::device_of(self));
+  const auto spec = check_l1_loss_backward(grad_output, self, target, reduction);
+  check_out(
+      "l1_loss_backward", "grad_input", grad_input, spec, OutDtype::AnyFloating,
+      {{"grad_output", &grad_output}, {"self", &self}, {"target", &target}});
+  l1_loss_backward_into(grad_input, grad_output, self, target, reduction);
+  return grad_input;
+}
+
+}  // namespace
+
+TORCH_LIBRARY_IMPL(npu_loss, PrivateUse1, m) {
+  m.impl("l1_loss", &l1_loss_npu);
+  m.impl("l1_loss_backward", &l1_loss_backward_npu);
+  m.impl("l1_loss_backward.grad_input", &l1_loss_backward_out_npu);
+}
+
+}  // namespace npu_loss::npu

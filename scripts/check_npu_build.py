@@ -1,0 +1,138 @@
+"""Verify the NPU build without an NPU: what CI can check of _C_npu where CANN is absent.
+
+Run in an environment where torch-npu is installed (with TORCH_DEVICE_BACKEND_AUTOLOAD=0) after building
+with NPU_LOSS_OPS_NPU=1. Checks that
+  1. _C_npu was built and records libtorch_npu.so as a needed library (readelf -d);
+  2. every aclnn API the NPU sources call is present by name in it (strings: EXEC_NPU_CMD_EXT resolves
+     them by name at run time, so nm cannot see them);
+  3. the call-site type guard works: the probe tests/npu_build/aclnn_call_types.cpp compiles as written and
+     fails to compile, on the guard's static_assert, with a double beta, an int reduction, an int
+     log_target, or a missing argument;
+  4. `import npu_loss_ops` still works (torch_npu cannot import without CANN), reports why the NPU kernels
+     are off, and computes on CPU.
+Exits non-zero on the first failed check.
+"""
+import glob
+import importlib.util
+import os
+import re
+import subprocess
+import sys
+import sysconfig
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+GUARD_MESSAGE = "arguments do not match the prototype of"
+MISMATCHES = ["MISMATCH_DOUBLE_BETA", "MISMATCH_INT_REDUCTION", "MISMATCH_INT_LOG_TARGET", "MISMATCH_MISSING_ARGUMENT"]
+
+
+def fail(message):
+    print(f"FAIL: {message}")
+    sys.exit(1)
+
+
+def ok(message):
+    print(f"ok: {message}")
+
+
+def package_dir():
+    spec = importlib.util.find_spec("npu_loss_ops")
+    if spec is None:
+        fail("npu_loss_ops is not installed")
+    return list(spec.submodule_search_locations)[0]
+
+
+def torch_npu_root():
+    spec = importlib.util.find_spec("torch_npu")
+    if spec is None:
+        fail("torch_npu is not installed in this environment")
+    return list(spec.submodule_search_locations)[0]
+
+
+def called_aclnn_apis():
+    names = set()
+    for path in glob.glob(os.path.join(ROOT, "csrc", "npu", "*.cpp")):
+        with open(path) as f:
+            names.update(re.findall(r"NPU_LOSS_EXEC_ACLNN\(\s*(aclnn\w+)", f.read()))
+    if not names:
+        fail("no NPU_LOSS_EXEC_ACLNN call found in csrc/npu")
+    return sorted(names)
+
+
+def check_library():
+    libs = glob.glob(os.path.join(package_dir(), "_C_npu*.so"))
+    if not libs:
+        fail(f"_C_npu was not built (nothing matches {package_dir()}/_C_npu*.so)")
+    lib = libs[0]
+    ok(f"built {os.path.basename(lib)}")
+    dynamic = subprocess.run(["readelf", "-d", lib], capture_output=True, text=True, check=True).stdout
+    if "[libtorch_npu.so]" not in dynamic:
+        fail("readelf -d shows no NEEDED libtorch_npu.so")
+    ok("readelf -d: NEEDED libtorch_npu.so")
+    strings = set(subprocess.run(["strings", lib], capture_output=True, text=True, check=True).stdout.split())
+    for name in called_aclnn_apis():
+        for symbol in (name, name + "GetWorkspaceSize"):
+            if symbol not in strings:
+                fail(f"strings finds no {symbol} in {os.path.basename(lib)}")
+        ok(f"strings: {name} and {name}GetWorkspaceSize")
+
+
+def compile_probe(define):
+    from torch.utils.cpp_extension import include_paths
+    import torch
+
+    major, minor = torch.__version__.split(".")[:2]
+    include = os.path.join(torch_npu_root(), "include")
+    dirs = include_paths() + [
+        include,
+        os.path.join(include, "third_party", "acl", "inc"),
+        os.path.join(include, "third_party", "op-plugin"),
+        os.path.join(include, "third_party", "op-plugin", "op_plugin", "include"),
+        sysconfig.get_paths()["include"],
+    ]
+    cmd = [os.environ.get("CXX", "c++"), "-std=c++17", "-fsyntax-only", f"-DCURRENT_VERSION=V{major}R{minor}"]
+    cmd += [f"-I{d}" for d in dirs]
+    if define:
+        cmd.append(f"-D{define}")
+    cmd.append(os.path.join(ROOT, "tests", "npu_build", "aclnn_call_types.cpp"))
+    return subprocess.run(cmd, capture_output=True, text=True)
+
+
+def check_type_guard():
+    result = compile_probe(None)
+    if result.returncode != 0:
+        fail("the probe with the exact aclnn types does not compile:\n" + result.stderr[-3000:])
+    ok("probe with exact aclnn argument types compiles")
+    for define in MISMATCHES:
+        result = compile_probe(define)
+        if result.returncode == 0:
+            fail(f"{define}: the probe compiled, the type guard let it through")
+        if GUARD_MESSAGE not in result.stderr:
+            fail(f"{define}: compilation failed, but not on the type guard:\n" + result.stderr[-3000:])
+        ok(f"{define}: rejected at compile time by the type guard")
+
+
+def check_import():
+    import torch
+    import npu_loss_ops
+
+    info = npu_loss_ops.build_info()
+    if npu_loss_ops.npu_kernels_available():
+        ok("NPU kernels are active (an NPU is present)")
+    else:
+        ok(f"import works without CANN; NPU kernels off: {info['npu_reason']}")
+    x = torch.tensor([0.0, 0.5, 3.0])
+    got = torch.ops.npu_loss.smooth_l1_loss_backward(torch.ones(3), x, torch.zeros(3), 0, 1.0)
+    if not torch.equal(got, torch.tensor([0.0, 0.5, 1.0])):
+        fail(f"CPU smooth_l1_loss_backward gave {got.tolist()}")
+    ok("CPU kernels compute in the NPU build")
+
+
+def main():
+    check_library()
+    check_type_guard()
+    check_import()
+    print("NPU build check passed")
+
+
+if __name__ == "__main__":
+    main()

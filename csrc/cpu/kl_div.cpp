@@ -3,6 +3,7 @@
 
 #include "../checks.h"
 #include "loops.h"
+#include "vec_math.h"
 
 namespace npu_loss::cpu {
 namespace {
@@ -11,7 +12,7 @@ namespace {
 template <typename A>
 struct KlDiv {
   NPU_LOSS_INLINE A operator()(A x, A t) const {
-    const A t_log_t = t == A(0) ? A(0) : t * std::log(t);
+    const A t_log_t = t == A(0) ? A(0) : t * vec_log(t);
     return t_log_t - t * x;
   }
 };
@@ -19,14 +20,14 @@ struct KlDiv {
 // exp(target) * (target - self) for a log-space target.
 template <typename A>
 struct KlDivLog {
-  NPU_LOSS_INLINE A operator()(A x, A t) const { return std::exp(t) * (t - x); }
+  NPU_LOSS_INLINE A operator()(A x, A t) const { return vec_exp(t) * (t - x); }
 };
 
 // g * (log(target) + 1 - self), exactly 0 where target == 0 (a zero probability gets no gradient).
 template <typename A>
 struct KlTargetGrad {
   NPU_LOSS_INLINE A operator()(A g, A x, A t) const {
-    const A v = g * (std::log(t) + A(1) - x);
+    const A v = g * (vec_log(t) + A(1) - x);
     return t == A(0) ? A(0) : v;
   }
 };
@@ -34,7 +35,7 @@ struct KlTargetGrad {
 // g * exp(target) * (target + 1 - self) for a log-space target.
 template <typename A>
 struct KlTargetGradLog {
-  NPU_LOSS_INLINE A operator()(A g, A x, A t) const { return g * std::exp(t) * (t + A(1) - x); }
+  NPU_LOSS_INLINE A operator()(A g, A x, A t) const { return g * vec_exp(t) * (t + A(1) - x); }
 };
 
 NPU_LOSS_DEFINE_DENSE_ENTRIES(kl_div, KlDiv, KlTargetGrad)

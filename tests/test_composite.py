@@ -1,0 +1,82 @@
+"""The CompositeExplicitAutograd fallback (what CUDA, XPU, MPS, ... and the NPU's corrections run), called
+directly through its dispatch key on CPU tensors: same shapes, dtypes and values as the CPU kernels and
+the float64 references. (Its errors are compared with every other path in test_errors.py.)"""
+import math
+
+import pytest
+import torch
+from torch.utils._python_dispatch import TorchDispatchMode
+
+from reference import assert_close, lowest, reference_backward, reference_forward
+from samples import LOSSES, all_samples, params
+
+COMPOSITE = torch._C.DispatchKey.CompositeExplicitAutograd
+
+SAMPLES = [s for loss in LOSSES for s in all_samples(loss)
+           if s.backward_shape.numel() <= 5000 and s.op_compatible][::2]
+
+
+class _AtenCalls(TorchDispatchMode):
+    def __init__(self):
+        super().__init__()
+        self.calls = []
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        self.calls.append(str(func))
+        return func(*args, **(kwargs or {}))
+
+
+def test_op_dk_really_reaches_the_composite_kernel():
+    """The composite kernel is made of ATen ops; the CPU kernel is not: a dispatch mode tells them apart."""
+    x, t = torch.randn(5), torch.randn(5)
+    with _AtenCalls() as composite:
+        torch.ops.npu_loss.l1_loss.default._op_dk(COMPOSITE, x, t, 1)
+    with _AtenCalls() as cpu:
+        torch.ops.npu_loss.l1_loss.default(x, t, 1)
+    assert any("abs" in c for c in composite.calls), composite.calls
+    assert not any("abs" in c for c in cpu.calls), cpu.calls
+
+
+@pytest.mark.parametrize("s", params(SAMPLES))
+def test_composite_forward(s):
+    args, kwargs = s.forward_args()
+    ours = s.forward_op()._op_dk(COMPOSITE, *args, **kwargs)
+    cpu = s.forward_op()(*args, **kwargs)
+    value, mag, dtype, shape = reference_forward(s)
+    assert ours.dtype == cpu.dtype == dtype and ours.shape == cpu.shape == shape
+    assert_close(ours, value, mag, msg=s.name)
+
+
+@pytest.mark.parametrize("s", params(SAMPLES))
+def test_composite_backward(s):
+    args, kwargs = s.backward_args()
+    ours = s.backward_op()._op_dk(COMPOSITE, *args, **kwargs)
+    cpu = s.backward_op()(*args, **kwargs)
+    value, mag, dtype, shape = reference_backward(s)
+    assert ours.dtype == cpu.dtype == dtype and ours.shape == cpu.shape == shape
+    assert_close(ours, value, mag, msg=s.name)
+
+
+@pytest.mark.parametrize("s", params(SAMPLES[::3]))
+def test_composite_out(s):
+    args, _ = s.backward_args()
+    value, mag, dtype, shape = reference_backward(s)
+    out_dtypes = [dtype] if s.loss == "kl_div" else [dtype, torch.float64]
+    for out_dtype in out_dtypes:
+        out = torch.full(shape, math.nan, dtype=out_dtype)
+        res = s.out_op()._op_dk(COMPOSITE, *args, **{s.out_name: out})
+        assert res.data_ptr() == out.data_ptr() if out.numel() else res.shape == out.shape
+        assert_close(out, value, mag, dtype=lowest(dtype, out_dtype), msg=s.name)
+
+
+@pytest.mark.parametrize("loss", LOSSES)
+def test_composite_empty(loss):
+    x = torch.empty(0, 3)
+    t = torch.rand(3) + 0.5
+    op = getattr(torch.ops.npu_loss, loss).default
+    kwargs = {"log_target": False} if loss == "kl_div" else {}
+    assert op._op_dk(COMPOSITE, x, t, 2, **kwargs).item() == 0
+    assert math.isnan(op._op_dk(COMPOSITE, x, t, 1, **kwargs).item())
+    if loss == "kl_div":
+        grad = torch.ops.npu_loss.kl_div_target_backward.default._op_dk(COMPOSITE, torch.tensor(1.0), x, t, 1, False)
+        assert torch.equal(grad, torch.zeros(3))

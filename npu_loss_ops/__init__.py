@@ -54,6 +54,10 @@ def build_info() -> dict:
     info["version"] = __version__
     info["npu_kernels"] = _npu_status["available"]
     info["npu_reason"] = _npu_status["reason"]
+    if _npu_status["available"]:
+        from . import _C_npu
+
+        info["npu_chip"] = _C_npu.chip_family()
     return info
 
 

@@ -56,7 +56,7 @@ def test_backward_op(s):
 
 SMOOTH_SAME_SHAPE = [
     s for s in all_samples("smooth_l1_loss")
-    if s.self.shape == s.backward_shape and s.self.dtype == s.target.dtype == s.grad_output.dtype
+    if s.self.shape == s.backward_shape and s.self.numel() <= 5000 and s.self.dtype == s.target.dtype == s.grad_output.dtype
 ]
 
 
@@ -331,7 +331,11 @@ def test_out_non_contiguous(s, layout):
     assert not out.is_contiguous()
     res = _call_out(s, out)
     assert res is out
-    assert torch.equal(out, expected)
+    # A strided output takes the TensorIterator route, whose log/exp may differ from the dense fast path's
+    # in the last bit: compare to rounding, and to the float64 reference.
+    value, mag, _, _ = reference_backward(s)
+    assert_close(out, value, mag, msg=f"{s.name} non-contiguous out=")
+    assert_close(out, expected, mag, msg=f"{s.name} non-contiguous out= vs functional")
     if layout == "sliced":
         assert buf[..., ::2].isnan().all(), "wrote outside the out= view"
 

@@ -201,6 +201,9 @@ def _grad_shape(shape_kind: str, reduction: str, bshape, self_shape, target_shap
     if shape_kind == "partial":
         # Broadcasts to bshape without being it: the last dim kept, the others 1.
         return (1,) * (len(bshape) - 1) + tuple(bshape[-1:]) if len(bshape) else ()
+    if shape_kind == "partial_last":
+        # Broadcasts to bshape with its last dim 1.
+        return tuple(bshape[:-1]) + (1,) if len(bshape) else ()
     if shape_kind == "enlarging":  # only legal for smooth L1 and L1
         assert loss != "kl_div"
         return (2,) + tuple(bshape)
@@ -332,6 +335,8 @@ def samples(
     for reduction in reductions:
         yield make_sample(loss, (4, 1), (1, 5), reduction=reduction, grad_kind="partial",
                           dtype=torch.float32, name=f"{loss}-gpartial-{reduction}")
+        yield make_sample(loss, (3, 4, 1), (1, 5), reduction=reduction, grad_kind="partial_last",
+                          dtype=torch.float32, name=f"{loss}-gpartial-last-{reduction}")
         yield make_sample(loss, (4, 5), (4, 5), reduction=reduction, grad_kind="scalar",
                           dtype=torch.float32, name=f"{loss}-gscalar-{reduction}")
         if loss != "kl_div":
@@ -370,7 +375,8 @@ def differentiable_samples(loss: str) -> Iterator[Sample]:
         if s.differentiable:
             yield s
     # Broadcast between self and target and grads of other shapes, in float64.
-    extra = [((4, 1), (1, 5), "partial"), ((3,), (2, 3), "auto"), ((2, 3), (), "auto")]
+    extra = [((4, 1), (1, 5), "partial"), ((3,), (2, 3), "auto"), ((2, 3), (), "auto"),
+             ((2, 3, 1), (1, 4), "partial_last")]
     if loss != "kl_div":
         extra.append(((3, 1), (1, 2), "enlarging"))
     for reduction in ("none", "mean", "sum"):

@@ -1,0 +1,45 @@
+"""The op library is SPEC's: the nine schemas exactly (names, argument order, defaults, keyword-only and
+alias annotations), a kernel for CPU and the composite fallback, a fake (Meta) kernel, autograd for the
+six functional ops, Functionalize kernels for the three out= overloads."""
+import pytest
+import torch
+
+import npu_loss_ops  # noqa: F401
+
+SCHEMAS = [
+    "npu_loss::smooth_l1_loss(Tensor self, Tensor target, int reduction=1, float beta=1.) -> Tensor",
+    "npu_loss::smooth_l1_loss_backward(Tensor grad_output, Tensor self, Tensor target, int reduction, float beta) -> Tensor",
+    "npu_loss::smooth_l1_loss_backward.grad_input(Tensor grad_output, Tensor self, Tensor target, int reduction, float beta, *, Tensor(a!) grad_input) -> Tensor(a!)",
+    "npu_loss::l1_loss(Tensor self, Tensor target, int reduction=1) -> Tensor",
+    "npu_loss::l1_loss_backward(Tensor grad_output, Tensor self, Tensor target, int reduction) -> Tensor",
+    "npu_loss::l1_loss_backward.grad_input(Tensor grad_output, Tensor self, Tensor target, int reduction, *, Tensor(a!) grad_input) -> Tensor(a!)",
+    "npu_loss::kl_div(Tensor self, Tensor target, int reduction=1, *, bool log_target=False) -> Tensor",
+    "npu_loss::kl_div_target_backward(Tensor grad_output, Tensor self, Tensor target, int reduction, bool log_target) -> Tensor",
+    "npu_loss::kl_div_target_backward.grad_target(Tensor grad_output, Tensor self, Tensor target, int reduction, bool log_target, *, Tensor(a!) grad_target) -> Tensor(a!)",
+]
+
+
+def _overload(schema: str):
+    name = schema.split("(")[0].removeprefix("npu_loss::")
+    packet, _, overload = name.partition(".")
+    return getattr(getattr(torch.ops.npu_loss, packet), overload or "default")
+
+
+def _parse(schema: str):
+    return torch._C.parse_schema(schema)
+
+
+@pytest.mark.parametrize("schema", SCHEMAS, ids=[s.split("(")[0] for s in SCHEMAS])
+def test_schema_is_specs(schema):
+    assert _overload(schema)._schema == _parse(schema), str(_overload(schema)._schema)
+
+
+@pytest.mark.parametrize("schema", SCHEMAS, ids=[s.split("(")[0] for s in SCHEMAS])
+def test_kernels_registered(schema):
+    qualname = schema.split("(")[0]
+    has = lambda key: torch._C._dispatch_has_kernel_for_dispatch_key(qualname, key)  # noqa: E731
+    assert has("CPU") and has("CompositeExplicitAutograd") and has("Meta")
+    if "." in qualname:
+        assert has("Functionalize"), "out= overloads need a Functionalize kernel"
+    else:
+        assert has("Autograd") or has("AutogradCPU"), "functional ops are differentiable"

@@ -11,7 +11,7 @@ import npu_loss_ops
 from reference import assert_close, grad_magnitudes, reference_backward, reference_forward, reference_grads
 from samples import LOSSES, make_sample
 
-SETTINGS = settings(max_examples=120, deadline=None, derandomize=True,
+SETTINGS = settings(max_examples=120, deadline=None, derandomize=True, database=None,
                     suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
 
 

@@ -5,6 +5,8 @@
 #include <ATen/ExpandUtils.h>
 #include <torch/library.h>
 
+#include <limits>
+
 #include "composite.h"
 
 #include "checks.h"
@@ -97,8 +99,9 @@ at::Tensor kl_div_target_backward(
   if (log_target) {
     values = g * t.exp() * (t + 1 - x);
   } else {
-    // A zero probability gets a zero gradient (never NaN).
-    values = at::where(t == 0, at::zeros({}, t.options()), g * (t.log() + 1 - x));
+    // A zero probability gets a zero gradient (never NaN); +inf gives NaN, as PyTorch's autograd.
+    const auto nan = at::full({}, std::numeric_limits<double>::quiet_NaN(), t.options());
+    values = at::where(t == 0, at::zeros({}, t.options()), at::where(t.isposinf(), nan, g * (t.log() + 1 - x)));
   }
   values = values.expand(spec.broadcast_shape);
   return at::sum_to(values, target.sizes()).to(spec.dtype).contiguous();

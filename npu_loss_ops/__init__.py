@@ -5,7 +5,7 @@ kernels (or, on other devices, a composite of ATen ops) give the same numbers an
 """
 import importlib.util
 
-import torch
+import torch  # noqa: F401  (libtorch must be loaded before _C)
 
 from .version import __version__
 
@@ -38,7 +38,7 @@ def _load_npu_kernels():
 
 _load_npu_kernels()
 
-from . import _fake, _autograd  # noqa: E402,F401  (registrations)
+from . import _fake  # noqa: E402,F401  (fake kernels; autograd is registered in C++)
 from .functional import kl_div, l1_loss, smooth_l1_loss  # noqa: E402
 from .modules import KLDivLoss, L1Loss, SmoothL1Loss  # noqa: E402
 

@@ -112,7 +112,8 @@ def reference_backward(s: Sample):
         mag = gs.abs() * t.exp() * (t.abs() + 1 + x.abs())
     else:
         zero = t == 0
-        v = torch.where(zero, 0.0, gs * (t.log() + 1 - x))
+        # +inf gives NaN, as PyTorch's autograd (xlogy's t / t) does.
+        v = torch.where(zero, 0.0, torch.where(t.isposinf(), math.nan, gs * (t.log() + 1 - x)))
         mag = torch.where(zero, 0.0, gs.abs() * (t.log().abs() + 1 + x.abs()))
     value = v.expand(bshape).sum_to_size(t.shape) if t.shape != bshape else v.expand(bshape)
     mag = mag.expand(bshape).sum_to_size(t.shape) if t.shape != bshape else mag.expand(bshape)

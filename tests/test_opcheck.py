@@ -41,13 +41,6 @@ def _nan_output(s):
     return s.reduction == "mean" and s.broadcast_shape.numel() == 0
 
 
-def known_bugs_double_backward(s):
-    if s.reduction == "mean" and s.broadcast_shape.numel() == 0 and s.loss != "l1_loss":
-        return ("BUG: _autograd._scale divides by a count that is 0 for empty inputs: ZeroDivisionError "
-                "in the autograd of the op (reduction='mean')")
-    return None
-
-
 PICKED = [s for loss in LOSSES for s in _pick(loss)]
 PICKED_FORWARD = [s for s in PICKED if not _nan_output(s)]
 
@@ -72,7 +65,7 @@ def test_opcheck_backward_op(s):
     torch.library.opcheck(s.backward_op(), args, kwargs)
 
 
-@pytest.mark.parametrize("s", params(PICKED, known_bugs_double_backward))
+@pytest.mark.parametrize("s", params(PICKED))
 def test_opcheck_backward_op_requires_grad(s):
     s = _requires_grad(s, True)
     args, kwargs = s.backward_args()

@@ -4,7 +4,7 @@ import math
 import warnings
 
 import torch
-from hypothesis import HealthCheck, assume, given, settings
+from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import npu_loss_ops
@@ -63,8 +63,6 @@ def test_random_forward_and_backward_ops(s):
 @SETTINGS
 @given(samples())
 def test_random_autograd_matches_functional(s):
-    # empty "mean": a reported bug (ZeroDivisionError in _autograd), pinned by test_correctness's xfails
-    assume(not (s.broadcast_shape.numel() == 0 and s.reduction == "mean"))
     x = s.self.detach().requires_grad_(True)
     t = s.target.detach().requires_grad_(True)
     with warnings.catch_warnings():

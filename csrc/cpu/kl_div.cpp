@@ -1,6 +1,8 @@
 // KL divergence on CPU: forward and gradient w.r.t. target.
 #include <torch/library.h>
 
+#include <limits>
+
 #include "../checks.h"
 #include "loops.h"
 #include "vec_math.h"
@@ -23,12 +25,14 @@ struct KlDivLog {
   NPU_LOSS_INLINE A operator()(A x, A t) const { return vec_exp(t) * (t - x); }
 };
 
-// g * (log(target) + 1 - self), exactly 0 where target == 0 (a zero probability gets no gradient).
+// g * (log(target) + 1 - self), exactly 0 where target == 0 (a zero probability gets no gradient), and NaN
+// where target == +inf, as PyTorch's autograd (xlogy's t / t) and aclnn give.
 template <typename A>
 struct KlTargetGrad {
   NPU_LOSS_INLINE A operator()(A g, A x, A t) const {
     const A v = g * (vec_log(t) + A(1) - x);
-    return t == A(0) ? A(0) : v;
+    const A finite = t == std::numeric_limits<A>::infinity() ? std::numeric_limits<A>::quiet_NaN() : v;
+    return t == A(0) ? A(0) : finite;
   }
 };
 

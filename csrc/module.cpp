@@ -9,9 +9,9 @@ namespace {
 std::string cpu_kernel_isa() {
 #if defined(__x86_64__)
   __builtin_cpu_init();
-  if (__builtin_cpu_supports("avx512f")) return "avx512f";
-  if (__builtin_cpu_supports("avx2")) return "avx2";
-  return "x86-64 baseline";
+  if (__builtin_cpu_supports("x86-64-v4")) return "x86-64-v4 (AVX512)";
+  if (__builtin_cpu_supports("x86-64-v3")) return "x86-64-v3 (AVX2)";
+  return "x86-64 baseline (SSE2)";
 #elif defined(__aarch64__)
   return "aarch64 (NEON)";
 #else

@@ -16,6 +16,8 @@
 #include <ATen/TensorIterator.h>
 #include <ATen/core/Tensor.h>
 #include <ATen/native/cpu/Loops.h>
+#include <c10/util/BFloat16.h>
+#include <c10/util/Half.h>
 
 #include "../checks.h"
 
@@ -26,7 +28,9 @@
 
 #if defined(__x86_64__) && defined(__has_attribute)
 #if __has_attribute(target_clones)
-#define NPU_LOSS_TARGET_CLONES __attribute__((target_clones("avx512f", "avx2", "default")))
+// x86-64-v4 (AVX512F/BW/DQ/VL: the BW part lets the half types' 16-bit loads and stores use 512-bit
+// vectors) and x86-64-v3 (AVX2, FMA, F16C), chosen at load time by the CPU's features.
+#define NPU_LOSS_TARGET_CLONES __attribute__((target_clones("arch=x86-64-v4", "arch=x86-64-v3", "default")))
 #endif
 #endif
 #ifndef NPU_LOSS_TARGET_CLONES
@@ -53,32 +57,49 @@ constexpr int64_t kSumChunk = 4096;
 // Elements per task for elementwise work: small tensors stay on the calling thread.
 constexpr int64_t kGrain = 32768;
 
-// Loads and stores that convert to and from the opmath type without branches, so the loops vectorize:
-// bfloat16 <-> float is a 16-bit shift plus round-to-nearest-even (NaN stays a quiet NaN).
+// Elements are read and written through their raw bits (uint16_t for the half types: a struct copy per
+// element keeps GCC from vectorizing), converted to and from the opmath type without branches:
+// bfloat16 <-> float is a 16-bit shift plus round-to-nearest-even (NaN stays a quiet NaN); float16 uses
+// c10's branch-free IEEE conversions.
 template <typename T>
-NPU_LOSS_INLINE acc_t<T> load(T v) {
-  return static_cast<acc_t<T>>(v);
-}
+struct Raw {
+  using type = T;
+  static NPU_LOSS_INLINE acc_t<T> load(T v) { return static_cast<acc_t<T>>(v); }
+  static NPU_LOSS_INLINE T store(acc_t<T> v) { return static_cast<T>(v); }
+};
 
 template <>
-NPU_LOSS_INLINE float load(c10::BFloat16 v) {
-  const uint32_t bits = static_cast<uint32_t>(v.x) << 16;
-  float f;
-  std::memcpy(&f, &bits, sizeof(f));
-  return f;
+struct Raw<c10::BFloat16> {
+  using type = uint16_t;
+  static NPU_LOSS_INLINE float load(uint16_t v) {
+    const uint32_t bits = static_cast<uint32_t>(v) << 16;
+    float f;
+    std::memcpy(&f, &bits, sizeof(f));
+    return f;
+  }
+  static NPU_LOSS_INLINE uint16_t store(float v) {
+    uint32_t bits;
+    std::memcpy(&bits, &v, sizeof(bits));
+    const uint32_t rounded = (bits + UINT32_C(0x7FFF) + ((bits >> 16) & 1)) >> 16;
+    return static_cast<uint16_t>(v != v ? UINT32_C(0x7FC0) : rounded);
+  }
+};
+
+template <>
+struct Raw<c10::Half> {
+  using type = uint16_t;
+  static NPU_LOSS_INLINE float load(uint16_t v) { return c10::detail::fp16_ieee_to_fp32_value(v); }
+  static NPU_LOSS_INLINE uint16_t store(float v) { return c10::detail::fp16_ieee_from_fp32_value(v); }
+};
+
+template <typename T>
+NPU_LOSS_INLINE const typename Raw<T>::type* raw(const T* p) {
+  return reinterpret_cast<const typename Raw<T>::type*>(p);
 }
 
 template <typename T>
-NPU_LOSS_INLINE T store(acc_t<T> v) {
-  return static_cast<T>(v);
-}
-
-template <>
-NPU_LOSS_INLINE c10::BFloat16 store(float v) {
-  uint32_t bits;
-  std::memcpy(&bits, &v, sizeof(bits));
-  const uint32_t rounded = (bits + UINT32_C(0x7FFF) + ((bits >> 16) & 1)) >> 16;
-  return c10::BFloat16(static_cast<uint16_t>(v != v ? UINT32_C(0x7FC0) : rounded), c10::BFloat16::from_bits());
+NPU_LOSS_INLINE typename Raw<T>::type* raw(T* p) {
+  return reinterpret_cast<typename Raw<T>::type*>(p);
 }
 
 template <typename T>
@@ -92,16 +113,21 @@ template <typename T, typename Op>
 NPU_LOSS_INLINE void backward_loop(
     const T* g, bool g_scalar, const T* x, const T* t, T* out, int64_t n, acc_t<T> scale, const Op& op) {
   using A = acc_t<T>;
+  using R = Raw<T>;
+  const auto* gr = raw(g);
+  const auto* xr = raw(x);
+  const auto* tr = raw(t);
+  auto* outr = raw(out);
   if (g_scalar) {
-    const A gs = load(g[0]) * scale;
+    const A gs = R::load(gr[0]) * scale;
     NPU_LOSS_SIMD
     for (int64_t i = 0; i < n; ++i) {
-      out[i] = store<T>(op(gs, load(x[i]), load(t[i])));
+      outr[i] = R::store(op(gs, R::load(xr[i]), R::load(tr[i])));
     }
   } else {
     NPU_LOSS_SIMD
     for (int64_t i = 0; i < n; ++i) {
-      out[i] = store<T>(op(load(g[i]) * scale, load(x[i]), load(t[i])));
+      outr[i] = R::store(op(R::load(gr[i]) * scale, R::load(xr[i]), R::load(tr[i])));
     }
   }
 }
@@ -109,20 +135,26 @@ NPU_LOSS_INLINE void backward_loop(
 // out[i] = op(x[i], t[i]).
 template <typename T, typename Op>
 NPU_LOSS_INLINE void forward_loop(const T* x, const T* t, T* out, int64_t n, const Op& op) {
+  using R = Raw<T>;
+  const auto* xr = raw(x);
+  const auto* tr = raw(t);
+  auto* outr = raw(out);
   NPU_LOSS_SIMD
   for (int64_t i = 0; i < n; ++i) {
-    out[i] = store<T>(op(load(x[i]), load(t[i])));
+    outr[i] = R::store(op(R::load(xr[i]), R::load(tr[i])));
   }
 }
 
 // Sum of op(x[i], t[i]) over one chunk, accumulated in acc_t<T>.
 template <typename T, typename Op>
 NPU_LOSS_INLINE acc_t<T> sum_loop(const T* x, const T* t, int64_t n, const Op& op) {
-  using A = acc_t<T>;
-  A acc = 0;
+  using R = Raw<T>;
+  const auto* xr = raw(x);
+  const auto* tr = raw(t);
+  acc_t<T> acc = 0;
   NPU_LOSS_SIMD_SUM(acc)
   for (int64_t i = 0; i < n; ++i) {
-    acc += op(load(x[i]), load(t[i]));
+    acc += op(R::load(xr[i]), R::load(tr[i]));
   }
   return acc;
 }

@@ -62,7 +62,7 @@ NPU_LOSS_MATH_INLINE float vec_log(float x) {
 NPU_LOSS_MATH_INLINE float vec_exp(float x) {
   constexpr float kMax = 88.72283935546875f;  // exp overflows float above this
   constexpr float kMin = -103.97208404541015625f;  // and is 0 below this
-  const float xc = std::fmin(std::fmax(x, kMin), kMax);
+  const float xc = (x < kMin ? kMin : (x > kMax ? kMax : x));
   // n = round(x / ln 2) by the 1.5 * 2^23 trick (round to nearest even, no libm call); r = x - n ln 2 in
   // two parts for precision.
   constexpr float kRound = 12582912.0f;
@@ -79,7 +79,7 @@ NPU_LOSS_MATH_INLINE float vec_exp(float x) {
   // 2^n as two normal factors: the clamp keeps n in [-150, 128], and the results below 2^-126 round
   // into float's denormals.
   const int32_t ni = static_cast<int32_t>(n);
-  const int32_t half = ni / 2;
+  const int32_t half = ni >> 1;  // floor(n / 2): both halves stay normal
   const float scale1 = bits_float(static_cast<uint32_t>(half + 127) << 23);
   const float scale2 = bits_float(static_cast<uint32_t>(ni - half + 127) << 23);
   float result = y * scale1 * scale2;

@@ -98,8 +98,14 @@ def npu_extension(root, flags, link):
 
 def extensions():
     flags, link = cpu_flags()
-    sources = ["csrc/registration.cpp", "csrc/checks.cpp", "csrc/composite.cpp", "csrc/autograd.cpp"]
-    sources += ["csrc/module.cpp"]
+    sources = [
+        "csrc/registration.cpp",
+        "csrc/checks.cpp",
+        "csrc/composite.cpp",
+        "csrc/autograd.cpp",
+        "csrc/autocast.cpp",
+        "csrc/module.cpp",
+    ]
     sources += sorted(glob.glob("csrc/cpu/*.cpp"))
     exts = [
         CppExtension(

@@ -1,0 +1,59 @@
+"""Under torch.autocast the losses compute in float32, as torch.nn's do (SPEC: Autograd and compilers)."""
+import warnings
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+import npu_loss_ops
+
+LOSSES = ["smooth_l1_loss", "l1_loss", "kl_div"]
+
+
+def _target(name, shape):
+    return torch.rand(shape) if name == "kl_div" else torch.randn(shape)
+
+
+@pytest.mark.parametrize("name", LOSSES)
+@pytest.mark.parametrize("reduction", ["none", "mean", "sum"])
+def test_cpu_autocast_matches_torch_nn(name, reduction):
+    torch.manual_seed(0)
+    lin = torch.nn.Linear(6, 5)
+    x = torch.randn(7, 6)
+    t = _target(name, (7, 5))
+    grads = []
+    results = []
+    for fn in (getattr(npu_loss_ops, name), getattr(F, name)):
+        lin.zero_grad()
+        with torch.autocast("cpu", dtype=torch.bfloat16), warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            y = lin(x)
+            assert y.dtype == torch.bfloat16  # the model runs in bf16 ...
+            loss = fn(y, t, reduction=reduction)
+        results.append(loss)
+        loss.sum().backward()
+        grads.append(lin.weight.grad.clone())
+    ours, ref = results
+    assert ours.dtype == ref.dtype == torch.float32  # ... the loss in float32
+    torch.testing.assert_close(ours, ref, rtol=1e-5, atol=1e-6)
+    # Same bf16 activations, float32 loss: the weight gradients agree to bf16 matmul accuracy.
+    torch.testing.assert_close(grads[0], grads[1], rtol=1e-2, atol=1e-3)
+
+
+@pytest.mark.parametrize("name", LOSSES)
+def test_cpu_autocast_leaves_float64_alone(name):
+    x = torch.randn(4, 3, dtype=torch.float64)
+    t = _target(name, (4, 3)).double()
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        out = getattr(npu_loss_ops, name)(x, t)
+    assert out.dtype == torch.float64
+
+
+@pytest.mark.npu
+@pytest.mark.parametrize("name", LOSSES)
+def test_npu_autocast_computes_in_float32(name):
+    x = torch.randn(4, 3, device="npu", dtype=torch.float16)
+    t = _target(name, (4, 3)).to("npu", torch.float16)
+    with torch.autocast("npu", dtype=torch.float16):
+        out = getattr(npu_loss_ops, name)(x, t)
+    assert out.dtype == torch.float32

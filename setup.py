@@ -25,6 +25,16 @@ def read_version():
         return scope["__version__"]
 
 
+def record_torch_version():
+    """npu_loss_ops/_build_torch.py: the torch the extension is compiled against, so that importing it under
+    another torch raises a clear 'rebuild' error instead of an undefined-symbol traceback."""
+    import torch
+
+    with open(os.path.join(ROOT, "npu_loss_ops", "_build_torch.py"), "w") as f:
+        f.write("# Written by setup.py at build time.\n")
+        f.write(f"TORCH_VERSION = {torch.__version__!r}\n")
+
+
 def compiler_supports(flag):
     """True when the C++ compiler accepts `flag` (so OpenMP is optional)."""
     cxx = os.environ.get("CXX", "c++")
@@ -120,6 +130,8 @@ def extensions():
         exts.append(npu_extension(npu_root, flags, link))
     return exts
 
+
+record_torch_version()
 
 setup(
     name="npu_loss_ops",

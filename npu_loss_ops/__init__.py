@@ -9,8 +9,25 @@ import torch  # noqa: F401  (libtorch must be loaded before _C)
 
 from .version import __version__
 
+
+def _check_torch_version(built_with, installed):
+    """The compiled extension only works with the torch it was built against."""
+    if built_with is not None and built_with != installed:
+        raise ImportError(
+            f"npu_loss_ops was built against torch {built_with}, but torch {installed} is installed. "
+            "Rebuild it against the installed torch: "
+            "pip install --no-build-isolation --no-deps --force-reinstall <path to npu_loss_ops>"
+        )
+
+
+try:
+    from ._build_torch import TORCH_VERSION as _BUILT_WITH_TORCH
+except ImportError:  # a source checkout that was never built
+    _BUILT_WITH_TORCH = None
+_check_torch_version(_BUILT_WITH_TORCH, torch.__version__)
+
 # The extension must be loaded before any torch.library registration refers to its ops.
-from . import _C
+from . import _C  # noqa: E402
 
 _npu_status = {"available": False, "reason": "not checked"}
 

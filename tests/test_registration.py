@@ -4,7 +4,7 @@ six functional ops, Functionalize kernels for the three out= overloads."""
 import pytest
 import torch
 
-import npu_loss_ops  # noqa: F401
+import npu_loss_ops
 
 SCHEMAS = [
     "npu_loss::smooth_l1_loss(Tensor self, Tensor target, int reduction=1, float beta=1.) -> Tensor",
@@ -43,3 +43,10 @@ def test_kernels_registered(schema):
         assert has("Functionalize"), "out= overloads need a Functionalize kernel"
     else:
         assert has("Autograd") or has("AutogradCPU"), "functional ops are differentiable"
+
+
+def test_a_torch_other_than_the_build_one_is_a_clear_rebuild_error():
+    npu_loss_ops._check_torch_version(torch.__version__, torch.__version__)  # the normal case passes
+    with pytest.raises(ImportError, match=r"built against torch 2\.12\.0, but torch .* Rebuild"):
+        npu_loss_ops._check_torch_version("2.12.0", torch.__version__)
+    assert npu_loss_ops._BUILT_WITH_TORCH == torch.__version__

@@ -140,4 +140,9 @@ setup(
     ext_modules=extensions(),
     cmdclass={"build_ext": BuildExtension.with_options(use_ninja=True)},
     install_requires=["torch==2.13.0"],
+    license="BSD-3-Clause",
+    description="SmoothL1, L1 and KL-divergence loss gradients as torch.ops.npu_loss.* ops on Ascend aclnn "
+    "kernels, with native CPU kernels everywhere else",
+    long_description=open(os.path.join(ROOT, "README.md")).read(),
+    long_description_content_type="text/markdown",
 )

@@ -51,7 +51,7 @@ def compiler_supports(flag):
 
 
 def cpu_flags():
-    """Flags chosen by platform: never -march=native; the ISA is picked at run time (target_clones)."""
+    """Flags chosen by platform: no host-specific -march; the ISA is picked at load time (target_clones)."""
     flags = ["-std=c++17", "-fvisibility=hidden"]
     flags += ["-O0", "-g"] if DEBUG else ["-O3", "-fno-math-errno", "-fno-trapping-math"]
     machine = platform.machine().lower()

@@ -4,6 +4,7 @@ On an Ascend NPU (torch_npu) the gradients run on the CANN aclnn kernels; everyw
 kernels (or, on other devices, a composite of ATen ops) give the same numbers and the same errors.
 """
 import importlib.util
+import warnings
 
 import torch  # noqa: F401  (libtorch must be loaded before _C)
 
@@ -43,14 +44,33 @@ def _load_npu_kernels():
         _npu_status["reason"] = f"import torch_npu failed: {type(exc).__name__}: {exc}"
         return
     if importlib.util.find_spec(f"{__name__}._C_npu") is None:
-        _npu_status["reason"] = "npu_loss_ops was built without the NPU kernels (_C_npu)"
+        _unloadable_npu_kernels("npu_loss_ops was built without the NPU kernels (_C_npu)")
         return
     try:
         from . import _C_npu  # noqa: F401
     except Exception as exc:
-        _npu_status["reason"] = f"loading _C_npu failed: {type(exc).__name__}: {exc}"
+        _unloadable_npu_kernels(f"loading _C_npu failed: {type(exc).__name__}: {exc}")
         return
     _npu_status.update(available=True, reason="aclnn kernels registered for the NPU")
+
+
+def _npu_device_present() -> bool:
+    try:
+        return bool(torch.npu.is_available())
+    except Exception:
+        return False
+
+
+def _unloadable_npu_kernels(reason):
+    """Record why the aclnn kernels are off; with an NPU present that is a broken install: say so once."""
+    _npu_status["reason"] = reason
+    if _npu_device_present():
+        warnings.warn(
+            f"npu_loss_ops: an NPU is present but its aclnn kernels are not in use ({reason}); "
+            "every op runs the composite fallback on the NPU. Rebuild npu_loss_ops with torch_npu installed.",
+            RuntimeWarning,
+            stacklevel=3,
+        )
 
 
 _load_npu_kernels()
@@ -74,6 +94,8 @@ def build_info() -> dict:
     if _npu_status["available"]:
         from . import _C_npu
 
+        torch.npu.init()  # aclrtGetSocName needs an initialised device
+        info["npu_soc"] = _C_npu.soc_name()
         info["npu_chip"] = _C_npu.chip_family()
     return info
 

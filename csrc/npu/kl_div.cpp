@@ -19,18 +19,23 @@ void kl_div_target_backward_into(
     out.zero_();
     return;
   }
-  if (current_chip() == Chip::Legacy) {
-    // aclnnKlDivTargetBackward supports no dtype on Ascend 910/310P.
+  const Chip chip = current_chip();
+  if (chip == Chip::Tbe910 || chip == Chip::CompositeOnly || !aclnn_api_available("aclnnKlDivTargetBackward")) {
+    // aclnnKlDivTargetBackward supports no dtype on Ascend 910/310P, and 310B has no aclnn loss API.
     out.copy_(composite::kl_div_target_backward(grad_output, self, target, reduction, log_target));
     return;
   }
   // Taken before the call: out may be target itself.
   const at::Tensor zero_target = log_target ? at::Tensor() : target == 0;
   // Ascend 950 divides "mean" by numel(self) instead of the broadcast count: pre-scale on every chip.
-  const auto scaled = mean_as_scaled_sum(grad_output, reduction, n);
-  NPU_LOSS_EXEC_ACLNN(aclnnKlDivTargetBackward, scaled.grad_output, self, target, scaled.reduction, log_target, out);
+  auto scaled = mean_as_scaled_sum(base_format(grad_output), reduction, n);
+  at::Tensor self_nd = base_format(self), target_nd = base_format(target), result = base_format_out(out);
+  NPU_LOSS_EXEC_ACLNN(
+      aclnnKlDivTargetBackward, scaled.grad_output, self_nd, target_nd, scaled.reduction, log_target, result);
+  copy_back(out, result);
   if (zero_target.defined()) {
-    // aclnn gives NaN where target == 0; SPEC (and the seed document): a zero probability gets 0.
+    // aclnn gives NaN where target == 0; this package gives 0 there (docs: a zero probability gets a zero
+    // gradient).
     out.masked_fill_(zero_target, 0);
   }
 }
@@ -42,11 +47,13 @@ at::Tensor kl_div_npu(const at::Tensor& self, const at::Tensor& target, int64_t 
   // Only the Ascend 950 kernel is documented to give 0 at target == 0 (the others' formula gives NaN), and
   // Ascend 910/310P lack bf16: those calls run the composite fallback.
   const Chip chip = current_chip();
-  const bool aclnn_serves = chip == Chip::Ascend950 ||
-      (chip == Chip::A2A3 && log_target) || (chip == Chip::Legacy && log_target && !any_bfloat16({&self, &target}));
+  const bool aclnn_serves = aclnn_api_available("aclnnKlDiv") &&
+      (chip == Chip::Regbase950 || (chip == Chip::Tbe910B && log_target) ||
+       (chip == Chip::Tbe910 && log_target && !any_bfloat16({&self, &target})));
   if (!aclnn_serves) return composite::kl_div(self, target, reduction, log_target);
   at::Tensor out = at::empty(spec.shape, self.options().dtype(spec.dtype));
-  NPU_LOSS_EXEC_ACLNN(aclnnKlDiv, self, target, reduction, log_target, out);
+  at::Tensor self_nd = base_format(self), target_nd = base_format(target);
+  NPU_LOSS_EXEC_ACLNN(aclnnKlDiv, self_nd, target_nd, reduction, log_target, out);
   return out;
 }
 

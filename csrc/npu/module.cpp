@@ -5,24 +5,19 @@
 
 #include "npu_common.h"
 
-namespace {
-
-// Which chip family this process runs on, i.e. which path each op takes (see README, "On Ascend NPU").
-std::string chip_family() {
-  switch (npu_loss::npu::current_chip()) {
-    case npu_loss::npu::Chip::A2A3:
-      return "Ascend910B/Ascend910_93 (Atlas A2/A3)";
-    case npu_loss::npu::Chip::Ascend950:
-      return "Ascend950";
-    case npu_loss::npu::Chip::Legacy:
-      break;
-  }
-  return "Ascend910/Ascend310P (or unknown)";
-}
-
-}  // namespace
-
 PYBIND11_MODULE(_C_npu, m) {
   m.doc() = "npu_loss_ops: the aclnn kernels for Ascend NPUs";
-  m.def("chip_family", &chip_family, "The Ascend chip family that decides each op's path.");
+  // Both read aclrtGetSocName(), which needs an initialised device: Python initialises it first.
+  m.def("soc_name", [] { return npu_loss::npu::soc_name(); }, "The SoC name aclrtGetSocName() reports.");
+  m.def(
+      "chip_family", [] { return std::string(npu_loss::npu::chip_family_name(npu_loss::npu::current_chip())); },
+      "The Ascend chip family that decides each op's path.");
+  m.def(
+      "chip_family_of", [](const std::string& soc) {
+        return std::string(npu_loss::npu::chip_family_name(npu_loss::npu::chip_from_soc_name(soc)));
+      },
+      "The family a SoC name maps to (for tests of the mapping).");
+  m.def(
+      "aclnn_api_available", [](const std::string& api) { return npu_loss::npu::aclnn_api_available(api.c_str()); },
+      "Whether the installed CANN has the aclnn API (both phases).");
 }

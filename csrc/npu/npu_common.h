@@ -1,46 +1,59 @@
-// What every NPU kernel shares: the chip family (which decides, per call, whether the aclnn kernel can meet
-// SPEC.md or the composite fallback must run), and the device guard.
+// What every NPU kernel shares: the chip family (which decides, per call, whether a chip's aclnn kernel
+// gives the package's documented result or the composite fallback must run), whether the installed CANN
+// has an aclnn API at all, private NPU formats, and the small host-side fixes around the aclnn calls.
+// The routing table is written out in the README ("Which chips run which path").
 #pragma once
 
 #include <ATen/ATen.h>
-#include <ATen/DeviceGuard.h>
-#include <c10/core/DeviceGuard.h>
 
 #include <initializer_list>
 #include <limits>
+#include <string>
 
 #include "../checks.h"
 
-#include "torch_npu/csrc/core/npu/NpuVariables.h"
-
 namespace npu_loss::npu {
 
+// Families of Ascend chips, by what their aclnn loss kernels can do (README, "Which chips run which path").
 enum class Chip {
-  Legacy,     // Ascend 910 (A1), 310P, 310B and anything unknown: TBE kernels, no bf16, no KL target gradient
-  A2A3,       // Ascend 910B (Atlas A2) and 910_93 (Atlas A3): TBE kernels with bf16 and KL target gradient
-  Ascend950,  // Ascend 950 regbase kernels
+  Tbe910,         // Ascend 910 (Atlas A1) and 310P: TBE kernels, fp32/fp16 only, no KL target gradient
+  Tbe910B,        // Ascend 910B / 910_93 (Atlas A2/A3): TBE kernels with bf16 and the KL target gradient
+  Regbase950,     // Ascend 950 and every newer chip (op-plugin treats SocVersion >= Ascend950 alike)
+  CompositeOnly,  // Ascend 310B (none of the six APIs) and chips this package does not know
 };
 
-inline Chip current_chip() {
-  using c10_npu::SocVersion;
-  const SocVersion v = c10_npu::GetSocVersion();
-  if ((v >= SocVersion::Ascend910B1 && v <= SocVersion::Ascend910B4_1) ||
-      (v >= SocVersion::Ascend910_9391 && v <= SocVersion::Ascend910_9363)) {
-    return Chip::A2A3;
-  }
-  if (v == SocVersion::Ascend950) return Chip::Ascend950;
-  return Chip::Legacy;
-}
+// The family of a SoC name as aclrtGetSocName() reports it ("Ascend910B1", "Ascend950DT_9571", ...).
+Chip chip_from_soc_name(const std::string& soc_name);
 
-inline bool any_bfloat16(std::initializer_list<const at::Tensor*> tensors) {
-  for (const auto* t : tensors) {
-    if (t->scalar_type() == at::kBFloat16) return true;
-  }
-  return false;
-}
+// The SoC name of this process's NPU, read with aclrtGetSocName() on first use and cached. The device must
+// be initialised by then (it is, inside any kernel; Python initialises it before asking).
+const std::string& soc_name();
+
+// The family of this process's NPU (cached with the name).
+Chip current_chip();
+
+// A readable name of a family, for build_info().
+const char* chip_family_name(Chip chip);
+
+// Whether the installed CANN has the aclnn API `name` (both phases), as op-plugin's DO_COMPATIBILITY
+// checks it: an older toolkit may lack one, and EXEC_NPU_CMD_EXT would then fail from inside the macro.
+bool aclnn_api_available(const char* name);
+
+bool any_bfloat16(std::initializer_list<const at::Tensor*> tensors);
+
+// The aclnn loss kernels reject private NPU storage formats (NZ, 5HD, ...) with 161002, which
+// EXEC_NPU_CMD_EXT does not report. Inputs in such a format are converted to ND; an out= tensor in one
+// gets the result through an ND temporary (base_format_out, copy_back).
+bool has_private_format(const at::Tensor& t);
+at::Tensor base_format(const at::Tensor& t);
+
+// The tensor an aclnn kernel writes for out: out itself, or an ND temporary when out has a private format;
+// copy_back then moves the temporary's values into out (nothing to do when they are the same tensor).
+at::Tensor base_format_out(const at::Tensor& out);
+void copy_back(at::Tensor& out, const at::Tensor& result);
 
 // A reduction the kernels get as "sum" with grad_output pre-scaled in float32, for the cases where a
-// chip's "mean" divisor differs from SPEC's.
+// chip's "mean" divisor differs from the package's.
 struct ScaledGrad {
   at::Tensor grad_output;
   int64_t reduction;

@@ -5,10 +5,13 @@ with NPU_LOSS_OPS_NPU=1. Checks that
   1. _C_npu was built and records libtorch_npu.so as a needed library (readelf -d);
   2. every aclnn API the NPU sources call is present by name in it (strings: EXEC_NPU_CMD_EXT resolves
      them by name at run time, so nm cannot see them);
-  3. the call-site type guard works: the probe tests/npu_build/aclnn_call_types.cpp compiles as written and
+  3. the symbol guard (scripts/check_npu_symbols.py): every symbol _C_npu and _C import is provided by
+     something they are loaded with, and the guard rejects a probe that imports c10_npu::GetSocVersion()
+     (declared by torch_npu's headers, not exported), the defect that once kept _C_npu from loading;
+  4. the call-site type guard works: the probe tests/npu_build/aclnn_call_types.cpp compiles as written and
      fails to compile, on the guard's static_assert, with a double beta, an int reduction, an int
      log_target, or a missing argument;
-  4. `import npu_loss_ops` still works (torch_npu cannot import without CANN), reports why the NPU kernels
+  5. `import npu_loss_ops` still works (torch_npu cannot import without CANN), reports why the NPU kernels
      are off, and computes on CPU.
 Exits non-zero on the first failed check.
 """
@@ -19,6 +22,7 @@ import re
 import subprocess
 import sys
 import sysconfig
+import tempfile
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 GUARD_MESSAGE = "arguments do not match the prototype of"
@@ -76,6 +80,30 @@ def check_library():
         ok(f"strings: {name} and {name}GetWorkspaceSize")
 
 
+def check_symbols():
+    sys.path.insert(0, os.path.join(ROOT, "scripts"))
+    import check_npu_symbols
+
+    for pattern in ("_C_npu*.so", "_C.*.so"):
+        lib = glob.glob(os.path.join(package_dir(), pattern))[0]
+        missing = check_npu_symbols.unresolved_symbols(lib)
+        if missing:
+            fail(f"{os.path.basename(lib)} imports symbols nothing provides (it would not load): {missing}")
+        ok(f"symbol guard: every symbol {os.path.basename(lib)} imports is provided")
+    # The guard must catch the defect it exists for.
+    include = os.path.join(torch_npu_root(), "include")
+    with tempfile.TemporaryDirectory() as tmp:
+        probe = os.path.join(tmp, "undefined_symbol_probe.so")
+        cmd = [os.environ.get("CXX", "c++"), "-shared", "-fPIC", f"-I{include}",
+               os.path.join(ROOT, "tests", "npu_build", "undefined_symbol_probe.cpp"),
+               f"-L{os.path.join(torch_npu_root(), 'lib')}", "-ltorch_npu", "-o", probe]
+        subprocess.run(cmd, check=True)
+        missing = check_npu_symbols.unresolved_symbols(probe)
+    if "_ZN7c10_npu13GetSocVersionEv" not in missing:
+        fail(f"the symbol guard let c10_npu::GetSocVersion() through (it reported {missing})")
+    ok("symbol guard rejects a probe importing c10_npu::GetSocVersion() (not exported by libtorch_npu.so)")
+
+
 def compile_probe(define):
     from torch.utils.cpp_extension import include_paths
     import torch
@@ -129,6 +157,7 @@ def check_import():
 
 def main():
     check_library()
+    check_symbols()
     check_type_guard()
     check_import()
     print("NPU build check passed")

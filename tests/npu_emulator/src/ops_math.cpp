@@ -1,0 +1,573 @@
+// Emulated aclnn operators, part 1: element-wise math, comparisons, logical ops, fills, casts, copies.
+// Prototypes follow the CANN aclnn API reference; each computes on the host what the operator documents,
+// with ATen CPU kernels (PyTorch's semantics, which these operators mirror).
+
+#include <ATen/ops/abs.h>
+#include <ATen/ops/add.h>
+#include <ATen/ops/addcdiv.h>
+#include <ATen/ops/addcmul.h>
+#include <ATen/ops/sub.h>
+#include <ATen/ops/acos.h>
+#include <ATen/ops/asin.h>
+#include <ATen/ops/atan.h>
+#include <ATen/ops/atan2.h>
+#include <ATen/ops/bitwise_and.h>
+#include <ATen/ops/bitwise_not.h>
+#include <ATen/ops/bitwise_or.h>
+#include <ATen/ops/bitwise_xor.h>
+#include <ATen/ops/ceil.h>
+#include <ATen/ops/clamp.h>
+#include <ATen/ops/clamp_max.h>
+#include <ATen/ops/clamp_min.h>
+#include <ATen/ops/cos.h>
+#include <ATen/ops/cosh.h>
+#include <ATen/ops/div.h>
+#include <ATen/ops/eq.h>
+#include <ATen/ops/erf.h>
+#include <ATen/ops/erfc.h>
+#include <ATen/ops/exp.h>
+#include <ATen/ops/exp2.h>
+#include <ATen/ops/expm1.h>
+#include <ATen/ops/floor.h>
+#include <ATen/ops/floor_divide.h>
+#include <ATen/ops/fmod.h>
+#include <ATen/ops/frac.h>
+#include <ATen/ops/full_like.h>
+#include <ATen/ops/ge.h>
+#include <ATen/ops/gelu.h>
+#include <ATen/ops/gt.h>
+#include <ATen/ops/isclose.h>
+#include <ATen/ops/isfinite.h>
+#include <ATen/ops/isinf.h>
+#include <ATen/ops/isnan.h>
+#include <ATen/ops/isneginf.h>
+#include <ATen/ops/isposinf.h>
+#include <ATen/ops/le.h>
+#include <ATen/ops/lerp.h>
+#include <ATen/ops/log.h>
+#include <ATen/ops/log10.h>
+#include <ATen/ops/log1p.h>
+#include <ATen/ops/log2.h>
+#include <ATen/ops/logical_and.h>
+#include <ATen/ops/logical_not.h>
+#include <ATen/ops/logical_or.h>
+#include <ATen/ops/logical_xor.h>
+#include <ATen/ops/lt.h>
+#include <ATen/ops/masked_fill.h>
+#include <ATen/ops/maximum.h>
+#include <ATen/ops/minimum.h>
+#include <ATen/ops/mul.h>
+#include <ATen/ops/ne.h>
+#include <ATen/ops/neg.h>
+#include <ATen/ops/ones_like.h>
+#include <ATen/ops/pow.h>
+#include <ATen/ops/reciprocal.h>
+#include <ATen/ops/relu.h>
+#include <ATen/ops/remainder.h>
+#include <ATen/ops/round.h>
+#include <ATen/ops/rsqrt.h>
+#include <ATen/ops/rsub.h>
+#include <ATen/ops/sgn.h>
+#include <ATen/ops/sigmoid.h>
+#include <ATen/ops/sign.h>
+#include <ATen/ops/silu.h>
+#include <ATen/ops/sin.h>
+#include <ATen/ops/sinh.h>
+#include <ATen/ops/sqrt.h>
+#include <ATen/ops/square.h>
+#include <ATen/ops/sub.h>
+#include <ATen/ops/tan.h>
+#include <ATen/ops/tanh.h>
+#include <ATen/ops/trunc.h>
+#include <ATen/ops/where.h>
+#include <ATen/ops/xlogy.h>
+#include <ATen/ops/zeros_like.h>
+
+#include "ops.h"
+
+using emu::S;
+using emu::T;
+using emu::TensorDesc;
+
+namespace {
+
+bool any_empty(std::initializer_list<const TensorDesc*> ts) {
+  for (auto* t : ts)
+    if (t->defined && t->numel() == 0) return true;
+  return false;
+}
+
+}  // namespace
+
+// ---------------------------------------------------------------------------------------------------------
+// Macros for the common shapes of prototypes. EXPR sees `x` (self), `y` (other tensor) or `s` (scalar).
+
+// aclnnNAME(const aclTensor* self, aclTensor* out)
+#define EMU_UNARY(NAME, EXPR)                                                                              \
+  EMU_API aclnnStatus aclnn##NAME##GetWorkspaceSize(const aclTensor* self, aclTensor* out, uint64_t* ws,    \
+                                                    aclOpExecutor** ex) {                                  \
+    ACLNN_CHECK_NOTNULL("aclnn" #NAME, self, out);                                                        \
+    auto a = T(self), o = T(out);                                                                          \
+    return emu::submit("aclnn" #NAME, ws, ex, [=] {                                                        \
+      at::Tensor x = a.get();                                                                              \
+      o.write(EXPR);                                                                                       \
+    }, any_empty({&a, &o}));                                                                               \
+  }                                                                                                        \
+  ACLNN_RUN(aclnn##NAME)
+
+// aclnnInplaceNAME(aclTensor* selfRef)
+#define EMU_INPLACE_UNARY(NAME, EXPR)                                                                      \
+  EMU_API aclnnStatus aclnnInplace##NAME##GetWorkspaceSize(aclTensor* self, uint64_t* ws, aclOpExecutor** ex) { \
+    ACLNN_CHECK_NOTNULL("aclnnInplace" #NAME, self);                                                      \
+    auto a = T(self);                                                                                      \
+    return emu::submit("aclnnInplace" #NAME, ws, ex, [=] {                                                 \
+      at::Tensor x = a.get();                                                                              \
+      a.write(EXPR);                                                                                       \
+    }, any_empty({&a}));                                                                                   \
+  }                                                                                                        \
+  ACLNN_RUN(aclnnInplace##NAME)
+
+#define EMU_UNARY_BOTH(NAME, EXPR) \
+  EMU_UNARY(NAME, EXPR)            \
+  EMU_INPLACE_UNARY(NAME, EXPR)
+
+// aclnnNAME(const aclTensor* self, const aclTensor* other, aclTensor* out)
+#define EMU_BINARY(NAME, EXPR)                                                                             \
+  EMU_API aclnnStatus aclnn##NAME##GetWorkspaceSize(const aclTensor* self, const aclTensor* other,          \
+                                                    aclTensor* out, uint64_t* ws, aclOpExecutor** ex) {    \
+    ACLNN_CHECK_NOTNULL("aclnn" #NAME, self, other, out);                                                 \
+    auto a = T(self), b = T(other), o = T(out);                                                            \
+    return emu::submit("aclnn" #NAME, ws, ex, [=] {                                                        \
+      at::Tensor x = a.get(), y = b.get();                                                                 \
+      o.write(EXPR);                                                                                       \
+    }, any_empty({&a, &b, &o}));                                                                           \
+  }                                                                                                        \
+  ACLNN_RUN(aclnn##NAME)
+
+// aclnnInplaceNAME(aclTensor* selfRef, const aclTensor* other)
+#define EMU_INPLACE_BINARY(NAME, EXPR)                                                                     \
+  EMU_API aclnnStatus aclnnInplace##NAME##GetWorkspaceSize(aclTensor* self, const aclTensor* other,         \
+                                                           uint64_t* ws, aclOpExecutor** ex) {             \
+    ACLNN_CHECK_NOTNULL("aclnnInplace" #NAME, self, other);                                               \
+    auto a = T(self), b = T(other);                                                                        \
+    return emu::submit("aclnnInplace" #NAME, ws, ex, [=] {                                                 \
+      at::Tensor x = a.get(), y = b.get();                                                                 \
+      a.write(EXPR);                                                                                       \
+    }, any_empty({&a, &b}));                                                                               \
+  }                                                                                                        \
+  ACLNN_RUN(aclnnInplace##NAME)
+
+// aclnnNAME(const aclTensor* self, const aclScalar* other, aclTensor* out)
+#define EMU_BINARY_SCALAR(NAME, EXPR)                                                                      \
+  EMU_API aclnnStatus aclnn##NAME##GetWorkspaceSize(const aclTensor* self, const aclScalar* other,          \
+                                                    aclTensor* out, uint64_t* ws, aclOpExecutor** ex) {    \
+    ACLNN_CHECK_NOTNULL("aclnn" #NAME, self, other, out);                                                 \
+    auto a = T(self), o = T(out);                                                                          \
+    at::Scalar s = S(other);                                                                               \
+    return emu::submit("aclnn" #NAME, ws, ex, [=] {                                                        \
+      at::Tensor x = a.get();                                                                              \
+      o.write(EXPR);                                                                                       \
+    }, any_empty({&a, &o}));                                                                               \
+  }                                                                                                        \
+  ACLNN_RUN(aclnn##NAME)
+
+// aclnnInplaceNAME(aclTensor* selfRef, const aclScalar* other)
+#define EMU_INPLACE_BINARY_SCALAR(NAME, EXPR)                                                              \
+  EMU_API aclnnStatus aclnnInplace##NAME##GetWorkspaceSize(aclTensor* self, const aclScalar* other,         \
+                                                           uint64_t* ws, aclOpExecutor** ex) {             \
+    ACLNN_CHECK_NOTNULL("aclnnInplace" #NAME, self, other);                                               \
+    auto a = T(self);                                                                                      \
+    at::Scalar s = S(other);                                                                               \
+    return emu::submit("aclnnInplace" #NAME, ws, ex, [=] {                                                 \
+      at::Tensor x = a.get();                                                                              \
+      a.write(EXPR);                                                                                       \
+    }, any_empty({&a}));                                                                                   \
+  }                                                                                                        \
+  ACLNN_RUN(aclnnInplace##NAME)
+
+#define EMU_BINARY_ALL(NAME, EXPR_T, EXPR_S)   \
+  EMU_BINARY(NAME##Tensor, EXPR_T)             \
+  EMU_INPLACE_BINARY(NAME##Tensor, EXPR_T)     \
+  EMU_BINARY_SCALAR(NAME##Scalar, EXPR_S)      \
+  EMU_INPLACE_BINARY_SCALAR(NAME##Scalar, EXPR_S)
+
+// ---------------------------------------------------------------------------------------------------------
+// Fills, casts, copies.
+
+EMU_INPLACE_UNARY(Zero, at::zeros_like(x))
+EMU_INPLACE_UNARY(One, at::ones_like(x))
+EMU_INPLACE_BINARY_SCALAR(FillScalar, at::full_like(x, s))
+EMU_INPLACE_BINARY(FillTensor, y.reshape({}).expand(x.sizes()))
+
+// aclnnCast(const aclTensor* self, aclDataType dtype, aclTensor* out)
+EMU_API aclnnStatus aclnnCastGetWorkspaceSize(const aclTensor* self, aclDataType dtype, aclTensor* out, uint64_t* ws,
+                                              aclOpExecutor** ex) {
+  ACLNN_CHECK_NOTNULL("aclnnCast", self, out);
+  auto a = T(self), o = T(out);
+  (void)dtype;  // the out tensor carries it
+  return emu::submit("aclnnCast", ws, ex, [=] { o.write(a.get()); }, any_empty({&a, &o}));
+}
+ACLNN_RUN(aclnnCast)
+
+// aclnnInplaceCopy(aclTensor* selfRef, const aclTensor* src): broadcast src into self, casting.
+EMU_INPLACE_BINARY(Copy, y)
+
+// ---------------------------------------------------------------------------------------------------------
+// Arithmetic. alpha scales other: self + alpha * other.
+
+#define EMU_ADD_SUB(NAME, OP)                                                                              \
+  EMU_API aclnnStatus aclnn##NAME##GetWorkspaceSize(const aclTensor* self, const aclTensor* other,          \
+                                                    const aclScalar* alpha, aclTensor* out, uint64_t* ws,  \
+                                                    aclOpExecutor** ex) {                                  \
+    ACLNN_CHECK_NOTNULL("aclnn" #NAME, self, other, out);                                                 \
+    auto a = T(self), b = T(other), o = T(out);                                                            \
+    at::Scalar al = alpha ? S(alpha) : at::Scalar(1);                                                      \
+    return emu::submit("aclnn" #NAME, ws, ex,                                                              \
+                       [=] { o.write(at::OP(a.get(), b.get(), al)); }, any_empty({&a, &b, &o}));           \
+  }                                                                                                        \
+  ACLNN_RUN(aclnn##NAME)                                                                                   \
+  EMU_API aclnnStatus aclnn##NAME##sGetWorkspaceSize(const aclTensor* self, const aclScalar* other,         \
+                                                     const aclScalar* alpha, aclTensor* out, uint64_t* ws, \
+                                                     aclOpExecutor** ex) {                                 \
+    ACLNN_CHECK_NOTNULL("aclnn" #NAME "s", self, other, out);                                             \
+    auto a = T(self), o = T(out);                                                                          \
+    at::Scalar s = S(other), al = alpha ? S(alpha) : at::Scalar(1);                                        \
+    return emu::submit("aclnn" #NAME "s", ws, ex,                                                          \
+                       [=] { o.write(at::OP(a.get(), s, al)); }, any_empty({&a, &o}));                     \
+  }                                                                                                        \
+  ACLNN_RUN(aclnn##NAME##s)                                                                                \
+  EMU_API aclnnStatus aclnnInplace##NAME##GetWorkspaceSize(aclTensor* self, const aclTensor* other,         \
+                                                           const aclScalar* alpha, uint64_t* ws,           \
+                                                           aclOpExecutor** ex) {                           \
+    ACLNN_CHECK_NOTNULL("aclnnInplace" #NAME, self, other);                                               \
+    auto a = T(self), b = T(other);                                                                        \
+    at::Scalar al = alpha ? S(alpha) : at::Scalar(1);                                                      \
+    return emu::submit("aclnnInplace" #NAME, ws, ex,                                                       \
+                       [=] { a.write(at::OP(a.get(), b.get(), al)); }, any_empty({&a, &b}));               \
+  }                                                                                                        \
+  ACLNN_RUN(aclnnInplace##NAME)                                                                            \
+  EMU_API aclnnStatus aclnnInplace##NAME##sGetWorkspaceSize(aclTensor* self, const aclScalar* other,        \
+                                                            const aclScalar* alpha, uint64_t* ws,          \
+                                                            aclOpExecutor** ex) {                          \
+    ACLNN_CHECK_NOTNULL("aclnnInplace" #NAME "s", self, other);                                           \
+    auto a = T(self);                                                                                      \
+    at::Scalar s = S(other), al = alpha ? S(alpha) : at::Scalar(1);                                       \
+    return emu::submit("aclnnInplace" #NAME "s", ws, ex,                                                   \
+                       [=] { a.write(at::OP(a.get(), s, al)); }, any_empty({&a}));                         \
+  }                                                                                                        \
+  ACLNN_RUN(aclnnInplace##NAME##s)
+
+EMU_ADD_SUB(Add, add)
+EMU_ADD_SUB(Sub, sub)
+
+// rsub: other - alpha * self
+EMU_API aclnnStatus aclnnRsubGetWorkspaceSize(const aclTensor* self, const aclTensor* other, const aclScalar* alpha,
+                                              aclTensor* out, uint64_t* ws, aclOpExecutor** ex) {
+  ACLNN_CHECK_NOTNULL("aclnnRsub", self, other, out);
+  auto a = T(self), b = T(other), o = T(out);
+  at::Scalar al = alpha ? S(alpha) : at::Scalar(1);
+  return emu::submit("aclnnRsub", ws, ex, [=] { o.write(at::sub(b.get(), a.get(), al)); }, any_empty({&a, &b, &o}));
+}
+ACLNN_RUN(aclnnRsub)
+EMU_API aclnnStatus aclnnRsubsGetWorkspaceSize(const aclTensor* self, const aclScalar* other, const aclScalar* alpha,
+                                               aclTensor* out, uint64_t* ws, aclOpExecutor** ex) {
+  ACLNN_CHECK_NOTNULL("aclnnRsubs", self, other, out);
+  auto a = T(self), o = T(out);
+  at::Scalar s = S(other), al = alpha ? S(alpha) : at::Scalar(1);
+  return emu::submit("aclnnRsubs", ws, ex, [=] { o.write(at::rsub(a.get(), s, al)); }, any_empty({&a, &o}));
+}
+ACLNN_RUN(aclnnRsubs)
+
+EMU_BINARY(Mul, at::mul(x, y))
+EMU_INPLACE_BINARY(Mul, at::mul(x, y))
+EMU_BINARY_SCALAR(Muls, at::mul(x, s))
+EMU_INPLACE_BINARY_SCALAR(Muls, at::mul(x, s))
+EMU_BINARY(Div, at::div(x, y))
+EMU_INPLACE_BINARY(Div, at::div(x, y))
+EMU_BINARY_SCALAR(Divs, at::div(x, s))
+EMU_INPLACE_BINARY_SCALAR(Divs, at::div(x, s))
+
+// aclnnDivMod(self, other, int mode, out): mode 0 true division, 1 trunc, 2 floor.
+static c10::optional<c10::string_view> rounding(int mode) {
+  if (mode == 1) return c10::string_view("trunc");
+  if (mode == 2) return c10::string_view("floor");
+  return c10::nullopt;
+}
+EMU_API aclnnStatus aclnnDivModGetWorkspaceSize(const aclTensor* self, const aclTensor* other, int mode, aclTensor* out,
+                                                uint64_t* ws, aclOpExecutor** ex) {
+  ACLNN_CHECK_NOTNULL("aclnnDivMod", self, other, out);
+  auto a = T(self), b = T(other), o = T(out);
+  return emu::submit("aclnnDivMod", ws, ex, [=] { o.write(at::div(a.get(), b.get(), rounding(mode))); },
+                     any_empty({&a, &b, &o}));
+}
+ACLNN_RUN(aclnnDivMod)
+EMU_API aclnnStatus aclnnDivModsGetWorkspaceSize(const aclTensor* self, const aclScalar* other, int mode,
+                                                 aclTensor* out, uint64_t* ws, aclOpExecutor** ex) {
+  ACLNN_CHECK_NOTNULL("aclnnDivMods", self, other, out);
+  auto a = T(self), o = T(out);
+  at::Scalar s = S(other);
+  return emu::submit("aclnnDivMods", ws, ex, [=] { o.write(at::div(a.get(), s, rounding(mode))); },
+                     any_empty({&a, &o}));
+}
+ACLNN_RUN(aclnnDivMods)
+EMU_API aclnnStatus aclnnInplaceDivModGetWorkspaceSize(aclTensor* self, const aclTensor* other, int mode, uint64_t* ws,
+                                                       aclOpExecutor** ex) {
+  ACLNN_CHECK_NOTNULL("aclnnInplaceDivMod", self, other);
+  auto a = T(self), b = T(other);
+  return emu::submit("aclnnInplaceDivMod", ws, ex, [=] { a.write(at::div(a.get(), b.get(), rounding(mode))); },
+                     any_empty({&a, &b}));
+}
+ACLNN_RUN(aclnnInplaceDivMod)
+EMU_API aclnnStatus aclnnInplaceDivModsGetWorkspaceSize(aclTensor* self, const aclScalar* other, int mode,
+                                                        uint64_t* ws, aclOpExecutor** ex) {
+  ACLNN_CHECK_NOTNULL("aclnnInplaceDivMods", self, other);
+  auto a = T(self);
+  at::Scalar s = S(other);
+  return emu::submit("aclnnInplaceDivMods", ws, ex, [=] { a.write(at::div(a.get(), s, rounding(mode))); },
+                     any_empty({&a}));
+}
+ACLNN_RUN(aclnnInplaceDivMods)
+
+EMU_BINARY(FloorDivide, at::floor_divide(x, y))
+EMU_BINARY_SCALAR(FloorDivides, at::floor_divide(x, s))
+EMU_INPLACE_BINARY(FloorDivide, at::floor_divide(x, y))
+EMU_BINARY(RemainderTensorTensor, at::remainder(x, y))
+EMU_BINARY_SCALAR(RemainderTensorScalar, at::remainder(x, s))
+EMU_INPLACE_BINARY(RemainderTensorTensor, at::remainder(x, y))
+EMU_INPLACE_BINARY_SCALAR(RemainderTensorScalar, at::remainder(x, s))
+EMU_BINARY(FmodTensor, at::fmod(x, y))
+EMU_BINARY_SCALAR(FmodScalar, at::fmod(x, s))
+EMU_INPLACE_BINARY(FmodTensor, at::fmod(x, y))
+EMU_INPLACE_BINARY_SCALAR(FmodScalar, at::fmod(x, s))
+EMU_BINARY(Maximum, at::maximum(x, y))
+EMU_BINARY(Minimum, at::minimum(x, y))
+EMU_BINARY(Atan2, at::atan2(x, y))
+EMU_INPLACE_BINARY(Atan2, at::atan2(x, y))
+
+// Powers.
+EMU_BINARY_SCALAR(PowTensorScalar, at::pow(x, s))
+EMU_INPLACE_BINARY_SCALAR(PowTensorScalar, at::pow(x, s))
+EMU_BINARY(PowTensorTensor, at::pow(x, y))
+EMU_INPLACE_BINARY(PowTensorTensor, at::pow(x, y))
+// aclnnPowScalarTensor(const aclScalar* self, const aclTensor* exponent, aclTensor* out)
+EMU_API aclnnStatus aclnnPowScalarTensorGetWorkspaceSize(const aclScalar* self, const aclTensor* exponent,
+                                                         aclTensor* out, uint64_t* ws, aclOpExecutor** ex) {
+  ACLNN_CHECK_NOTNULL("aclnnPowScalarTensor", self, exponent, out);
+  auto b = T(exponent), o = T(out);
+  at::Scalar s = S(self);
+  return emu::submit("aclnnPowScalarTensor", ws, ex, [=] { o.write(at::pow(s, b.get())); }, any_empty({&b, &o}));
+}
+ACLNN_RUN(aclnnPowScalarTensor)
+
+// xlogy: x * log(y), 0 where x == 0 (unless y is NaN).
+EMU_BINARY(XLogYTensor, at::xlogy(x, y))
+EMU_INPLACE_BINARY(XLogYTensor, at::xlogy(x, y))
+EMU_BINARY_SCALAR(XLogYScalarOther, at::xlogy(x, s))
+EMU_INPLACE_BINARY_SCALAR(XLogYScalarOther, at::xlogy(x, s))
+// aclnnXLogYScalarSelf(const aclScalar* self, const aclTensor* other, aclTensor* out)
+EMU_API aclnnStatus aclnnXLogYScalarSelfGetWorkspaceSize(const aclScalar* self, const aclTensor* other, aclTensor* out,
+                                                         uint64_t* ws, aclOpExecutor** ex) {
+  ACLNN_CHECK_NOTNULL("aclnnXLogYScalarSelf", self, other, out);
+  auto b = T(other), o = T(out);
+  at::Scalar s = S(self);
+  return emu::submit("aclnnXLogYScalarSelf", ws, ex, [=] { o.write(at::xlogy(s, b.get())); }, any_empty({&b, &o}));
+}
+ACLNN_RUN(aclnnXLogYScalarSelf)
+
+// Unary math.
+EMU_UNARY_BOTH(Neg, at::neg(x))
+EMU_UNARY_BOTH(Abs, at::abs(x))
+EMU_UNARY_BOTH(Sign, at::sign(x))
+EMU_UNARY(Sgn, at::sgn(x))
+EMU_UNARY_BOTH(Exp, at::exp(x))
+EMU_UNARY_BOTH(Exp2, at::exp2(x))
+EMU_UNARY_BOTH(Expm1, at::expm1(x))
+EMU_UNARY_BOTH(Log, at::log(x))
+EMU_UNARY_BOTH(Log2, at::log2(x))
+EMU_UNARY_BOTH(Log10, at::log10(x))
+EMU_UNARY_BOTH(Log1p, at::log1p(x))
+EMU_UNARY_BOTH(Sqrt, at::sqrt(x))
+EMU_UNARY_BOTH(Rsqrt, at::rsqrt(x))
+EMU_UNARY_BOTH(Reciprocal, at::reciprocal(x))
+EMU_UNARY_BOTH(Floor, at::floor(x))
+EMU_UNARY_BOTH(Ceil, at::ceil(x))
+EMU_UNARY_BOTH(Round, at::round(x))
+EMU_UNARY_BOTH(Trunc, at::trunc(x))
+EMU_UNARY_BOTH(Frac, at::frac(x))
+EMU_UNARY_BOTH(Sin, at::sin(x))
+EMU_UNARY_BOTH(Cos, at::cos(x))
+EMU_UNARY_BOTH(Tan, at::tan(x))
+EMU_UNARY_BOTH(Tanh, at::tanh(x))
+EMU_UNARY_BOTH(Sinh, at::sinh(x))
+EMU_UNARY_BOTH(Cosh, at::cosh(x))
+EMU_UNARY_BOTH(Asin, at::asin(x))
+EMU_UNARY_BOTH(Acos, at::acos(x))
+EMU_UNARY_BOTH(Atan, at::atan(x))
+EMU_UNARY_BOTH(Erf, at::erf(x))
+EMU_UNARY_BOTH(Erfc, at::erfc(x))
+EMU_UNARY_BOTH(Sigmoid, at::sigmoid(x))
+EMU_UNARY_BOTH(Relu, at::relu(x))
+EMU_UNARY_BOTH(Square, at::square(x))
+EMU_UNARY(Gelu, at::gelu(x))
+EMU_UNARY(Silu, at::silu(x))
+
+// aclnnRoundDecimals(self, int64_t decimals, out)
+EMU_API aclnnStatus aclnnRoundDecimalsGetWorkspaceSize(const aclTensor* self, int64_t decimals, aclTensor* out,
+                                                       uint64_t* ws, aclOpExecutor** ex) {
+  ACLNN_CHECK_NOTNULL("aclnnRoundDecimals", self, out);
+  auto a = T(self), o = T(out);
+  return emu::submit("aclnnRoundDecimals", ws, ex, [=] { o.write(at::round(a.get(), decimals)); },
+                     any_empty({&a, &o}));
+}
+ACLNN_RUN(aclnnRoundDecimals)
+
+// Predicates.
+EMU_UNARY(IsInf, at::isinf(x))
+EMU_UNARY(IsPosInf, at::isposinf(x))
+EMU_UNARY(IsNegInf, at::isneginf(x))
+EMU_UNARY(IsFinite, at::isfinite(x))
+EMU_UNARY(IsNan, at::isnan(x))
+
+// aclnnIsClose(self, other, double rtol, double atol, bool equalNan, out)
+EMU_API aclnnStatus aclnnIsCloseGetWorkspaceSize(const aclTensor* self, const aclTensor* other, double rtol,
+                                                 double atol, bool equal_nan, aclTensor* out, uint64_t* ws,
+                                                 aclOpExecutor** ex) {
+  ACLNN_CHECK_NOTNULL("aclnnIsClose", self, other, out);
+  auto a = T(self), b = T(other), o = T(out);
+  return emu::submit("aclnnIsClose", ws, ex, [=] { o.write(at::isclose(a.get(), b.get(), rtol, atol, equal_nan)); },
+                     any_empty({&a, &b, &o}));
+}
+ACLNN_RUN(aclnnIsClose)
+
+// Comparisons: aclnnXxTensor / aclnnXxScalar and their in-place forms.
+EMU_BINARY_ALL(Eq, at::eq(x, y), at::eq(x, s))
+EMU_BINARY_ALL(Ne, at::ne(x, y), at::ne(x, s))
+EMU_BINARY_ALL(Gt, at::gt(x, y), at::gt(x, s))
+EMU_BINARY_ALL(Ge, at::ge(x, y), at::ge(x, s))
+EMU_BINARY_ALL(Lt, at::lt(x, y), at::lt(x, s))
+EMU_BINARY_ALL(Le, at::le(x, y), at::le(x, s))
+
+// Logical and bitwise.
+EMU_BINARY(LogicalAnd, at::logical_and(x, y))
+EMU_INPLACE_BINARY(LogicalAnd, at::logical_and(x, y))
+EMU_BINARY(LogicalOr, at::logical_or(x, y))
+EMU_INPLACE_BINARY(LogicalOr, at::logical_or(x, y))
+EMU_BINARY(LogicalXor, at::logical_xor(x, y))
+EMU_INPLACE_BINARY(LogicalXor, at::logical_xor(x, y))
+EMU_UNARY_BOTH(LogicalNot, at::logical_not(x))
+EMU_BINARY_ALL(BitwiseAnd, at::bitwise_and(x, y), at::bitwise_and(x, s))
+EMU_BINARY_ALL(BitwiseOr, at::bitwise_or(x, y), at::bitwise_or(x, s))
+EMU_BINARY_ALL(BitwiseXor, at::bitwise_xor(x, y), at::bitwise_xor(x, s))
+EMU_UNARY_BOTH(BitwiseNot, at::bitwise_not(x))
+
+// ---------------------------------------------------------------------------------------------------------
+// Clamp: scalar bounds may be null (unbounded on that side); tensor bounds too.
+
+EMU_API aclnnStatus aclnnClampGetWorkspaceSize(const aclTensor* self, const aclScalar* min, const aclScalar* max,
+                                               aclTensor* out, uint64_t* ws, aclOpExecutor** ex) {
+  ACLNN_CHECK_NOTNULL("aclnnClamp", self, out);
+  auto a = T(self), o = T(out);
+  c10::optional<at::Scalar> lo, hi;
+  if (min) lo = S(min);
+  if (max) hi = S(max);
+  return emu::submit("aclnnClamp", ws, ex, [=] { o.write(at::clamp(a.get(), lo, hi)); }, any_empty({&a, &o}));
+}
+ACLNN_RUN(aclnnClamp)
+EMU_BINARY_SCALAR(ClampMin, at::clamp_min(x, s))
+EMU_BINARY_SCALAR(ClampMax, at::clamp_max(x, s))
+EMU_BINARY(ClampMinTensor, at::clamp_min(x, y))
+EMU_BINARY(ClampMaxTensor, at::clamp_max(x, y))
+EMU_INPLACE_BINARY(ClampMinTensor, at::clamp_min(x, y))
+EMU_INPLACE_BINARY(ClampMaxTensor, at::clamp_max(x, y))
+EMU_API aclnnStatus aclnnClampTensorGetWorkspaceSize(const aclTensor* self, const aclTensor* min, const aclTensor* max,
+                                                     aclTensor* out, uint64_t* ws, aclOpExecutor** ex) {
+  ACLNN_CHECK_NOTNULL("aclnnClampTensor", self, out);
+  auto a = T(self), lo = T(min), hi = T(max), o = T(out);
+  return emu::submit("aclnnClampTensor", ws, ex, [=] {
+    c10::optional<at::Tensor> l, h;
+    if (lo.defined) l = lo.get();
+    if (hi.defined) h = hi.get();
+    o.write(at::clamp(a.get(), l, h));
+  }, any_empty({&a, &o}));
+}
+ACLNN_RUN(aclnnClampTensor)
+
+// ---------------------------------------------------------------------------------------------------------
+// where / masked_fill / lerp / addcmul / addcdiv
+
+// aclnnSWhere(const aclTensor* condition, const aclTensor* self, const aclTensor* other, aclTensor* out)
+EMU_API aclnnStatus aclnnSWhereGetWorkspaceSize(const aclTensor* condition, const aclTensor* self,
+                                                const aclTensor* other, aclTensor* out, uint64_t* ws,
+                                                aclOpExecutor** ex) {
+  ACLNN_CHECK_NOTNULL("aclnnSWhere", condition, self, other, out);
+  auto c = T(condition), a = T(self), b = T(other), o = T(out);
+  return emu::submit("aclnnSWhere", ws, ex, [=] {
+    o.write(at::where(c.get().to(at::kBool), a.get(), b.get()));
+  }, any_empty({&c, &a, &b, &o}));
+}
+ACLNN_RUN(aclnnSWhere)
+
+// aclnnInplaceMaskedFillScalar(aclTensor* selfRef, const aclTensor* mask, const aclScalar* value)
+EMU_API aclnnStatus aclnnInplaceMaskedFillScalarGetWorkspaceSize(aclTensor* self, const aclTensor* mask,
+                                                                 const aclScalar* value, uint64_t* ws,
+                                                                 aclOpExecutor** ex) {
+  ACLNN_CHECK_NOTNULL("aclnnInplaceMaskedFillScalar", self, mask, value);
+  auto a = T(self), m = T(mask);
+  at::Scalar s = S(value);
+  return emu::submit("aclnnInplaceMaskedFillScalar", ws, ex, [=] {
+    a.write(at::masked_fill(a.get(), m.get().to(at::kBool), s));
+  }, any_empty({&a, &m}));
+}
+ACLNN_RUN(aclnnInplaceMaskedFillScalar)
+EMU_API aclnnStatus aclnnInplaceMaskedFillTensorGetWorkspaceSize(aclTensor* self, const aclTensor* mask,
+                                                                 const aclTensor* value, uint64_t* ws,
+                                                                 aclOpExecutor** ex) {
+  ACLNN_CHECK_NOTNULL("aclnnInplaceMaskedFillTensor", self, mask, value);
+  auto a = T(self), m = T(mask), v = T(value);
+  return emu::submit("aclnnInplaceMaskedFillTensor", ws, ex, [=] {
+    a.write(at::masked_fill(a.get(), m.get().to(at::kBool), v.get().reshape({})));
+  }, any_empty({&a, &m}));
+}
+ACLNN_RUN(aclnnInplaceMaskedFillTensor)
+
+EMU_API aclnnStatus aclnnLerpGetWorkspaceSize(const aclTensor* self, const aclTensor* end, const aclTensor* weight,
+                                              aclTensor* out, uint64_t* ws, aclOpExecutor** ex) {
+  ACLNN_CHECK_NOTNULL("aclnnLerp", self, end, weight, out);
+  auto a = T(self), e = T(end), w = T(weight), o = T(out);
+  return emu::submit("aclnnLerp", ws, ex, [=] { o.write(at::lerp(a.get(), e.get(), w.get())); },
+                     any_empty({&a, &e, &w, &o}));
+}
+ACLNN_RUN(aclnnLerp)
+EMU_API aclnnStatus aclnnLerpsGetWorkspaceSize(const aclTensor* self, const aclTensor* end, const aclScalar* weight,
+                                               aclTensor* out, uint64_t* ws, aclOpExecutor** ex) {
+  ACLNN_CHECK_NOTNULL("aclnnLerps", self, end, weight, out);
+  auto a = T(self), e = T(end), o = T(out);
+  at::Scalar s = S(weight);
+  return emu::submit("aclnnLerps", ws, ex, [=] { o.write(at::lerp(a.get(), e.get(), s)); }, any_empty({&a, &e, &o}));
+}
+ACLNN_RUN(aclnnLerps)
+
+#define EMU_ADDC(NAME, FN)                                                                                  \
+  EMU_API aclnnStatus aclnn##NAME##GetWorkspaceSize(const aclTensor* self, const aclTensor* t1,             \
+                                                    const aclTensor* t2, const aclScalar* value,           \
+                                                    aclTensor* out, uint64_t* ws, aclOpExecutor** ex) {    \
+    ACLNN_CHECK_NOTNULL("aclnn" #NAME, self, t1, t2, out);                                                \
+    auto a = T(self), b = T(t1), c = T(t2), o = T(out);                                                    \
+    at::Scalar v = value ? S(value) : at::Scalar(1);                                                       \
+    return emu::submit("aclnn" #NAME, ws, ex, [=] { o.write(at::FN(a.get(), b.get(), c.get(), v)); },     \
+                       any_empty({&a, &b, &c, &o}));                                                       \
+  }                                                                                                        \
+  ACLNN_RUN(aclnn##NAME)                                                                                   \
+  EMU_API aclnnStatus aclnnInplace##NAME##GetWorkspaceSize(aclTensor* self, const aclTensor* t1,            \
+                                                           const aclTensor* t2, const aclScalar* value,    \
+                                                           uint64_t* ws, aclOpExecutor** ex) {             \
+    ACLNN_CHECK_NOTNULL("aclnnInplace" #NAME, self, t1, t2);                                              \
+    auto a = T(self), b = T(t1), c = T(t2);                                                                \
+    at::Scalar v = value ? S(value) : at::Scalar(1);                                                       \
+    return emu::submit("aclnnInplace" #NAME, ws, ex, [=] { a.write(at::FN(a.get(), b.get(), c.get(), v)); }, \
+                       any_empty({&a, &b, &c}));                                                           \
+  }                                                                                                        \
+  ACLNN_RUN(aclnnInplace##NAME)
+
+EMU_ADDC(Addcmul, addcmul)
+EMU_ADDC(Addcdiv, addcdiv)

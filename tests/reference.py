@@ -92,8 +92,18 @@ def smooth_l1_slope(d: torch.Tensor, beta: float) -> torch.Tensor:
     return torch.where(d.abs() >= beta, sign(d), d / beta)
 
 
-def reference_backward(s: Sample):
-    """(value, magnitude, dtype, shape) of the backward op per SPEC's Math and table."""
+def l1_sign(x: torch.Tensor, t: torch.Tensor, at_nan: float = 0.0) -> torch.Tensor:
+    """sign(x - t) with sign(0) = 0; `at_nan` where x or t is NaN (SPEC: 0; the TBE chips' L1 kernel: -1)."""
+    d = x - t
+    if at_nan == 0:
+        return sign(d)
+    x, t = torch.broadcast_tensors(x, t)
+    return torch.where(x.isnan() | t.isnan(), at_nan, sign(d))
+
+
+def reference_backward(s: Sample, l1_at_nan: float = 0.0):
+    """(value, magnitude, dtype, shape) of the backward op per SPEC's Math and table. `l1_at_nan`: L1's
+    sign at a NaN input (-1 where a chip's documented difference applies, see l1_nan_gives_minus_grad)."""
     g, x, t = _d64(s.grad_output, s.self, s.target)
     if s.loss == "smooth_l1_loss":
         shape = torch.broadcast_shapes(g.shape, x.shape, t.shape)
@@ -103,7 +113,7 @@ def reference_backward(s: Sample):
     if s.loss == "l1_loss":
         shape = torch.broadcast_shapes(g.shape, x.shape, t.shape)
         gs = g * _scale(s.reduction, shape.numel())  # the broadcast result's count
-        value = (gs * sign(x - t)).expand(shape)
+        value = (gs * l1_sign(x, t, l1_at_nan)).expand(shape)
         return value, gs.abs().expand(shape), result_type(s.grad_output, s.self, s.target), shape
     bshape = torch.broadcast_shapes(x.shape, t.shape)
     gs = g * _scale(s.reduction, bshape.numel())
@@ -124,9 +134,11 @@ def reference_backward(s: Sample):
 # Gradients of the forwards, from torch.nn.functional's autograd in float64
 
 
-def reference_grads(s: Sample, grad_output: torch.Tensor):
+def reference_grads(s: Sample, grad_output: torch.Tensor, l1_at_nan: float = 0.0):
     """(grad_self, grad_target) of F.<loss> in float64 for the given output gradient; KL's target gradient
-    is exactly 0 where target == 0 (SPEC's deliberate difference; PyTorch gives NaN)."""
+    is exactly 0 where target == 0 (SPEC's deliberate difference; PyTorch gives NaN). `l1_at_nan` = -1: the
+    TBE chips' L1 gradient, -grad for self AND target where either is NaN (the target gradient is the same
+    kernel with the arguments swapped)."""
     x, t, g = _d64(s.self, s.target, grad_output)
     x.requires_grad_(True)
     t.requires_grad_(True)
@@ -141,6 +153,13 @@ def reference_grads(s: Sample, grad_output: torch.Tensor):
         gt = torch.zeros_like(t)
     if s.loss == "kl_div" and not s.log_target:
         gt = torch.where(t.detach() == 0, 0.0, gt)
+    if s.loss == "l1_loss" and l1_at_nan != 0:
+        xb, tb = torch.broadcast_tensors(x.detach(), t.detach())
+        nan = xb.isnan() | tb.isnan()
+        scale = _scale(s.reduction, xb.numel()) if s.reduction != "batchmean" else 1.0 / max(x.shape[0], 1)
+        extra = torch.where(nan, l1_at_nan * g * scale, 0.0)  # F (sgn) gives 0 there
+        gx = gx + extra.sum_to_size(x.shape)
+        gt = gt + extra.sum_to_size(t.shape)
     return gx.detach(), gt.detach()
 
 
@@ -170,10 +189,11 @@ def grad_magnitudes(s: Sample, grad_output: torch.Tensor):
 
 
 def assert_close(actual: torch.Tensor, expected: torch.Tensor, magnitude: torch.Tensor | None = None,
-                 dtype: torch.dtype | None = None, msg: str = "") -> None:
+                 dtype: torch.dtype | None = None, msg: str = "", rtol: float | None = None) -> None:
     """|actual - expected| <= RTOL[dtype] * magnitude + tiny, elementwise; NaN where expected is NaN and
-    equal infinities. `dtype` defaults to actual's."""
+    equal infinities. `dtype` defaults to actual's; `rtol` overrides RTOL[dtype]."""
     dtype = dtype or actual.dtype
+    rtol = RTOL[dtype] if rtol is None else rtol
     assert actual.shape == expected.shape, f"{msg}: shape {tuple(actual.shape)} != {tuple(expected.shape)}"
     a = actual.detach().to(torch.float64)
     e = expected.detach().to(torch.float64)
@@ -190,13 +210,131 @@ def assert_close(actual: torch.Tensor, expected: torch.Tensor, magnitude: torch.
     assert torch.equal(a[inf_e], e[inf_e]), f"{msg}: infinities differ"
     finite = ~(nan_e | inf_e)
     a, e, m = a[finite], e[finite], m[finite]
-    bound = RTOL[dtype] * torch.where(m.isfinite(), m, e.abs()) + torch.finfo(dtype).tiny
+    bound = rtol * torch.where(m.isfinite(), m, e.abs()) + torch.finfo(dtype).tiny
     err = (a - e).abs()
     bad = ~(err <= bound)
     if bad.any():
         i = int(bad.nonzero()[0])
         raise AssertionError(
-            f"{msg}: {int(bad.sum())}/{bad.numel()} elements differ beyond rtol {RTOL[dtype]} "
+            f"{msg}: {int(bad.sum())}/{bad.numel()} elements differ beyond rtol {rtol} "
             f"({dtype}); first: actual={a[i].item()!r} expected={e[i].item()!r} "
             f"magnitude={m[i].item()!r}; max err/bound={(err / bound).max().item():.3g}"
         )
+
+
+# ---------------------------------------------------------------------------------------------------
+# Double backward, from torch.nn.functional's autograd in float64
+
+
+def reference_double_backward(s: Sample, grad_output: torch.Tensor, vx: torch.Tensor, vt: torch.Tensor):
+    """The gradients of <grad_self, vx> + <grad_target, vt> w.r.t. (self, target, grad_output), where
+    grad_self/grad_target are F.<loss>'s autograd gradients for `grad_output`: [(value, magnitude)] * 3 in
+    float64. Computed per broadcast element (the reduction's scale folded into the output gradient), so the
+    magnitudes are the sums of |terms| that each result adds up."""
+    x, t, g, vx, vt = _d64(s.self, s.target, grad_output, vx, vt)
+    bshape = torch.broadcast_shapes(x.shape, t.shape)
+    if s.reduction == "batchmean":
+        scale = 1.0 / x.shape[0] if x.dim() else 1.0
+    else:
+        scale = _scale(s.reduction, bshape.numel())
+    xb = x.expand(bshape).clone().requires_grad_(True)
+    tb = t.expand(bshape).clone().requires_grad_(True)
+    gb = (g * scale).expand(bshape).clone().requires_grad_(True)
+    kwargs = {k: v for k, v in s.functional_kwargs().items() if k != "reduction"}
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        loss = getattr(F, s.loss)(xb, tb, reduction="none", **kwargs)
+    gxb, gtb = torch.autograd.grad(loss, (xb, tb), gb, create_graph=True)
+    parts = []
+    for first, v in ((gxb, vx), (gtb, vt)):
+        if not first.requires_grad:
+            parts.append([torch.zeros(bshape, dtype=torch.float64)] * 3)
+            continue
+        grads = torch.autograd.grad((first * v.expand(bshape)).sum(), (xb, tb, gb), allow_unused=True,
+                                    retain_graph=True)
+        parts.append([torch.zeros(bshape, dtype=torch.float64) if d is None else d.detach() for d in grads])
+    results = []
+    for i, (like, factor) in enumerate(((x, 1.0), (t, 1.0), (g, scale))):
+        a, b = parts[0][i] * factor, parts[1][i] * factor
+        results.append(((a + b).sum_to_size(like.shape), (a.abs() + b.abs()).sum_to_size(like.shape)))
+    if s.loss == "kl_div":
+        # KL's second derivatives add terms that cancel (log t + 1 - x): bound them by the |terms|.
+        xa, ta, ga = xb.detach(), tb.detach(), gb.detach().abs()
+        vxa, vta = vx.abs().expand(bshape), vt.abs().expand(bshape)
+        if s.log_target:
+            e = ta.exp()
+            mag_t = ga * e * (vxa + (ta.abs() + 2 + xa.abs()) * vta)
+            mag_g = e * (vxa + (ta.abs() + 1 + xa.abs()) * vta) * scale
+        else:
+            mag_t = ga * (vxa + vta / ta.abs())
+            mag_g = (ta.abs() * vxa + (ta.log().abs() + 1 + xa.abs()) * vta) * scale
+        results[1] = (results[1][0], mag_t.sum_to_size(t.shape))
+        results[2] = (results[2][0], mag_g.sum_to_size(g.shape))
+    return results
+
+
+# ---------------------------------------------------------------------------------------------------
+# Devices: a result on any device against the float64 reference and, off the CPU, the CPU kernels
+
+
+def skip_if_unsupported(s: Sample, device: str) -> None:
+    """The NPU rejects float64 (TypeError, SPEC; test_errors covers it): value tests skip such samples."""
+    if device == "npu" and s.has_float64:
+        import pytest
+
+        pytest.skip("float64 is rejected on the NPU (TypeError; the error matrix checks it)")
+
+
+def on_device(s: Sample, device: str) -> Sample:
+    skip_if_unsupported(s, device)
+    return s.to(device)
+
+
+def assert_close_on_device(actual: torch.Tensor, expected: torch.Tensor, magnitude: torch.Tensor | None = None,
+                           dtype: torch.dtype | None = None, msg: str = "", *, device: str,
+                           cpu: torch.Tensor | None = None, chip_differs: torch.Tensor | None = None,
+                           rtol: float | None = None) -> None:
+    """`actual` is on `device` and within tolerance of the float64 `expected`; off the CPU it is also within
+    tolerance of `cpu`, the CPU kernels' result for the same inputs (same dtype and shape), except where
+    `chip_differs` marks a documented chip difference (there `expected` already holds the chip's value)."""
+    assert actual.device.type == device, f"{msg}: result on {actual.device}, inputs on {device}"
+    assert_close(actual.cpu(), expected, magnitude, dtype, msg, rtol)
+    if device == "cpu":
+        return
+    assert cpu is not None, f"{msg}: no CPU result to compare with"
+    assert cpu.device.type == "cpu"
+    assert (actual.dtype, actual.shape) == (cpu.dtype, cpu.shape), (
+        f"{msg}: {device} gives {actual.dtype}{tuple(actual.shape)}, the CPU {cpu.dtype}{tuple(cpu.shape)}")
+    if chip_differs is not None:
+        cpu = torch.where(chip_differs, expected.to(cpu.dtype), cpu)
+    assert_close(actual.cpu(), cpu, magnitude, dtype, f"{msg}: {device} vs the CPU kernels", rtol)
+
+
+# The TBE chip families (SoC names as aclrtGetSocName() reports them), and those of them without bf16
+# kernels (their bf16 calls run the composite fallback): README, "Which chips run which path".
+TBE_SOC_PREFIXES = ("Ascend910", "Ascend310P")
+
+
+def npu_soc() -> str:
+    import npu_loss_ops
+
+    return str(npu_loss_ops.build_info().get("npu_soc", ""))
+
+
+def _tbe_with_bf16(soc: str) -> bool:
+    # Ascend910B<n> / 910B<n>C / 910B<n>-1 (Atlas A2) and Ascend910_93xx (Atlas A3); a bare "Ascend910B" and
+    # Ascend910A/910ProB are Atlas A1 parts (no bf16 kernels).
+    return soc.startswith("Ascend910_9") or (soc.startswith("Ascend910B") and len(soc) > len("Ascend910B"))
+
+
+def l1_nan_gives_minus_grad(device: str, *tensors: torch.Tensor) -> bool:
+    """SPEC's one documented chip difference: on the TBE families (Ascend910*, 910B*, 910_93*, 310P*) the
+    aclnn L1 gradient at a NaN input (self or target) is -grad_output (PyTorch and the CPU kernels: 0).
+    Ascend 950 gives 0; 310B and bf16 calls on Ascend 910/310P run the composite fallback (0). `tensors`:
+    every tensor of the L1 gradient call (grad_output, self, target, out=)."""
+    if device != "npu":
+        return False
+    soc = npu_soc()
+    if not soc.startswith(TBE_SOC_PREFIXES):
+        return False
+    return _tbe_with_bf16(soc) or not any(t.dtype == torch.bfloat16 for t in tensors)

@@ -122,10 +122,50 @@ class Sample:
             self, self=fn(self.self), target=fn(self.target), grad_output=fn(self.grad_output)
         )
 
+    def to(self, device) -> "Sample":
+        """The same sample on `device`, every tensor the same kind of view it is here (see `to_device`)."""
+        return self.map_tensors(lambda t: to_device(t, device))
+
+    @property
+    def has_float64(self) -> bool:
+        """float64 anywhere: rejected on the NPU (TypeError, SPEC), so value tests skip it there."""
+        return torch.float64 in (self.self.dtype, self.target.dtype, self.grad_output.dtype)
+
     @property
     def dtype(self) -> torch.dtype:
         """The lowest-precision dtype among the inputs (picks the tolerance)."""
         return lowest_precision(self.self.dtype, self.target.dtype, self.grad_output.dtype)
+
+    def features(self) -> set:
+        """What this sample covers (the device suite keeps a subset of samples that covers all of it): the
+        op, dtypes, reduction, beta class / log_target, shapes (the broadcast kinds), grad_output's kind and
+        the layouts, alone and in the pairs that choose different code paths."""
+        loss = self.loss
+        dtypes = tuple(str(t.dtype).removeprefix("torch.") for t in (self.self, self.target, self.grad_output))
+        variant = f"logt={self.log_target}" if loss == "kl_div" else (
+            f"beta={self.beta:g}" if loss == "smooth_l1_loss" else "")
+        if self.grad_output.shape == self.backward_shape:
+            gkind = "full" if self.grad_output.dim() else "0dim"
+        elif self.backward_shape != self.broadcast_shape:
+            gkind = "enlarging"
+        else:
+            gkind = "0dim" if self.grad_output.dim() == 0 else "partial"
+        layouts = tuple(layout_kind(t) for t in (self.self, self.target, self.grad_output))
+        shapes = (tuple(self.self.shape), tuple(self.target.shape))
+        zero_target = loss == "kl_div" and bool((self.target == 0).any())
+        return {
+            ("dtypes", loss, dtypes),
+            ("reduction", loss, self.reduction),
+            ("variant", loss, variant),
+            ("shapes", loss, shapes),
+            ("grad_output", loss, gkind),
+            ("layouts", loss, layouts),
+            ("zero_target", loss, zero_target),
+            ("dtype-reduction", loss, dtypes[0], self.reduction),
+            ("variant-reduction", loss, variant, self.reduction),
+            ("layout-dtype", loss, layouts[0], dtypes[0]),
+            ("grad_output-reduction", loss, gkind, self.reduction),
+        }
 
     def __repr__(self) -> str:
         return f"Sample({self.name})"
@@ -176,6 +216,29 @@ def make_layout(values: torch.Tensor, layout: str) -> torch.Tensor:
     raise ValueError(layout)
 
 
+def to_device(t: torch.Tensor, device) -> torch.Tensor:
+    """`t` on `device` with the same sizes, strides and storage offset: the whole storage it views is copied
+    and the view is rebuilt over the copy on the device, so a transposed, sliced (gaps included) or
+    expanded (stride 0) tensor stays that kind of view. (`t.to(device)` would make it contiguous.)"""
+    device = torch.device(device)
+    if t.device == device:
+        return t
+    extent = t.untyped_storage().nbytes() // t.element_size()
+    storage = t.detach().as_strided((extent,), (1,), 0).to(device)
+    return storage.as_strided(t.shape, t.stride(), t.storage_offset())
+
+
+def layout_kind(t: torch.Tensor) -> str:
+    """Which of make_layout's layouts `t` has (as far as its strides tell)."""
+    if t.is_contiguous():
+        return "contiguous"
+    if any(st == 0 and n > 1 for st, n in zip(t.stride(), t.shape)):
+        return "expanded"
+    if t.untyped_storage().nbytes() > t.numel() * t.element_size():
+        return "sliced"
+    return "transposed"
+
+
 def _kinks_ok(loss: str, x: torch.Tensor, t: torch.Tensor, beta: float, log_target: bool) -> bool:
     x, t = torch.broadcast_tensors(x.double(), t.double())
     if x.numel() == 0:
@@ -187,6 +250,11 @@ def _kinks_ok(loss: str, x: torch.Tensor, t: torch.Tensor, beta: float, log_targ
     if loss == "smooth_l1_loss" and beta > 0:
         ok = ok and bool(((d - beta).abs() > KINK_MARGIN).all())
     return ok and math.isfinite(beta)
+
+
+def away_from_kinks(s: "Sample") -> bool:
+    """Every broadcast element of the sample, as passed, is at least KINK_MARGIN from a kink (non-empty)."""
+    return _kinks_ok(s.loss, s.self, s.target, s.beta, s.log_target)
 
 
 def _round_trip(t: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:

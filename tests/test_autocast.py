@@ -6,6 +6,7 @@ import torch
 import torch.nn.functional as F
 
 import npu_loss_ops
+from reference import assert_close_on_device
 
 LOSSES = ["smooth_l1_loss", "l1_loss", "kl_div"]
 
@@ -49,11 +50,37 @@ def test_cpu_autocast_leaves_float64_alone(name):
     assert out.dtype == torch.float64
 
 
-@pytest.mark.npu
 @pytest.mark.parametrize("name", LOSSES)
-def test_npu_autocast_computes_in_float32(name):
-    x = torch.randn(4, 3, device="npu", dtype=torch.float16)
-    t = _target(name, (4, 3)).to("npu", torch.float16)
-    with torch.autocast("npu", dtype=torch.float16):
-        out = getattr(npu_loss_ops, name)(x, t)
-    assert out.dtype == torch.float32
+@pytest.mark.parametrize("reduction", ["none", "mean", "sum"])
+@pytest.mark.parametrize("low", [torch.float16, torch.bfloat16])
+def test_autocast_computes_in_float32(name, reduction, low, device):
+    """Under torch.autocast(<device type>) (AutocastCPU, and AutocastPrivateUse1 on the NPU) the loss of
+    low-precision activations is computed in float32, as torch.nn's are, and the gradient flows back in
+    the activations' dtype."""
+    x = torch.randn(7, 5).to(low)
+    t = _target(name, (7, 5)).to(low)
+
+    def run(dev):
+        xd = x.to(dev).requires_grad_(True)
+        with torch.autocast(dev, dtype=low), warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            out = getattr(npu_loss_ops, name)(xd, t.to(dev), reduction=reduction)
+        (gx,) = torch.autograd.grad(out.sum(), xd)
+        return out, gx
+
+    out, gx = run(device)
+    assert out.dtype == torch.float32 and gx.dtype == low
+    # float64 references on the very (rounded) values the ops saw
+    x64 = x.double().requires_grad_(True)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        ref = getattr(F, name)(x64, t.double(), reduction=reduction)
+    (ref_gx,) = torch.autograd.grad(ref.sum(), x64)
+    cpu_out, cpu_gx = run("cpu") if device != "cpu" else (None, None)
+    mag = None
+    if name == "kl_div":  # log(t) - x cancels: bound by the |terms|
+        tt = t.double()
+        mag = torch.xlogy(tt, tt).abs() + (tt * x.double()).abs()
+        mag = mag if reduction == "none" else (mag.sum() if reduction == "sum" else mag.mean())
+    assert_close_on_device(out, ref, mag, msg="loss", device=device, cpu=cpu_out)
+    assert_close_on_device(gx, ref_gx, msg="gradient", device=device, cpu=cpu_gx)

@@ -1,7 +1,13 @@
 """SPEC's Validation table, for every op and overload, on every path: the C++ CPU kernels, fake tensors and
 meta tensors (the Python fake kernels, npu_loss_ops/_checks.py), and the C++ composite fallback on CPU and
 on meta tensors. Same exception class and the very same message everywhere (only the device name in a
-message differs between CPU and meta tensors)."""
+message differs between CPU and meta tensors).
+
+On the NPU (the `device` runs, conftest.py) the same matrix runs on NPU tensors — the NPU kernels and fake
+NPU tensors — with the CPU's exception class and message (the device named, and the NPU's dtype list
+without float64), plus what only the NPU rejects: float64 (TypeError) and tensors mixed between the CPU
+and the NPU (RuntimeError). After each call a small NPU op checks that the device still works (a call
+aclnn rejected would leave torch_npu's task queue dead)."""
 from __future__ import annotations
 
 import dataclasses
@@ -248,8 +254,53 @@ def run_composite_meta(call):
     return run_composite(_to_meta(call))
 
 
+def _to_device(call, device):
+    """The call on `device`: views of one storage stay views of one copy (overlap cases stay overlaps), the
+    same strides (an expanded out= stays expanded); meta tensors stay on meta."""
+    storages = {}
+
+    def convert(t):
+        if t.device.type != "cpu":
+            return t
+        key = t.untyped_storage().data_ptr()
+        if key not in storages:
+            extent = t.untyped_storage().nbytes() // t.element_size()
+            storages[key] = t.as_strided((extent,), (1,), 0).to(device)
+        return storages[key].as_strided(t.shape, t.stride(), t.storage_offset())
+
+    return _map(call, convert)
+
+
+def _device_message(cpu_msg: str, device: str) -> str:
+    """The CPU message as the same check words it on `device`: the device named, and on the NPU the dtype
+    list without float64."""
+    msg = cpu_msg.replace(" is on cpu", f" is on {torch.empty(0, device=device).device}")
+    if device == "npu":
+        msg = msg.replace("float32, float64, float16 or bfloat16 on cpu", "float32, float16 or bfloat16 on npu")
+    return msg.replace(" on cpu,", f" on {device},")
+
+
+def _assert_device_alive(device):
+    """A small op still gives the right answer (a rejected aclnn call leaves torch_npu's queue dead)."""
+    if device == "cpu":
+        return
+    probe = (torch.arange(4, dtype=torch.float32, device=device) * 2 + 1).cpu()
+    assert torch.equal(probe, torch.tensor([1.0, 3.0, 5.0, 7.0])), f"{device} no longer computes: {probe}"
+
+
+def _check_on_device(call, device, expected):
+    """The call on `device` and on fake `device` tensors raises `expected` = (class, message)."""
+    dcall = _to_device(call, device)
+    try:
+        got = run_cpu(dcall)
+    finally:
+        _assert_device_alive(device)
+    assert got == expected, f"{device} tensors: {got}, expected {expected}"
+    assert run_fake(dcall) == expected, f"fake {device} tensors"
+
+
 @pytest.mark.parametrize("overload,case", ALL_CASES)
-def test_rejection_identical_on_every_path(overload, case):
+def test_rejection_identical_on_every_path(overload, case, device):
     cls, msg = run_cpu(case.call)
     assert cls is case.exc, f"CPU raised {cls} ({msg}), SPEC says {case.exc.__name__}"
     for word in case.words:
@@ -263,6 +314,58 @@ def test_rejection_identical_on_every_path(overload, case):
         assert meta[0] is cls, f"meta raised {meta}"
         assert meta[1] == msg.replace(" on cpu", " on meta"), "meta tensors"
         assert run_composite_meta(case.call) == meta, "composite fallback on meta vs the fake kernel on meta"
+    if device != "cpu":
+        _check_on_device(case.call, device, (cls, _device_message(msg, device)))
+
+
+# What only a device rejects: float64 on the NPU, and tensors mixed between the CPU and the device (on the
+# CPU run: float64 accepted, and a meta tensor among CPU ones rejected the same way).
+def _device_cases(overload: str, device: str):
+    base = base_call(overload)
+    op = _op_name(overload)
+    out = _out_name(base)
+    other = device if device != "cpu" else "meta"
+    for name in _tensor_args(base) + ([out] if out else []):
+        arg = base.get(name)
+        float64 = base.replaced(**{name: arg.double()})
+        if name == "grad_target" or (out == "grad_target" and name == "target" and device == "cpu"):
+            # grad_target must have target's dtype, on every device
+            yield f"{name}-float64", float64, (TypeError, [op, "grad_target", "dtype"])
+        elif device == "npu":
+            yield f"{name}-float64", float64, (TypeError, [op, name, "dtype", "float64", "npu"])
+        else:
+            yield f"{name}-float64", float64, None
+        # `name` stays on the CPU while the others move to the device (meta for the CPU run)
+        yield f"{name}-on-cpu-others-on-{other}", _map_except(base, name, other), (
+            RuntimeError, [op, name, "device", "cpu"])
+
+
+def _map_except(call: Call, keep: str, device: str) -> Call:
+    kept = call.get(keep)
+    moved = _map(call, lambda t: t.to(device))
+    return moved.replaced(**{keep: kept})
+
+
+@pytest.mark.parametrize("overload", OVERLOADS)
+def test_device_specific_rejections(overload, device):
+    for case_id, call, rule in _device_cases(overload, device):
+        if device == "cpu":
+            got = run_cpu(call)
+        else:
+            # the float64 cases start on the CPU: move them; the mixed ones are already placed
+            dcall = call if "-on-cpu-" in case_id else _to_device(call, device)
+            try:
+                got = run_cpu(dcall)
+            finally:
+                _assert_device_alive(device)
+            assert run_fake(dcall) == got, f"{case_id}: fake {device} tensors"
+        if rule is None:
+            assert got == (None, None), f"{case_id}: rejected {got}"
+            continue
+        cls, words = rule
+        assert got[0] is cls, f"{case_id}: raised {got}, SPEC says {cls.__name__}"
+        for word in words:
+            assert word in got[1], f"{case_id}: message {got[1]!r} lacks {word!r}"
 
 
 def test_every_overload_has_every_rule():
@@ -302,6 +405,17 @@ def _accepted_calls():
 
 
 @pytest.mark.parametrize("name,call", [pytest.param(n, c, id=n) for n, c in _accepted_calls()])
-def test_accepted_on_every_path(name, call):
-    for run in (run_cpu, run_fake, run_composite, run_meta, run_composite_meta):
-        assert run(call) == (None, None), f"{run.__name__} rejected {name}: {run(call)}"
+def test_accepted_on_every_path(name, call, device):
+    if device == "cpu":
+        for run in (run_cpu, run_fake, run_composite, run_meta, run_composite_meta):
+            assert run(call) == (None, None), f"{run.__name__} rejected {name}: {run(call)}"
+        return
+    if device == "npu" and "float64" in name:
+        pytest.skip("float64 is rejected on the NPU (test_device_specific_rejections)")
+    dcall = _to_device(call, device)
+    try:
+        got = run_cpu(dcall)
+    finally:
+        _assert_device_alive(device)
+    assert got == (None, None), f"{device} rejected {name}: {got}"
+    assert run_fake(dcall) == (None, None), f"fake {device} tensors rejected {name}"

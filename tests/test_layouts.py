@@ -1,11 +1,12 @@
 """Layouts (SPEC: any strides — non-contiguous, transposed, expanded, sliced inputs; non-contiguous
-outputs), 0-dim and 8-dim tensors, and the NPU path (skipped without torch_npu)."""
+outputs), 0-dim and 8-dim tensors, on every device of the run (conftest.py; off the CPU each result is
+also compared with the CPU kernels')."""
 import pytest
 import torch
 
 import npu_loss_ops
-from reference import assert_close, reference_backward, reference_forward
-from samples import LOSSES, Sample, make_layout, make_sample
+from reference import assert_close, assert_close_on_device, reference_backward, reference_forward
+from samples import LOSSES, Sample, layout_kind, make_layout, make_sample
 
 
 def _forward(s, x, t):
@@ -18,28 +19,35 @@ def _backward(s, g, x, t):
     return s.backward_op()(*args, **kwargs)
 
 
+def _cpu(fn, s, device):
+    return None if device == "cpu" else fn(s)
+
+
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
 @pytest.mark.parametrize("layout", ["transposed", "sliced", "expanded"])
 @pytest.mark.parametrize("loss", LOSSES)
-def test_elementwise_results_do_not_depend_on_layout(loss, layout, dtype):
+def test_elementwise_results_do_not_depend_on_layout(loss, layout, dtype, device):
     """The strided route and the dense fast path agree (to rounding: their log/exp may differ in the last
     bit), and both match the float64 reference."""
     s = make_sample(loss, (40, 70), (40, 70), dtype=dtype, reduction="none", layout=layout)
-    assert not s.self.is_contiguous()
-    dense = [a.contiguous() for a in (s.grad_output, s.self, s.target)]
+    ds = s.to(device)
+    assert not ds.self.is_contiguous()
+    dense = [a.contiguous() for a in (ds.grad_output, ds.self, ds.target)]
     value, mag, _, _ = reference_forward(s)
-    strided_fwd, dense_fwd = _forward(s, s.self, s.target), _forward(s, *dense[1:])
-    assert_close(strided_fwd, value, mag, msg="strided forward")
-    assert_close(strided_fwd, dense_fwd, mag, msg="strided vs dense forward")
+    strided_fwd, dense_fwd = _forward(ds, ds.self, ds.target), _forward(ds, *dense[1:])
+    cpu = _cpu(lambda c: _forward(c, c.self, c.target), s, device)
+    assert_close_on_device(strided_fwd, value, mag, msg="strided forward", device=device, cpu=cpu)
+    assert_close(strided_fwd.cpu(), dense_fwd.cpu(), mag, msg="strided vs dense forward")
     value, mag, _, _ = reference_backward(s)
-    strided_bwd, dense_bwd = _backward(s, s.grad_output, s.self, s.target), _backward(s, *dense)
-    assert_close(strided_bwd, value, mag, msg="strided backward")
-    assert_close(strided_bwd, dense_bwd, mag, msg="strided vs dense backward")
+    strided_bwd, dense_bwd = _backward(ds, ds.grad_output, ds.self, ds.target), _backward(ds, *dense)
+    cpu = _cpu(lambda c: _backward(c, c.grad_output, c.self, c.target), s, device)
+    assert_close_on_device(strided_bwd, value, mag, msg="strided backward", device=device, cpu=cpu)
+    assert_close(strided_bwd.cpu(), dense_bwd.cpu(), mag, msg="strided vs dense backward")
 
 
 @pytest.mark.parametrize("loss", LOSSES)
 @pytest.mark.parametrize("reduction", ["none", "mean", "sum"])
-def test_eight_dims_permuted(loss, reduction):
+def test_eight_dims_permuted(loss, reduction, device):
     shape = (2, 3, 2, 1, 2, 3, 2, 2)
     s = make_sample(loss, shape, shape[:4] + (1, 3, 1, 2), dtype=torch.float32, reduction=reduction)
     perm = (7, 6, 5, 4, 3, 2, 1, 0)
@@ -47,29 +55,34 @@ def test_eight_dims_permuted(loss, reduction):
     x = s.self.permute(perm).contiguous().permute(perm)
     assert x.dim() == 8 and not x.is_contiguous()
     s2 = Sample(s.loss, x, s.target, s.grad_output, s.reduction, s.beta, s.log_target, name=s.name)
-    out = _forward(s2, s2.self, s2.target)
+    d2 = s2.to(device)
+    assert d2.self.stride() == x.stride()
+    out = _forward(d2, d2.self, d2.target)
     value, mag, dtype, shape_ = reference_forward(s2)
     assert out.shape == shape_ and out.dtype == dtype
-    assert_close(out, value, mag)
-    grad = _backward(s2, s2.grad_output, s2.self, s2.target)
+    assert_close_on_device(out, value, mag, device=device, cpu=_cpu(lambda c: _forward(c, c.self, c.target), s2, device))
+    grad = _backward(d2, d2.grad_output, d2.self, d2.target)
     value, mag, dtype, shape_ = reference_backward(s2)
     assert grad.shape == shape_
-    assert_close(grad, value, mag)
+    assert_close_on_device(grad, value, mag, device=device,
+                           cpu=_cpu(lambda c: _backward(c, c.grad_output, c.self, c.target), s2, device))
 
 
 @pytest.mark.parametrize("loss", LOSSES)
-def test_all_zero_dim(loss):
+def test_all_zero_dim(loss, device):
     s = make_sample(loss, (), (), dtype=torch.float32, reduction="none")
     for reduction in ("none", "mean", "sum"):
         s.reduction = reduction
-        out = _forward(s, s.self, s.target)
+        ds = s.to(device)
+        out = _forward(ds, ds.self, ds.target)
         assert out.shape == ()
         value, mag, _, _ = reference_forward(s)
-        assert_close(out, value, mag)
-        grad = _backward(s, s.grad_output, s.self, s.target)
+        assert_close_on_device(out, value, mag, device=device, cpu=_cpu(lambda c: _forward(c, c.self, c.target), s, device))
+        grad = _backward(ds, ds.grad_output, ds.self, ds.target)
         value, mag, _, shape = reference_backward(s)
         assert grad.shape == shape == ()
-        assert_close(grad, value, mag)
+        assert_close_on_device(grad, value, mag, device=device,
+                               cpu=_cpu(lambda c: _backward(c, c.grad_output, c.self, c.target), s, device))
 
 
 def test_make_layout_really_changes_strides():
@@ -79,32 +92,17 @@ def test_make_layout_really_changes_strides():
         assert t.shape == v.shape and not t.is_contiguous(), layout
 
 
-# ---------------------------------------------------------------------------------------------------
-# NPU (skipped where torch_npu and the aclnn kernels are not available; see conftest.py)
-
-
-def _npu():
-    return torch.device(torch._C._get_privateuse1_backend_name())
-
-
-@pytest.mark.npu
-@pytest.mark.parametrize("loss", LOSSES)
-@pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16])
-def test_npu_matches_cpu(loss, dtype):
-    for s in [make_sample(loss, (7, 13), (7, 13), dtype=dtype, reduction=r) for r in ("none", "mean", "sum")]:
-        cpu = s.backward_op()(*s.backward_args()[0])
-        moved = s.map_tensors(lambda t: t.to(_npu()))
-        npu = moved.backward_op()(*moved.backward_args()[0])
-        value, mag, _, _ = reference_backward(s)
-        assert_close(npu.cpu(), value, mag, msg=f"npu {s.name}")
-        assert npu.dtype == cpu.dtype and npu.shape == cpu.shape
-
-
-@pytest.mark.npu
-def test_npu_rejects_float64():
-    x = torch.randn(3, device=_npu(), dtype=torch.float64)
-    with pytest.raises(TypeError, match="float64"):
-        torch.ops.npu_loss.l1_loss_backward(x, x, x, 1)
+@pytest.mark.parametrize("layout", ["contiguous", "transposed", "sliced", "expanded"])
+def test_sample_on_device_keeps_its_layout(layout, device):
+    """Sample.to(device) rebuilds each view on the device: same values, sizes, strides, storage offset."""
+    s = make_sample("smooth_l1_loss", (3, 5, 4), (5, 1), dtype=torch.float32, reduction="none", layout=layout)
+    ds = s.to(device)
+    for a, b in zip((s.grad_output, s.self, s.target), (ds.grad_output, ds.self, ds.target)):
+        assert b.device.type == device
+        assert (b.shape, b.stride(), b.storage_offset()) == (a.shape, a.stride(), a.storage_offset())
+        assert layout_kind(b) == layout_kind(a)
+        assert torch.equal(b.cpu(), a)
+    assert layout_kind(ds.self) == layout
 
 
 def test_npu_marker_reflects_availability():

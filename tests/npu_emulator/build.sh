@@ -56,7 +56,7 @@ compile() {  # compile OUT.o SRC FLAGS...
   "$CXX" -std=c++20 "$OPT" "${COMMON[@]}" "$@" -c "$src" -o "$out" &
   pids+=($!)
 }
-OPS_SRCS=(ops_math ops_more ops_loss ops_core)
+OPS_SRCS=(ops_base ops_more ops_loss)
 for s in "${OPS_SRCS[@]}"; do compile "$OBJ/$s.o" "$HERE/src/$s.cpp" "${TORCH_INC[@]}"; done
 compile "$OBJ/runtime.o" "$HERE/src/runtime.cpp"
 compile "$OBJ/nnopbase.o" "$HERE/src/nnopbase.cpp"
@@ -96,6 +96,12 @@ link_opapi "$VAR/libopapi.so" "${NOLOSS[@]}"
 for f in "$LIB"/*.so; do
   [ "$(basename "$f")" = libopapi.so ] || ln -sf "../lib/$(basename "$f")" "$VAR/$(basename "$f")"
 done
+
+# A stand-in install tree for ASCEND_HOME_PATH / ASCEND_OPP_PATH (torch_npu checks these directories and reads
+# the version from ascend_*_install.info when ASCEND_HOME_PATH is set; emulator.env() sets both).
+rm -rf "$OUT/ascend"
+mkdir -p "$OUT/ascend/runtime" "$OUT/ascend/compiler" "$OUT/ascend/opp/vendors"
+printf 'version=%s\n' "${NPU_EMU_CANN_VERSION:-8.5.0}" > "$OUT/ascend/ascend_toolkit_install.info"
 
 # Summary.
 n_ops=$(nm -D --defined-only "$LIB/libopapi.so" | awk '{print $3}' | grep -E '^aclnn.*GetWorkspaceSize$' | wc -l)

@@ -56,6 +56,16 @@ EMU_API aclTensor* aclCreateTensor(const int64_t* view_dims, uint64_t view_dims_
   t->dtype = data_type;
   t->format = format;
   t->data = tensor_data;
+  switch (format) {
+    case ACL_FORMAT_ND: case ACL_FORMAT_NCHW: case ACL_FORMAT_NHWC: case ACL_FORMAT_HWCN:
+    case ACL_FORMAT_NDHWC: case ACL_FORMAT_NCDHW: case ACL_FORMAT_NCL: case ACL_FORMAT_UNDEFINED:
+      break;
+    default: {  // a private format reached an aclnn call: counted so tests can see it
+      char key[64];
+      std::snprintf(key, sizeof key, "aclCreateTensor:private_format:%d", static_cast<int>(format));
+      npuemu_trace_add(key, 1);
+    }
+  }
   return t;
 }
 

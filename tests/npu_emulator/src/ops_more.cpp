@@ -837,3 +837,71 @@ EMU_API aclnnStatus aclnnDropoutDoMaskGetWorkspaceSize(const aclTensor* self, co
   }, o.numel() == 0);
 }
 ACLNN_RUN(aclnnDropoutDoMask)
+
+// aclnnDropoutV3(self, noiseShape (may be null), double p, int64_t seed, int64_t offset, out, mask): the
+// form the aclnn-only chips use; same mask convention as aclnnDropoutGenMask.
+EMU_API aclnnStatus aclnnDropoutV3GetWorkspaceSize(const aclTensor* self, const aclTensor* noiseShape, double p,
+                                                   int64_t seed, int64_t offset, aclTensor* out, aclTensor* mask,
+                                                   uint64_t* ws, aclOpExecutor** ex) {
+  ACLNN_CHECK_NOTNULL("aclnnDropoutV3", self, out, mask);
+  auto a = T(self), o = T(out), m = T(mask);
+  return emu::submit("aclnnDropoutV3", ws, ex, [=] {
+    at::Tensor x = a.get();
+    int64_t n = x.numel();
+    gen_mask(m, n, p, seed, offset);
+    auto bytes = m.get().to(at::kLong).reshape({-1, 1});
+    auto shifts = at::tensor(std::vector<int64_t>{0, 1, 2, 3, 4, 5, 6, 7}, at::TensorOptions().dtype(at::kLong));
+    auto bits = bytes.bitwise_right_shift(shifts).bitwise_and(1).reshape({-1}).narrow(0, 0, n).reshape(x.sizes());
+    double scale = p >= 1.0 ? 0.0 : 1.0 / (1.0 - p);
+    o.write(x.to(at::kFloat) * bits.to(at::kFloat) * scale);
+  }, a.numel() == 0);
+}
+ACLNN_RUN(aclnnDropoutV3)
+
+// ---------------------------------------------------------------------------------------------------------
+// Private formats. The emulator records the format (aclCreateTensor keeps it, so operators that reject
+// private formats can), but keeps the data row-major in the first numel elements of the storage: a format
+// cast is a plain copy, and every host operator reads the view shape/strides as usual.
+
+// aclnnNpuFormatCastCalculateSizeAndFormat(src, int dstFormat, int additionalDtype, int64_t** dstStorageShape,
+//                                          uint64_t* dstShapeSize, int* actualFormat); caller frees with delete[].
+EMU_API aclnnStatus aclnnNpuFormatCastCalculateSizeAndFormat(const aclTensor* src, const int dstFormat,
+                                                             const int additionalDtype, int64_t** shape,
+                                                             uint64_t* shapeSize, int* actualFormat) {
+  const char* api = "aclnnNpuFormatCastCalculateSizeAndFormat";
+  if (!src || !shape || !shapeSize || !actualFormat) return emu::reject(api, ACLNN_ERR_PARAM_NULLPTR, "null argument");
+  std::vector<int64_t> dims = src->view_dims, out;
+  if (dstFormat == ACL_FORMAT_ND) {
+    out = dims;
+  } else if (dstFormat == ACL_FORMAT_FRACTAL_NZ && dims.size() >= 2) {
+    // ND [..., m, n] -> NZ [..., ceil(n / C0), ceil(m / 16), 16, C0], C0 = 32 bytes / element size
+    int64_t es = 2;
+    switch (static_cast<aclDataType>(additionalDtype)) {
+      case ACL_FLOAT: case ACL_INT32: es = 4; break;
+      case ACL_INT8: case ACL_UINT8: es = 1; break;
+      default: es = 2;
+    }
+    int64_t c0 = 32 / es, m = dims[dims.size() - 2], n = dims.back();
+    out.assign(dims.begin(), dims.end() - 2);
+    out.push_back((n + c0 - 1) / c0);
+    out.push_back((m + 15) / 16);
+    out.push_back(16);
+    out.push_back(c0);
+  } else {
+    return emu::reject(api, ACLNN_ERR_PARAM_INVALID, "unsupported format pair for the emulator");
+  }
+  *shapeSize = out.size();
+  *shape = new int64_t[out.size() + 1];
+  for (size_t i = 0; i < out.size(); ++i) (*shape)[i] = out[i];
+  *actualFormat = dstFormat;
+  return ACLNN_SUCCESS;
+}
+
+// aclnnNpuFormatCast(src, dst): the data stays row-major (see above), so this is a copy.
+EMU_API aclnnStatus aclnnNpuFormatCastGetWorkspaceSize(const aclTensor* src, aclTensor* dst, uint64_t* ws,
+                                                       aclOpExecutor** ex) {
+  ACLNN_CHECK_NOTNULL("aclnnNpuFormatCast", src, dst);
+  auto a = T(src), o = T(dst);
+  return emu::submit("aclnnNpuFormatCast", ws, ex, [=] { o.write(a.get()); }, a.numel() == 0);
+}
+ACLNN_RUN(aclnnNpuFormatCast)

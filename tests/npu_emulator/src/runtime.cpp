@@ -23,9 +23,18 @@
 
 namespace {
 
+// The CANN version reported for every package (NPU_EMU_CANN_VERSION overrides it; torch_npu switches some
+// paths on it, e.g. aclnn format casts on 910B need >= 9.1.0).
+const char* cann_version() {
+  static const std::string v = [] {
+    const char* e = std::getenv("NPU_EMU_CANN_VERSION");
+    return std::string(e != nullptr && *e != '\0' ? e : "8.5.0");
+  }();
+  return v.c_str();
+}
+
 constexpr size_t kDeviceMemTotal = size_t(32) << 30;  // 32 GiB of "device" memory
 constexpr size_t kDeviceAlign = 512;
-const char* const kCannVersion = "8.5.0";
 const char* const kDriverVersion = "25.5.0";
 
 std::mutex g_mu;
@@ -208,7 +217,7 @@ EMU_API const char* aclrtGetSocName() { return npuemu_soc_name(); }
 EMU_API aclError aclsysGetCANNVersion(aclCANNPackageName name, aclCANNPackageVersion* version) {
   if (version == nullptr) return ACL_ERROR_INVALID_PARAM;
   std::memset(version, 0, sizeof(*version));
-  const char* v = name == ACL_PKG_NAME_DRIVER ? kDriverVersion : kCannVersion;
+  const char* v = name == ACL_PKG_NAME_DRIVER ? kDriverVersion : cann_version();
   std::snprintf(version->version, sizeof version->version, "%s", v);
   int major = 0, minor = 0, release = 0;
   std::sscanf(v, "%d.%d.%d", &major, &minor, &release);
@@ -221,7 +230,7 @@ EMU_API aclError aclsysGetCANNVersion(aclCANNPackageName name, aclCANNPackageVer
 
 EMU_API aclError aclsysGetVersionStr(char* pkgName, char* versionStr) {
   if (versionStr == nullptr) return ACL_ERROR_INVALID_PARAM;
-  std::snprintf(versionStr, ACL_PKG_VERSION_MAX_SIZE, "%s", kCannVersion);
+  std::snprintf(versionStr, ACL_PKG_VERSION_MAX_SIZE, "%s", cann_version());
   (void)pkgName;
   return ACL_SUCCESS;
 }

@@ -124,8 +124,14 @@ def main() -> int:
     args = parser.parse_args()
 
     device = pick_device(args.device)
+    if device.type == "npu" and not npu_loss_ops.npu_kernels_available():
+        print(f"the NPU was asked for, but npu_loss_ops' aclnn kernels are off: {npu_loss_ops.build_info()['npu_reason']}")
+        return 1
     print(f"torch {torch.__version__}, npu_loss_ops {npu_loss_ops_version}, device {device}, "
           f"{torch.get_num_threads()} threads, {args.steps} steps per loss")
+    if device.type == "npu":
+        info = npu_loss_ops.build_info()
+        print(f"NPU {info['npu_soc']}: {info['npu_chip']}")
     batches = synthetic_data(args.steps, device)
     results = {case.name: train_side_by_side(case, batches, device) for case in cases()}
 

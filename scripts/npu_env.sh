@@ -1,0 +1,67 @@
+# Sourced by scripts/check_npu.sh and scripts/run_npu_emulated.sh: one place that makes the venv with the
+# real torch-npu wheel (no CANN on this machine) and installs npu_loss_ops into it with its NPU kernels.
+#
+#   setup_npu_venv       create or reuse the venv, install torch==2.13.0, torch-npu==2.13.0 and the tools
+#   build_npu_package    build and install npu_loss_ops with NPU_LOSS_OPS_NPU=1 (skipped when up to date)
+#
+# Environment knobs:
+#   NPU_LOSS_OPS_NPU_VENV    venv directory (default: <repo>/.venv-npu)
+#   NPU_LOSS_OPS_FRESH_VENV  1 = delete and recreate the venv (CI does this)
+#   PYTHON                   interpreter to build the venv from (default: python3.11, else python3)
+#   MAX_JOBS                 parallel compile jobs (default 2)
+
+REPO_ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+NPU_VENV_DIR="${NPU_LOSS_OPS_NPU_VENV:-$REPO_ROOT/.venv-npu}"
+NPU_TORCH_PIN="torch==2.13.0"
+TORCH_NPU_PIN="torch-npu==2.13.0"
+
+_npu_log() { printf '[npu %s] %s\n' "$(date +%H:%M:%S)" "$*" >&2; }
+
+setup_npu_venv() {
+  local py="${PYTHON:-python3.11}"
+  command -v "$py" >/dev/null 2>&1 || py=python3
+  export PIP_DISABLE_PIP_VERSION_CHECK=1
+  if [[ "${NPU_LOSS_OPS_FRESH_VENV:-0}" == "1" && -z "${_NPU_VENV_FRESHENED:-}" ]]; then
+    rm -rf "$NPU_VENV_DIR"
+    export _NPU_VENV_FRESHENED=1  # once per CI run, not once per script
+  fi
+  if [[ ! -x "$NPU_VENV_DIR/bin/python" ]]; then
+    _npu_log "creating $NPU_VENV_DIR"
+    "$py" -m venv "$NPU_VENV_DIR"
+  fi
+  # shellcheck disable=SC1091
+  source "$NPU_VENV_DIR/bin/activate"
+  # find_spec, never import: torch_npu's import needs CANN.
+  if ! python -c 'import importlib.util as u, sys
+sys.exit(not all(u.find_spec(m) for m in ("torch", "torch_npu", "ninja", "pytest", "hypothesis", "expecttest", "numpy")))'; then
+    _npu_log "installing $NPU_TORCH_PIN, $TORCH_NPU_PIN (--no-deps: its requirements would pull another torch) and tools"
+    python -m pip install -q --progress-bar off "$NPU_TORCH_PIN" ninja setuptools wheel pyyaml numpy pytest \
+      expecttest hypothesis
+    python -m pip install -q --progress-bar off --no-deps "$TORCH_NPU_PIN"
+  fi
+}
+
+# A digest of everything the installed package is built from.
+_npu_sources_digest() {
+  (cd "$REPO_ROOT" && git ls-files -co --exclude-standard -- csrc npu_loss_ops setup.py pyproject.toml \
+    | LC_ALL=C sort | xargs -d '\n' sha256sum | sha256sum | cut -d' ' -f1)
+}
+
+build_npu_package() {
+  local stamp="$NPU_VENV_DIR/.npu_loss_ops.digest" digest
+  digest="$(_npu_sources_digest)"
+  if [[ -f "$stamp" && "$(cat "$stamp")" == "$digest" ]]; then
+    _npu_log "npu_loss_ops with _C_npu is up to date in $NPU_VENV_DIR"
+    return 0
+  fi
+  # Build from a copy of the sources so this build's artefacts never mix with the CPU venv's editable build.
+  local src
+  src="$(mktemp -d)"
+  (cd "$REPO_ROOT" && git ls-files -co --exclude-standard -z | xargs -0 cp --parents -t "$src")
+  _npu_log "building npu_loss_ops with NPU_LOSS_OPS_NPU=1 (MAX_JOBS=${MAX_JOBS:-2}; about 3 minutes on 2 cores)"
+  # Without CANN, torch_npu's backend autoload would make `import torch` in setup.py fail.
+  (cd "$src" && TORCH_DEVICE_BACKEND_AUTOLOAD=0 NPU_LOSS_OPS_NPU=1 MAX_JOBS="${MAX_JOBS:-2}" \
+    python -m pip install -q --progress-bar off --no-build-isolation --no-deps --force-reinstall .)
+  rm -rf "$src"
+  echo "$digest" >"$stamp"
+}

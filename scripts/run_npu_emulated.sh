@@ -1,0 +1,81 @@
+#!/usr/bin/env bash
+# Run the NPU kernels for real without an NPU: the unmodified torch_npu 2.13.0 over the host-emulated CANN
+# in tests/npu_emulator/, once per emulated chip family, each in its own process.
+#
+#   bash scripts/run_npu_emulated.sh                 # all six families, then the older-CANN run and the example
+#   bash scripts/run_npu_emulated.sh 910B 950        # only these families
+#   NPU_EMU_PYTEST_ARGS="-x -k backward" bash scripts/run_npu_emulated.sh 910B
+#
+# Per family: the device-parametrised test suite on device="npu" (NPU_LOSS_OPS_TEST_DEVICE=npu), compared
+# with the CPU kernels, plus tests/test_npu_routing.py, which asserts from the emulator's trace which aclnn
+# API each op ran on that chip. Then one run over an emulated older CANN that lacks the six loss APIs
+# (every op must take the composite path, without an error), and examples/train.py on the emulated NPU.
+set -euo pipefail
+# shellcheck source=npu_env.sh
+source "$(dirname "${BASH_SOURCE[0]}")/npu_env.sh"
+
+ALL_FAMILIES=(910B 910_93 950 910 310P 310B)
+if (($#)); then FAMILIES=("$@"); else FAMILIES=("${ALL_FAMILIES[@]}"); fi
+EMU_DIR="${NPU_LOSS_OPS_EMULATOR_DIR:-$REPO_ROOT/build/npu_emulator}"
+LOG_DIR="${NPU_LOSS_OPS_EMULATOR_LOGS:-$REPO_ROOT/build/npu_emulator_logs}"
+read -r -a PYTEST_ARGS <<<"${NPU_EMU_PYTEST_ARGS:-}"
+
+setup_npu_venv
+build_npu_package
+_npu_log "building the emulated CANN into $EMU_DIR"
+PATH="$NPU_VENV_DIR/bin:$PATH" bash "$REPO_ROOT/tests/npu_emulator/build.sh" "$EMU_DIR"
+mkdir -p "$LOG_DIR"
+
+# `export` lines for the emulator's environment of one family (tests/npu_emulator/emulator.py).
+emulator_exports() {
+  python - "$REPO_ROOT/tests/npu_emulator" "$EMU_DIR" "$@" <<'PY'
+import os, shlex, sys
+sys.path.insert(0, sys.argv[1])
+import emulator
+family, variant = sys.argv[3], sys.argv[4] if len(sys.argv) > 4 else ""
+env = emulator.env(family, sys.argv[2], without_loss_apis=(variant == "without-loss-apis"))
+for key in sorted(set(os.environ) - set(env)):
+    print(f"unset {key}")
+for key, value in sorted(env.items()):
+    if os.environ.get(key) != value:
+        print(f"export {key}={shlex.quote(value)}")
+PY
+}
+
+# run NAME FAMILY VARIANT COMMAND...: one emulated process, its output in $LOG_DIR/NAME.log.
+declare -a SUMMARY=()
+status=0
+run() {
+  local name="$1" family="$2" variant="$3"
+  shift 3
+  local t0=$SECONDS rc=0 log="$LOG_DIR/$name.log"
+  _npu_log "[$name] emulated $family${variant:+ ($variant)}: $*"
+  (
+    eval "$(emulator_exports "$family" "$variant")"
+    export NPU_LOSS_OPS_TEST_DEVICE=npu
+    cd "$(mktemp -d)"  # import the installed package, never the source tree
+    "$@"
+  ) >"$log" 2>&1 || rc=$?
+  # The per-kind counts and the pytest summary, into CI's log.
+  grep -E '^(npu-suite|=+ .*(passed|failed|error)|[0-9]+ (passed|failed)|OK:|MISMATCH)' "$log" || tail -n 30 "$log"
+  SUMMARY+=("$(printf '%-28s %-6s %4ss  %s' "$name" "$([[ $rc == 0 ]] && echo ok || echo FAIL)" "$((SECONDS - t0))" \
+    "$(grep -Eo '[0-9]+ passed[^=]*' "$log" | tail -n 1)")")
+  if ((rc != 0)); then
+    status=1
+    _npu_log "[$name] failed (exit $rc); last lines of $log:"
+    tail -n 40 "$log" >&2
+  fi
+}
+
+for family in "${FAMILIES[@]}"; do
+  run "suite-$family" "$family" "" python -m pytest "$REPO_ROOT/tests" -q -p no:cacheprovider "${PYTEST_ARGS[@]}"
+done
+if (($# == 0)); then
+  run "older-cann-910B" 910B without-loss-apis \
+    python -m pytest "$REPO_ROOT/tests/test_npu_routing.py" -q -p no:cacheprovider "${PYTEST_ARGS[@]}"
+  run "example-train-910B" 910B "" python "$REPO_ROOT/examples/train.py" --device npu
+fi
+
+echo "emulated NPU runs (logs in $LOG_DIR):"
+printf '  %s\n' "${SUMMARY[@]}"
+exit "$status"

@@ -1,0 +1,169 @@
+"""Which aclnn API each op runs on each chip family, read from the emulated CANN's trace.
+
+Runs on device="npu" under the host-emulated CANN (scripts/run_npu_emulated.sh, one process per chip).
+The expected table is the README's "Which chips run which path", written out here a second time on
+purpose: the kernels in csrc/npu decide the path, this file states what the documentation promises.
+"""
+import os
+import sys
+
+import pytest
+import torch
+
+import npu_loss_ops
+
+sys.path.insert(0, os.path.join(os.path.dirname(__file__), "npu_emulator"))
+import emulator  # noqa: E402
+
+LOSS_APIS = {
+    "aclnnSmoothL1Loss", "aclnnSmoothL1LossBackward", "aclnnL1Loss", "aclnnL1LossBackward",
+    "aclnnKlDiv", "aclnnKlDivTargetBackward",
+}
+DTYPES = [torch.float32, torch.float16, torch.bfloat16]
+# The beta classes the routing distinguishes: 0 (the L1 gradient), below the 950 kernel's 1e-6 limit,
+# small enough that the TBE kernels' beta + 1e-6 bias exceeds float32's tolerance (and float16's at 1e-4),
+# and an ordinary beta.
+BETAS = [0.0, 1e-7, 1e-4, 1e-3, 1.0]
+
+
+@pytest.fixture
+def npu(device):
+    if device != "npu":
+        pytest.skip("the aclnn routing exists only on the NPU")
+    if not emulator.active():
+        pytest.skip("needs the emulated CANN's trace (scripts/run_npu_emulated.sh)")
+    return torch.device("npu")
+
+
+def family():
+    """The chip family of the emulated SoC, by the names torch_npu knows (README's chip table)."""
+    soc = npu_loss_ops.build_info()["npu_soc"]
+    if soc.startswith("Ascend310B"):
+        return "310B"
+    if soc.startswith("Ascend950") or soc.startswith("Ascend96"):
+        return "950"
+    if (soc.startswith("Ascend910B") and soc != "Ascend910B") or soc.startswith("Ascend910_9"):
+        return "910B"
+    if soc.startswith("Ascend910") or soc.startswith("Ascend310P"):
+        return "910"
+    return "unknown"
+
+
+def have(api):
+    return npu_loss_ops._C_npu.aclnn_api_available(api)
+
+
+def tbe_bias_ok(beta, dtype):
+    tolerance = {torch.float32: 1e-5, torch.float16: 1e-3, torch.bfloat16: 1.6e-2}[dtype]
+    return beta == 0 or 1e-6 / beta <= tolerance
+
+
+def expected_api(op, dtype, beta=1.0, log_target=False):
+    """The aclnn loss API the op must run, or None for the composite fallback."""
+    fam = family()
+    bf16 = dtype == torch.bfloat16
+    if fam in ("310B", "unknown"):
+        return None
+    if op == "smooth_l1_loss_backward":
+        if fam == "950":
+            if beta == 0:
+                return "aclnnL1LossBackward" if have("aclnnL1LossBackward") else None
+            return "aclnnSmoothL1LossBackward" if beta >= 1e-6 and have("aclnnSmoothL1LossBackward") else None
+        if fam == "910" and bf16:
+            return None
+        ok = tbe_bias_ok(beta, dtype) and have("aclnnSmoothL1LossBackward")
+        return "aclnnSmoothL1LossBackward" if ok else None
+    if op in ("smooth_l1_loss", "l1_loss", "l1_loss_backward"):
+        api = {"smooth_l1_loss": "aclnnSmoothL1Loss", "l1_loss": "aclnnL1Loss",
+               "l1_loss_backward": "aclnnL1LossBackward"}[op]
+        return api if have(api) and not (fam == "910" and bf16) else None
+    if op == "kl_div_target_backward":
+        return "aclnnKlDivTargetBackward" if fam in ("910B", "950") and have("aclnnKlDivTargetBackward") else None
+    if op == "kl_div":
+        if not have("aclnnKlDiv"):
+            return None
+        if fam == "950" or (fam == "910B" and log_target) or (fam == "910" and log_target and not bf16):
+            return "aclnnKlDiv"
+        return None
+    raise AssertionError(op)
+
+
+def call(op, dtype, beta, log_target, dev):
+    gen = torch.Generator().manual_seed(0)
+    x = torch.randn(3, 5, generator=gen)
+    t = torch.rand(3, 5, generator=gen) + 0.1 if op.startswith("kl") else torch.randn(3, 5, generator=gen)
+    g = torch.randn(3, 5, generator=gen)
+    x, t, g = (v.to(dtype) for v in (x, t, g))
+    ops = torch.ops.npu_loss
+    args = {
+        "smooth_l1_loss": lambda x, t, g: ops.smooth_l1_loss(x, t, 0, beta),
+        "smooth_l1_loss_backward": lambda x, t, g: ops.smooth_l1_loss_backward(g, x, t, 0, beta),
+        "l1_loss": lambda x, t, g: ops.l1_loss(x, t, 0),
+        "l1_loss_backward": lambda x, t, g: ops.l1_loss_backward(g, x, t, 0),
+        "kl_div": lambda x, t, g: ops.kl_div(x, t, 0, log_target=log_target),
+        "kl_div_target_backward": lambda x, t, g: ops.kl_div_target_backward(g, x, t, 0, log_target),
+    }[op]
+    emulator.trace_reset()
+    got = args(x.to(dev), t.to(dev), g.to(dev)).cpu()
+    torch.npu.synchronize()
+    trace = emulator.trace()
+    want = args(x, t, g)
+    return got, want, trace
+
+
+CASES = (
+    [("smooth_l1_loss_backward", dt, beta, False) for dt in DTYPES for beta in BETAS]
+    + [("smooth_l1_loss", dt, 1.0, False) for dt in DTYPES]
+    + [(op, dt, 1.0, False) for op in ("l1_loss", "l1_loss_backward") for dt in DTYPES]
+    + [(op, dt, 1.0, lt) for op in ("kl_div", "kl_div_target_backward") for dt in DTYPES for lt in (False, True)]
+)
+
+
+@pytest.mark.parametrize("op,dtype,beta,log_target", CASES,
+                         ids=[f"{op}-{str(dt)[6:]}-beta{beta:g}-log{int(lt)}" for op, dt, beta, lt in CASES])
+def test_aclnn_api_per_chip(npu, op, dtype, beta, log_target):
+    got, want, trace = call(op, dtype, beta, log_target, npu)
+    ran = {name for name in trace if name in LOSS_APIS}
+    api = expected_api(op, dtype, beta, log_target)
+    assert ran == ({api} if api else set()), f"{op} on {family()}: ran {sorted(ran)}, expected {api or 'composite'}"
+    assert not [k for k in trace if k.startswith("aclop:")], f"the aclop path was taken: {trace}"
+    assert not [k for k in trace if "GetWorkspaceSize:" in k], f"an aclnn call was rejected: {trace}"
+    tol = {torch.float32: 1e-5, torch.float16: 1e-3, torch.bfloat16: 1.6e-2}[dtype]
+    torch.testing.assert_close(got, want, rtol=tol, atol=tol)
+
+
+def test_chip_reported_before_first_op(npu):
+    info = npu_loss_ops.build_info()
+    assert info["npu_kernels"] is True
+    assert info["npu_soc"] == os.environ["NPU_EMU_SOC"]
+    assert info["npu_chip"] == npu_loss_ops._C_npu.chip_family_of(info["npu_soc"])
+
+
+# Every SoC name torch_npu 2.13 knows, with the family it must map to (README's chip table).
+SOC_FAMILIES = {
+    **{f"Ascend910{s}": "Ascend910/Ascend310P" for s in ("PremiumA", "ProA", "A", "ProB", "B")},
+    **{f"Ascend310P{i}": "Ascend910/Ascend310P" for i in (1, 2, 3, 4, 5, 7)},
+    **{f"Ascend910B{s}": "Ascend910B/Ascend910_93" for s in ("1", "2", "2C", "3", "4", "4-1")},
+    **{f"Ascend910_93{i}": "Ascend910B/Ascend910_93" for i in ("91", "92", "81", "82", "72", "62", "63")},
+    **{f"Ascend310B{i}": "composite fallback only" for i in (1, 2, 3, 4)},
+    "Ascend950DT_9571": "Ascend950", "Ascend950PR_9599": "Ascend950", "Ascend960": "Ascend950",
+    "Ascend310": "composite fallback only", "": "composite fallback only",
+}
+
+
+@pytest.mark.parametrize("soc,family_name", sorted(SOC_FAMILIES.items()))
+def test_soc_name_to_family(npu, soc, family_name):
+    assert npu_loss_ops._C_npu.chip_family_of(soc).startswith(family_name)
+
+
+def test_older_cann_without_the_loss_apis_runs_the_composite(npu):
+    """An emulated CANN without the six APIs: every op must take the composite, never fail in the macro."""
+    missing = [api for api in sorted(LOSS_APIS) if not have(api)]
+    if not missing:
+        pytest.skip("this CANN has every loss API (the older-CANN run uses emulator lib-without-loss-apis)")
+    assert missing == sorted(LOSS_APIS)
+    for op, dtype, beta, log_target in CASES[::3]:
+        got, want, trace = call(op, dtype, beta, log_target, npu)
+        assert not set(trace) & LOSS_APIS
+        tol = {torch.float32: 1e-5, torch.float16: 1e-3, torch.bfloat16: 1.6e-2}[dtype]
+        torch.testing.assert_close(got, want, rtol=tol, atol=tol)

@@ -74,5 +74,8 @@ EMU_API const char* npuemu_soc_family();
 EMU_API void npuemu_trace_add(const char* key, int64_t count);
 EMU_API size_t npuemu_trace_json(char* buf, size_t len);
 EMU_API void npuemu_trace_reset();
+// Logs to stderr when NPU_EMU_LOG=1.
 EMU_API void npuemu_log(const char* fmt, ...) __attribute__((format(printf, 1, 2)));
+// Sets the message aclGetRecentErrMsg returns next (torch_npu appends it to its error messages).
+EMU_API void npuemu_set_error(const char* msg);
 EMU_API bool npuemu_is_device_ptr(const void* p);

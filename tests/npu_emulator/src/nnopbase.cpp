@@ -226,3 +226,16 @@ EMU_API int aclGetScalarListSize(const aclScalarList* l, uint64_t* size) {
 
 EMU_API int aclnnInit(const char*) { return 0; }
 EMU_API int aclnnFinalize() { return 0; }
+
+// torch_npu's executor cache and huge-memory hooks: present (so failed-lookup lists show only what matters)
+// but inert — CanUsePTACache says no, so every call takes the two-phase path.
+EMU_API int InitHugeMemThreadLocal(void*, bool) { return 0; }
+EMU_API void UnInitHugeMemThreadLocal(void*, bool) {}
+EMU_API void ReleaseHugeMem(void*, bool) {}
+EMU_API void InitPTACacheThreadLocal() {}
+EMU_API void UnInitPTACacheThreadLocal() {}
+EMU_API void SetPTAHashKey(uint64_t) {}
+EMU_API void SetPTACacheHashKey(uint8_t*, size_t) {}
+EMU_API bool CanUsePTACache(const char*) { return false; }
+EMU_API aclOpExecutor* PTAGetExecCache(uint64_t, uint64_t*) { return nullptr; }
+EMU_API aclOpExecutor* PTAFindExecCache(uint8_t*, size_t, uint64_t*) { return nullptr; }

@@ -318,7 +318,7 @@ aclnnStatus reject(const char* api, aclnnStatus status, const std::string& why) 
   npuemu_trace_add(key.c_str(), 1);
   std::string msg = std::string(api) + "GetWorkspaceSize returned " + std::to_string(status) + " on " +
                     npuemu_soc_name() + ": " + why;
-  npuemu_log("%s", msg.c_str());
+  npuemu_set_error(msg.c_str());
   if (log_rejections()) {
     std::fprintf(stderr, "npu_emulator: %s\n", msg.c_str());
     std::fflush(stderr);
@@ -347,7 +347,7 @@ aclnnStatus run(const char* api, aclOpExecutor* ex) {
     st = ex->run();
   } catch (const std::exception& e) {
     std::string msg = std::string(api) + " failed in the emulator: " + e.what();
-    npuemu_log("%s", msg.c_str());
+    npuemu_set_error(msg.c_str());
     std::fprintf(stderr, "npu_emulator: %s\n", msg.c_str());
     npuemu_trace_add((std::string(api) + ":failed").c_str(), 1);
     st = ACLNN_ERR_INNER;

@@ -194,12 +194,13 @@ EMU_API void npuemu_log(const char* fmt, ...) {
   char buf[2048];
   std::vsnprintf(buf, sizeof buf, fmt, ap);
   va_end(ap);
-  set_last_error(buf);
   if (on) {
     std::fprintf(stderr, "npu_emulator: %s\n", buf);
     std::fflush(stderr);
   }
 }
+
+EMU_API void npuemu_set_error(const char* msg) { set_last_error(msg ? msg : ""); }
 
 EMU_API bool npuemu_is_device_ptr(const void* p) {
   std::lock_guard<std::mutex> lk(g_mu);
@@ -350,6 +351,27 @@ EMU_API aclError aclGetCompileopt(aclCompileOpt opt, char* value, size_t length)
 EMU_API aclError aclSetCompileopt(aclCompileOpt opt, const char* value) {
   std::lock_guard<std::mutex> lk(g_mu);
   g_compile_opts[static_cast<int>(opt)] = value ? value : "";
+  return ACL_SUCCESS;
+}
+
+// System parameters (deterministic mode etc.) read back what was set.
+static std::map<int, int64_t> g_sys_params;
+EMU_API aclError aclrtSetSysParamOpt(aclSysParamOpt opt, int64_t value) {
+  std::lock_guard<std::mutex> lk(g_mu);
+  g_sys_params[static_cast<int>(opt)] = value;
+  return ACL_SUCCESS;
+}
+EMU_API aclError aclrtGetSysParamOpt(aclSysParamOpt opt, int64_t* value) {
+  if (value == nullptr) return ACL_ERROR_INVALID_PARAM;
+  std::lock_guard<std::mutex> lk(g_mu);
+  auto it = g_sys_params.find(static_cast<int>(opt));
+  *value = it == g_sys_params.end() ? 0 : it->second;
+  return ACL_SUCCESS;
+}
+EMU_API aclError aclrtCtxSetSysParamOpt(aclSysParamOpt opt, int64_t value) { return aclrtSetSysParamOpt(opt, value); }
+EMU_API aclError aclrtCtxGetSysParamOpt(aclSysParamOpt opt, int64_t* value) { return aclrtGetSysParamOpt(opt, value); }
+EMU_API aclError aclrtSetOpExecuteTimeOutV2(uint64_t timeout, uint64_t* actual) {
+  if (actual) *actual = timeout;
   return ACL_SUCCESS;
 }
 

@@ -82,9 +82,12 @@ done
 "$CXX" "${LDSO[@]}" -Wl,-soname,libnnopbase.so -o "$LIB/libnnopbase.so" "$OBJ/nnopbase.o" \
   -L"$LIB" -Wl,--no-as-needed -lascendcl -Wl,-rpath,'$ORIGIN'
 # libopapi.so: the aclnn operators (links the torch CPU libraries the process has loaded already).
+# Only the C API is exported (not the ATen template instances the operator files instantiate).
+printf '{ global: acl*; npu_emu_*; local: *; };\n' > "$GEN/opapi.map"
 link_opapi() {  # link_opapi OUT OBJS...
   local out="$1"; shift
-  "$CXX" "${LDSO[@]}" -Wl,-soname,libopapi.so -o "$out" "$@" -L"$LIB" -Wl,--no-as-needed -lnnopbase -lascendcl \
+  "$CXX" "${LDSO[@]}" -Wl,-soname,libopapi.so -Wl,--version-script="$GEN/opapi.map" -o "$out" "$@" \
+    -L"$LIB" -Wl,--no-as-needed -lnnopbase -lascendcl \
     -L"$TORCH_DIR/lib" -ltorch_cpu -lc10 -Wl,-rpath,'$ORIGIN' -Wl,-rpath,"$TORCH_DIR/lib"
 }
 OPS_OBJS=()

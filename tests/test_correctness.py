@@ -510,18 +510,21 @@ COMPOSITE = torch._C.DispatchKey.CompositeExplicitAutograd
 
 
 @pytest.mark.parametrize("path", ["kernel", "composite"])
+@pytest.mark.parametrize("target_shape", [(64, 80), (1, 80)], ids=["same-shape", "broadcast-target"])
 @pytest.mark.parametrize("layout", ["contiguous", "transposed"])
 @pytest.mark.parametrize("reduction", ["none", "mean"])
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
 @pytest.mark.parametrize("loss,log_target", [("smooth_l1_loss", False), ("l1_loss", False), ("kl_div", False),
                                              ("kl_div", True)])
-def test_reduced_precision_is_rounded_once(loss, log_target, dtype, reduction, layout, path, device):
+def test_reduced_precision_is_rounded_once(loss, log_target, dtype, reduction, layout, target_shape, path,
+                                          device):
     """float16/bfloat16 results are the float64 reference correctly rounded (float32 math may flip a rare
-    tie), never off by more than one unit in the last place: no intermediate rounding to the low dtype.
+    tie), never off by more than one unit in the last place: no intermediate rounding to the low dtype
+    (a broadcast target: KL's target gradient is summed over the broadcast rows, in float32, then rounded).
     `kernel`: the device's own kernels (CPU / aclnn); `composite`: the ATen-op fallback on that device."""
     from samples import make_sample
 
-    s = make_sample(loss, (64, 80), (64, 80), dtype=dtype, reduction=reduction, beta=0.5,
+    s = make_sample(loss, (64, 80), target_shape, dtype=dtype, reduction=reduction, beta=0.5,
                     log_target=log_target, layout=layout)
     ds = s.to(device)
     call = (lambda op, *a, **k: op._op_dk(COMPOSITE, *a, **k)) if path == "composite" else (

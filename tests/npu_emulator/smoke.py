@@ -8,7 +8,7 @@ Each run: torch_npu imports and sees one NPU; basic tensor work (bf16/fp16, a ba
 the project's composite fallback uses) matches the CPU; torch_npu's own loss-gradient ops
 (torch.ops.aten.smooth_l1_loss_backward, torch.ops.npu.l1_loss_backward, torch.ops.npu.kl_div_target_backward)
 and the forwards (F.smooth_l1_loss, F.l1_loss, F.kl_div) reach the emulated aclnn APIs and give the documented
-chip-by-chip results (ascend_semantics.md), or the documented 161002 where the chip rejects the call; the
+chip-by-chip results (docs/aclnn_reference.md), or the documented 161002 where the chip rejects the call; the
 GetWorkspaceSize validation is also probed directly with ctypes; the trace shows the aclnn APIs ran and no
 aclop path was taken.
 """

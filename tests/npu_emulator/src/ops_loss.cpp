@@ -4,7 +4,7 @@
 // Kept in their own object file: build.sh links a libopapi.so without it (an older CANN toolkit).
 //
 // Validation and results follow the CANN documents as summarised in
-// shared/reference/ascend_semantics.md; every rule cites its section there ("§1.2 step 3" etc.).
+// docs/aclnn_reference.md; every rule cites its section there ("§1.2 step 3" etc.).
 // Chip families (from aclrtGetSocName, see npuemu_soc_family):
 //   910, 910B, 910_93, 310P  TBE kernels (the 910-family semantics); 950  regbase kernels;
 //   310B  none of the six APIs.

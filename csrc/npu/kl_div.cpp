@@ -30,6 +30,15 @@ void kl_div_target_backward_into(
   // Ascend 950 divides "mean" by numel(self) instead of the broadcast count: pre-scale on every chip.
   auto scaled = mean_as_scaled_sum(base_format(grad_output), reduction, n);
   at::Tensor self_nd = base_format(self), target_nd = base_format(target), result = base_format_out(out);
+  // Ascend 950 feeds inputs of one half dtype to the kernel as they are and sums the broadcast dims of its
+  // half results, rounding twice; float32 inputs (and result, which must have target's dtype) keep the sum
+  // in float32 and the result rounded once.
+  if (chip == Chip::Regbase950 && out.scalar_type() != at::kFloat && target.numel() != n) {
+    scaled.grad_output = scaled.grad_output.to(at::kFloat);
+    self_nd = self_nd.to(at::kFloat);
+    target_nd = target_nd.to(at::kFloat);
+    result = at::empty(out.sizes(), out.options().dtype(at::kFloat));
+  }
   NPU_LOSS_EXEC_ACLNN(
       aclnnKlDivTargetBackward, scaled.grad_output, self_nd, target_nd, scaled.reduction, log_target, result);
   copy_back(out, result);

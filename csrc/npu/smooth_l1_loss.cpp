@@ -1,6 +1,8 @@
 // Smooth L1 loss on the NPU: aclnnSmoothL1Loss and aclnnSmoothL1LossBackward.
 #include <torch/library.h>
 
+#include <cmath>
+
 #include "../checks.h"
 #include "../composite.h"
 #include "aclnn_api.h"
@@ -53,7 +55,10 @@ BackwardPath backward_path(
       if (beta == 0) {
         return aclnn_api_available("aclnnL1LossBackward") ? BackwardPath::L1 : BackwardPath::Composite;
       }
-      if (beta < kRegbaseMinBeta || !aclnn_api_available("aclnnSmoothL1LossBackward")) return BackwardPath::Composite;
+      // At beta == +inf it multiplies d by 1/beta = 0, which is NaN at d = +-inf (the result there is +-grad).
+      if (beta < kRegbaseMinBeta || std::isinf(beta) || !aclnn_api_available("aclnnSmoothL1LossBackward")) {
+        return BackwardPath::Composite;
+      }
       return BackwardPath::SmoothL1;
   }
   return BackwardPath::Composite;

@@ -73,6 +73,7 @@ EMU_API const char* npuemu_soc_name();
 EMU_API const char* npuemu_soc_family();
 EMU_API void npuemu_trace_add(const char* key, int64_t count);
 EMU_API size_t npuemu_trace_json(char* buf, size_t len);
+EMU_API size_t npuemu_trace_total_json(char* buf, size_t len);
 EMU_API void npuemu_trace_reset();
 // Logs to stderr when NPU_EMU_LOG=1.
 EMU_API void npuemu_log(const char* fmt, ...) __attribute__((format(printf, 1, 2)));

@@ -563,6 +563,28 @@ EMU_API aclnnStatus aclnnLogSoftmaxBackwardGetWorkspaceSize(const aclTensor* gra
   }, any_empty({&g, &o}));
 }
 ACLNN_RUN(aclnnLogSoftmaxBackward)
+// aclnnTanhBackward(gradOutput, output, gradInput): g·(1 − y²)
+EMU_API aclnnStatus aclnnTanhBackwardGetWorkspaceSize(const aclTensor* grad, const aclTensor* output, aclTensor* out,
+                                                      uint64_t* ws, aclOpExecutor** ex) {
+  ACLNN_CHECK_NOTNULL("aclnnTanhBackward", grad, output, out);
+  auto g = T(grad), y = T(output), o = T(out);
+  return emu::submit("aclnnTanhBackward", ws, ex, [=] {
+    auto yf = y.get().to(at::kFloat);
+    o.write(g.get().to(at::kFloat) * (1 - yf * yf));
+  }, any_empty({&g, &o}));
+}
+ACLNN_RUN(aclnnTanhBackward)
+// aclnnSigmoidBackward(gradOutput, output, gradInput): g·y·(1 − y)
+EMU_API aclnnStatus aclnnSigmoidBackwardGetWorkspaceSize(const aclTensor* grad, const aclTensor* output,
+                                                         aclTensor* out, uint64_t* ws, aclOpExecutor** ex) {
+  ACLNN_CHECK_NOTNULL("aclnnSigmoidBackward", grad, output, out);
+  auto g = T(grad), y = T(output), o = T(out);
+  return emu::submit("aclnnSigmoidBackward", ws, ex, [=] {
+    auto yf = y.get().to(at::kFloat);
+    o.write(g.get().to(at::kFloat) * yf * (1 - yf));
+  }, any_empty({&g, &o}));
+}
+ACLNN_RUN(aclnnSigmoidBackward)
 
 // cubeMathType (int8_t) selects reduced-precision modes on the chip; the host computes in the input dtype.
 EMU_API aclnnStatus aclnnMmGetWorkspaceSize(const aclTensor* self, const aclTensor* mat2, aclTensor* out,

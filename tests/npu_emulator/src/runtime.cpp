@@ -41,6 +41,7 @@ std::mutex g_mu;
 std::unordered_map<const void*, size_t> g_device_allocs;  // aclrtMalloc'ed blocks
 size_t g_device_used = 0;
 std::map<std::string, int64_t> g_trace;
+std::map<std::string, int64_t> g_trace_total;
 std::map<int, std::string> g_compile_opts;
 std::string g_last_error;
 std::atomic<int32_t> g_next_stream_id{1};
@@ -92,9 +93,9 @@ std::string json_escape(const std::string& s) {
 void write_trace_file() {
   const char* path = std::getenv("NPU_EMU_TRACE_FILE");
   if (path == nullptr || *path == '\0') return;
-  size_t n = npuemu_trace_json(nullptr, 0);
+  size_t n = npuemu_trace_total_json(nullptr, 0);
   std::string buf(n + 1, '\0');
-  npuemu_trace_json(&buf[0], buf.size());
+  npuemu_trace_total_json(&buf[0], buf.size());
   if (FILE* f = std::fopen(path, "w")) {
     std::fputs(buf.c_str(), f);
     std::fputc('\n', f);
@@ -156,14 +157,17 @@ EMU_API const char* npuemu_soc_family() {
 EMU_API void npuemu_trace_add(const char* key, int64_t count) {
   std::lock_guard<std::mutex> lk(g_mu);
   g_trace[key] += count;
+  g_trace_total[key] += count;
 }
 
-EMU_API size_t npuemu_trace_json(char* buf, size_t len) {
+namespace {
+
+size_t trace_json(const std::map<std::string, int64_t>& trace, char* buf, size_t len) {
   std::string s = "{";
   {
     std::lock_guard<std::mutex> lk(g_mu);
     bool first = true;
-    for (const auto& kv : g_trace) {
+    for (const auto& kv : trace) {
       if (!first) s += ", ";
       first = false;
       s += "\"" + json_escape(kv.first) + "\": " + std::to_string(kv.second);
@@ -177,6 +181,13 @@ EMU_API size_t npuemu_trace_json(char* buf, size_t len) {
   }
   return s.size() + 1;
 }
+
+}  // namespace
+
+EMU_API size_t npuemu_trace_json(char* buf, size_t len) { return trace_json(g_trace, buf, len); }
+
+// The counts since the process started, which trace_reset does not clear (NPU_EMU_TRACE_FILE writes them).
+EMU_API size_t npuemu_trace_total_json(char* buf, size_t len) { return trace_json(g_trace_total, buf, len); }
 
 EMU_API void npuemu_trace_reset() {
   std::lock_guard<std::mutex> lk(g_mu);

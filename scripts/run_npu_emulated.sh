@@ -22,8 +22,15 @@ read -r -a PYTEST_ARGS <<<"${NPU_EMU_PYTEST_ARGS:-}"
 
 setup_npu_venv
 build_npu_package
-_npu_log "building the emulated CANN into $EMU_DIR"
-PATH="$NPU_VENV_DIR/bin:$PATH" bash "$REPO_ROOT/tests/npu_emulator/build.sh" "$EMU_DIR"
+emu_digest="$(cd "$REPO_ROOT" && git ls-files -co --exclude-standard -- tests/npu_emulator | LC_ALL=C sort \
+  | xargs -d '\n' sha256sum | sha256sum | cut -d' ' -f1)"
+if [[ -f "$EMU_DIR/.digest" && "$(cat "$EMU_DIR/.digest")" == "$emu_digest" ]]; then
+  _npu_log "the emulated CANN in $EMU_DIR is up to date"
+else
+  _npu_log "building the emulated CANN into $EMU_DIR"
+  PATH="$NPU_VENV_DIR/bin:$PATH" bash "$REPO_ROOT/tests/npu_emulator/build.sh" "$EMU_DIR"
+  echo "$emu_digest" >"$EMU_DIR/.digest"
+fi
 mkdir -p "$LOG_DIR"
 
 # `export` lines for the emulator's environment of one family (tests/npu_emulator/emulator.py).
@@ -42,6 +49,28 @@ for key, value in sorted(env.items()):
 PY
 }
 
+# The emulator's counts for a whole run: each loss API, the rest in one line, and any aclop or rejection.
+print_trace() {
+  python - "$@" <<'PY'
+import json, os, sys
+name, path = sys.argv[1], sys.argv[2]
+if not os.path.exists(path):
+    sys.exit(print(f"trace {name}: none written"))
+trace = json.load(open(path))
+loss = ("aclnnSmoothL1Loss", "aclnnSmoothL1LossBackward", "aclnnL1Loss", "aclnnL1LossBackward", "aclnnKlDiv",
+        "aclnnKlDivTargetBackward")
+print(f"trace {name}: " + ", ".join(f"{api} {trace.get(api, 0)}" for api in loss))
+other = {k: v for k, v in trace.items() if k.startswith("aclnn") and k not in loss and ":" not in k}
+rejected = {k: v for k, v in trace.items() if "GetWorkspaceSize:" in k}
+aclop = {k: v for k, v in trace.items() if k.startswith("aclop:")}
+print(f"trace {name}: {len(other)} other aclnn operators, {sum(other.values())} calls; "
+      f"rejected calls {sum(rejected.values())}; aclop calls {sum(aclop.values())}")
+# The kernels must never send a call the chip rejects (it poisons torch_npu's queue), nor reach aclop.
+if rejected or aclop:
+    sys.exit(print(f"trace {name}: FAIL: {rejected} {aclop}"))
+PY
+}
+
 # run NAME FAMILY VARIANT COMMAND...: one emulated process, its output in $LOG_DIR/NAME.log.
 declare -a SUMMARY=()
 status=0
@@ -53,11 +82,13 @@ run() {
   (
     eval "$(emulator_exports "$family" "$variant")"
     export NPU_LOSS_OPS_TEST_DEVICE=npu
+    export NPU_EMU_TRACE_FILE="$LOG_DIR/$name.trace.json"
     cd "$(mktemp -d)"  # import the installed package, never the source tree
     "$@"
   ) >"$log" 2>&1 || rc=$?
   # The per-kind counts and the pytest summary, into CI's log.
   grep -E '^(npu-suite|=+ .*(passed|failed|error)|[0-9]+ (passed|failed)|OK:|MISMATCH)' "$log" || tail -n 30 "$log"
+  print_trace "$name" "$LOG_DIR/$name.trace.json" || rc=1
   SUMMARY+=("$(printf '%-28s %-6s %4ss  %s' "$name" "$([[ $rc == 0 ]] && echo ok || echo FAIL)" "$((SECONDS - t0))" \
     "$(grep -Eo '[0-9]+ passed[^=]*' "$log" | tail -n 1)")")
   if ((rc != 0)); then

@@ -21,6 +21,7 @@
 #include <torch/library.h>
 
 #include <functional>
+#include <numeric>
 #include <optional>
 #include <vector>
 
@@ -35,6 +36,12 @@ constexpr int64_t kSum = static_cast<int64_t>(Reduction::Sum);
 
 bool is_mean(int64_t reduction) {
   return reduction == static_cast<int64_t>(Reduction::Mean);
+}
+
+// The rules call the ops with a reduction of their own; an invalid one goes to the op as it is, to be
+// rejected with the op's own error.
+bool is_valid(int64_t reduction) {
+  return reduction >= 0 && reduction <= 2;
 }
 
 // One operand of a batched call: its physical value and its batch dim (none: shared by every sample).
@@ -186,7 +193,7 @@ at::Tensor loss_batched(const at::Tensor& self, const at::Tensor& target, int64_
   if (!level.any_batched({&self, &target})) return call(self, target, reduction);
   const auto x = level.unwrap(self);
   const auto t = level.unwrap(target);
-  if (!all_defined({&x, &t})) return call(x.value, t.value, reduction);
+  if (!all_defined({&x, &t}) || !is_valid(reduction)) return call(x.value, t.value, reduction);
   const int64_t rank = max_logical_rank({&x, &t});
   if (rank + 1 > kMaxDims) {
     return per_sample(level, {x, t}, [&](const std::vector<at::Tensor>& a) { return call(a[0], a[1], reduction); });
@@ -203,10 +210,13 @@ at::Tensor loss_batched(const at::Tensor& self, const at::Tensor& target, int64_
       tv = upcast(tv);
     }
     const auto values = call(xv, tv, kNone);
-    const auto sizes = values.sym_sizes();
-    const auto per_sample_count = numel_of(sizes.slice(1));
-    const auto rows = values.reshape_symint({sizes[0], per_sample_count});
-    result = is_mean(reduction) ? rows.mean(1) : rows.sum(1);
+    if (values.dim() == 1) {
+      result = values;  // 0-dim samples: each loss is its one element
+    } else {
+      std::vector<int64_t> sample_dims(values.dim() - 1);
+      std::iota(sample_dims.begin(), sample_dims.end(), 1);
+      result = is_mean(reduction) ? values.mean(sample_dims) : values.sum(sample_dims);
+    }
   }
   if (result.scalar_type() != dtype) result = result.to(dtype);
   return level.batched(result);
@@ -241,7 +251,9 @@ at::Tensor smooth_l1_loss_backward_batched(
   const auto g = level.unwrap(grad_output);
   const auto x = level.unwrap(self);
   const auto t = level.unwrap(target);
-  if (!all_defined({&g, &x, &t})) return op.call(g.value, x.value, t.value, reduction, beta);
+  if (!all_defined({&g, &x, &t}) || !is_valid(reduction)) {
+    return op.call(g.value, x.value, t.value, reduction, beta);
+  }
   const int64_t rank = max_logical_rank({&g, &x, &t});
   if (rank + 1 > kMaxDims) {
     return per_sample(level, {g, x, t}, [&](const std::vector<at::Tensor>& a) {
@@ -261,7 +273,9 @@ at::Tensor l1_loss_backward_batched(
   const auto g = level.unwrap(grad_output);
   const auto x = level.unwrap(self);
   const auto t = level.unwrap(target);
-  if (!all_defined({&g, &x, &t})) return op.call(g.value, x.value, t.value, reduction);
+  if (!all_defined({&g, &x, &t}) || !is_valid(reduction)) {
+    return op.call(g.value, x.value, t.value, reduction);
+  }
   const int64_t rank = max_logical_rank({&g, &x, &t});
   if (rank + 1 > kMaxDims) {
     return per_sample(level, {g, x, t}, [&](const std::vector<at::Tensor>& a) {
@@ -289,7 +303,9 @@ at::Tensor kl_div_target_backward_batched(
   const auto g = level.unwrap(grad_output);
   const auto x = level.unwrap(self);
   const auto t = level.unwrap(target);
-  if (!all_defined({&g, &x, &t})) return op.call(g.value, x.value, t.value, reduction, log_target);
+  if (!all_defined({&g, &x, &t}) || !is_valid(reduction)) {
+    return op.call(g.value, x.value, t.value, reduction, log_target);
+  }
   const auto shape = at::infer_size_symdimvector(x.logical_sizes(), t.logical_sizes());
   // The op's own rule, on each sample's shapes (the physical call could not see it).
   TORCH_CHECK(

@@ -227,10 +227,12 @@ TARGETS = {"step": 0.95, "per-sample": 1.2}
 
 def table(samples, args) -> str:
     info = npu_loss_ops.build_info()
+    command = " ".join(["python benchmarks/bench_autograd.py", *sys.argv[1:]])
     lines = [
-        f"Measured with `python benchmarks/bench_autograd.py` on {datetime.date.today().isoformat()}: "
+        f"Measured with `{command}` on {datetime.date.today().isoformat()}: "
         f"npu_loss_ops {npu_loss_ops.__version__} (git {git_revision()}, CPU kernels {info['cpu_kernel_isa']}), "
-        f"torch {torch.__version__}, {cpu_model()}, {os.cpu_count()} logical CPUs, {torch.get_num_threads()} threads, "
+        f"torch {torch.__version__}, {cpu_model()}, {os.cpu_count()} logical CPUs, "
+        f"{torch.get_num_threads()} thread{'s' if torch.get_num_threads() != 1 else ''}, "
         f"1-minute load average {args.load_start:.2f} at the start and {os.getloadavg()[0]:.2f} at the end; "
         f"{args.rounds} interleaved rounds of blocked_autorange, "
         f"{'wall-clock' if args.clock == 'wall' else 'CPU time of the calling thread'}, median [p20, p80] per call.",

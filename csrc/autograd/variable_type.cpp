@@ -24,7 +24,8 @@ using torch::autograd::collect_next_edges;
 using torch::autograd::compute_requires_grad;
 using torch::autograd::set_history;
 
-// functorch runs each transform level at forward-AD level 0, like torch.autograd.forward_ad's first level.
+// Forward-mode AD has one active level, 0: torch.autograd.forward_ad.dual_level() enters it, and functorch's
+// jvp nests transforms through its own tensor wrappers, each at level 0 (as ATen's generated kernels assume).
 constexpr uint64_t kLevel = 0;
 
 bool has_tangent(const at::Tensor& t) {

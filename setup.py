@@ -112,15 +112,17 @@ def extensions():
         "csrc/registration.cpp",
         "csrc/checks.cpp",
         "csrc/composite.cpp",
-        "csrc/autograd.cpp",
         "csrc/autocast.cpp",
         "csrc/module.cpp",
     ]
+    sources += sorted(glob.glob("csrc/autograd/*.cpp"))
     sources += sorted(glob.glob("csrc/cpu/*.cpp"))
     exts = [
         CppExtension(
             "npu_loss_ops._C",
             sources,
+            # Declarations the functorch headers need and the torch wheel lacks (see the header).
+            include_dirs=[os.path.join(ROOT, "csrc", "compat")],
             extra_compile_args={"cxx": flags},
             extra_link_args=link,
         )

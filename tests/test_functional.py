@@ -245,21 +245,7 @@ def test_torch_function_override_is_honoured():
 
 
 # ---------------------------------------------------------------------------------------------------
-# torch.func (SPEC: transforms either work or raise a clear, documented error)
-
-
-@pytest.mark.parametrize("transform", ["grad", "jacrev", "vjp"])
-@pytest.mark.parametrize("name", FUNCS)
-def test_torch_func_autodiff_transforms_raise_clearly(name, transform):
-    """Autograd is a C++ autograd Function (for speed); PyTorch refuses those under torch.func's autodiff
-    transforms with a clear error, which the README documents."""
-    x, t = _pair(name)
-    fn = lambda a: getattr(npu_loss_ops, name)(a, t)  # noqa: E731
-    with pytest.raises(RuntimeError, match="cannot use C\\+\\+ torch::autograd::Function with functorch"):
-        if transform == "vjp":
-            torch.func.vjp(fn, x)
-        else:
-            getattr(torch.func, transform)(fn)(x)
+# torch.func (tests/test_transforms.py covers every transform; this is the plain-vmap smoke test)
 
 
 @pytest.mark.parametrize("name", FUNCS)

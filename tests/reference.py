@@ -84,12 +84,13 @@ def reference_forward(s: Sample):
 # Backward ops
 
 
-def smooth_l1_slope(d: torch.Tensor, beta: float) -> torch.Tensor:
+def smooth_l1_slope(d: torch.Tensor, beta: float, divisor: float | None = None) -> torch.Tensor:
     # SPEC: d/beta where |d| < beta, sign(d) elsewhere; beta == 0 is sign(d). A NaN d stays NaN for
     # beta > 0 (ATen's CPU kernel: neither branch of the comparisons is taken, x * g / beta).
+    # `divisor`: what the quadratic branch divides by instead of beta (the TBE kernels' beta + 1e-6).
     if beta == 0:
         return sign(d)
-    return torch.where(d.abs() >= beta, sign(d), d / beta)
+    return torch.where(d.abs() >= beta, sign(d), d / (beta if divisor is None else divisor))
 
 
 def l1_sign(x: torch.Tensor, t: torch.Tensor, at_nan: float = 0.0) -> torch.Tensor:
@@ -101,14 +102,15 @@ def l1_sign(x: torch.Tensor, t: torch.Tensor, at_nan: float = 0.0) -> torch.Tens
     return torch.where(x.isnan() | t.isnan(), at_nan, sign(d))
 
 
-def reference_backward(s: Sample, l1_at_nan: float = 0.0):
+def reference_backward(s: Sample, l1_at_nan: float = 0.0, smooth_l1_divisor: float | None = None):
     """(value, magnitude, dtype, shape) of the backward op per SPEC's Math and table. `l1_at_nan`: L1's
-    sign at a NaN input (-1 where a chip's documented difference applies, see l1_nan_gives_minus_grad)."""
+    sign at a NaN input (-1 where a chip's documented difference applies, see l1_nan_gives_minus_grad);
+    `smooth_l1_divisor`: see smooth_l1_tbe_divisor."""
     g, x, t = _d64(s.grad_output, s.self, s.target)
     if s.loss == "smooth_l1_loss":
         shape = torch.broadcast_shapes(g.shape, x.shape, t.shape)
         gs = g * _scale(s.reduction, x.numel())  # "mean" divides by self.numel()
-        value = (gs * smooth_l1_slope(x - t, s.beta)).expand(shape)
+        value = (gs * smooth_l1_slope(x - t, s.beta, smooth_l1_divisor)).expand(shape)
         return value, gs.abs().expand(shape), s.self.dtype, shape
     if s.loss == "l1_loss":
         shape = torch.broadcast_shapes(g.shape, x.shape, t.shape)
@@ -338,3 +340,30 @@ def l1_nan_gives_minus_grad(device: str, *tensors: torch.Tensor) -> bool:
     if not soc.startswith(TBE_SOC_PREFIXES):
         return False
     return _tbe_with_bf16(soc) or not any(t.dtype == torch.bfloat16 for t in tensors)
+
+
+def smooth_l1_tbe_divisor(device: str, beta: float, *tensors: torch.Tensor) -> float | None:
+    """What the NPU's smooth L1 gradient divides by inside |d| < beta, when that is not beta itself: the TBE
+    families' aclnn kernel divides by beta + 1e-6 (in float32), and the NPU kernels keep that kernel while
+    the bias 1e-6 / beta stays inside the result dtype's tolerance (float32 1e-5, float16 1e-3, bfloat16
+    1.6e-2) and the kernel serves the call (no bf16 on Ascend 910/310P; a CANN without the API): README,
+    "Which chips run which path" and "Deliberate differences from raw aclnn". None elsewhere. The bias is
+    inside every tolerance, but it moves exact ties of low-precision products off the tie, so such results
+    round differently from d/beta in a few per cent of float16/bfloat16 elements."""
+    if device != "npu" or beta == 0 or not math.isfinite(beta):
+        return None
+    soc = npu_soc()
+    if not soc.startswith(TBE_SOC_PREFIXES):
+        return None
+    bf16 = any(t.dtype == torch.bfloat16 for t in tensors)
+    if bf16 and not _tbe_with_bf16(soc):
+        return None
+    result_dtype = tensors[0].dtype if tensors else torch.float32
+    tolerance = {torch.float32: 1e-5, torch.float16: 1e-3, torch.bfloat16: 1.6e-2}.get(result_dtype)
+    if tolerance is None or 1e-6 / beta > tolerance:
+        return None
+    import npu_loss_ops
+
+    if not npu_loss_ops._C_npu.aclnn_api_available("aclnnSmoothL1LossBackward"):
+        return None
+    return float(torch.tensor(beta, dtype=torch.float32) + torch.tensor(1e-6, dtype=torch.float32))

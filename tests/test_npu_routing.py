@@ -183,12 +183,12 @@ def test_private_format_tensors(npu, op):
         # torch_npu casts to NZ through aclnnNpuFormatCast only on Ascend 950 (with a CANN of this
         # emulator's version); elsewhere it takes an aclop kernel the emulator does not have.
         pytest.skip("the emulated CANN records private formats on Ascend 950")
-    allowed = torch.npu.config.allow_internal_format
+    # torch_npu keeps tensors in ND unless internal formats are allowed (a write-only option, off by default).
     torch.npu.config.allow_internal_format = True
     try:
         _private_format_case(op, torch_npu)
     finally:
-        torch.npu.config.allow_internal_format = allowed
+        torch.npu.config.allow_internal_format = False
 
 
 def _private_format_case(op, torch_npu):

@@ -25,11 +25,11 @@ void kl_div_target_backward_into(
     out.copy_(composite::kl_div_target_backward(grad_output, self, target, reduction, log_target));
     return;
   }
-  // Taken before the call: out may be target itself.
-  const at::Tensor zero_target = log_target ? at::Tensor() : target == 0;
   // Ascend 950 divides "mean" by numel(self) instead of the broadcast count: pre-scale on every chip.
   auto scaled = mean_as_scaled_sum(base_format(grad_output), reduction, n);
   at::Tensor self_nd = base_format(self), target_nd = base_format(target), result = base_format_out(out);
+  // Taken before the call: out may be target itself.
+  const at::Tensor zero_target = log_target ? at::Tensor() : target_nd == 0;
   // Ascend 950 feeds inputs of one half dtype to the kernel as they are and sums the broadcast dims of its
   // half results, rounding twice; float32 inputs (and result, which must have target's dtype) keep the sum
   // in float32 and the result rounded once.
@@ -41,12 +41,12 @@ void kl_div_target_backward_into(
   }
   NPU_LOSS_EXEC_ACLNN(
       aclnnKlDivTargetBackward, scaled.grad_output, self_nd, target_nd, scaled.reduction, log_target, result);
-  copy_back(out, result);
   if (zero_target.defined()) {
-    // aclnn gives NaN where target == 0; this package gives 0 there (docs: a zero probability gets a zero
+    // aclnn gives NaN where target == 0; this package gives 0 there (a zero probability gets a zero
     // gradient).
-    out.masked_fill_(zero_target, 0);
+    result.masked_fill_(zero_target, 0);
   }
+  copy_back(out, result);
 }
 
 at::Tensor kl_div_npu(const at::Tensor& self, const at::Tensor& target, int64_t reduction, bool log_target) {

@@ -128,7 +128,14 @@ at::Tensor base_format_out(const at::Tensor& out) {
 }
 
 void copy_back(at::Tensor& out, const at::Tensor& result) {
-  if (!result.is_same(out)) out.copy_(result);
+  if (result.is_same(out)) return;
+  if (!has_private_format(out)) {
+    out.copy_(result);
+    return;
+  }
+  // torch_npu copies into a private-format tensor only from one of the same format (Ascend 950 refuses
+  // anything else): cast the result to out's format and dtype first.
+  out.copy_(at_npu::native::npu_format_cast(result.to(out.scalar_type()), at_npu::native::get_npu_format(out)));
 }
 
 }  // namespace npu_loss::npu

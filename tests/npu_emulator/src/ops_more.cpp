@@ -2,6 +2,7 @@
 // matrix products, softmax, random numbers.
 
 #include <ATen/CPUGeneratorImpl.h>
+#include <ATen/ExpandUtils.h>
 #include <ATen/core/List.h>
 #include <ATen/ops/addmm.h>
 #include <ATen/ops/all.h>
@@ -574,6 +575,39 @@ EMU_API aclnnStatus aclnnTanhBackwardGetWorkspaceSize(const aclTensor* grad, con
   }, any_empty({&g, &o}));
 }
 ACLNN_RUN(aclnnTanhBackward)
+// aclnnForeachAddList(x1, x2, alpha, out): out[i] = x1[i] + alpha·x2[i] (torch.optim's multi-tensor step).
+EMU_API aclnnStatus aclnnForeachAddListGetWorkspaceSize(const aclTensorList* x1, const aclTensorList* x2,
+                                                        const aclScalar* alpha, const aclTensorList* out,
+                                                        uint64_t* ws, aclOpExecutor** ex) {
+  ACLNN_CHECK_NOTNULL("aclnnForeachAddList", x1, x2, out);
+  auto a = emu::TL(x1), b = emu::TL(x2), o = emu::TL(out);
+  const at::Scalar s = emu::S(alpha);
+  if (a.size() != b.size() || a.size() != o.size()) return 161002;
+  return emu::submit("aclnnForeachAddList", ws, ex, [=] {
+    for (size_t i = 0; i < a.size(); ++i) o[i].write(at::add(a[i].get(), b[i].get(), s));
+  }, a.empty());
+}
+ACLNN_RUN(aclnnForeachAddList)
+// aclnnKlDivBackward(gradOutput, self, target, reduction, logTarget, gradInput): the gradient w.r.t. self,
+// -target·g (or -e^target·g), scaled by 1/numel(broadcast) for mean and 1/broadcast[0] for batchmean, summed
+// to self's shape (docs/aclnn_reference.md §4). torch.nn.KLDivLoss's backward on the NPU runs it.
+EMU_API aclnnStatus aclnnKlDivBackwardGetWorkspaceSize(const aclTensor* gradOutput, const aclTensor* self,
+                                                       const aclTensor* target, int64_t reduction, bool logTarget,
+                                                       aclTensor* gradInput, uint64_t* ws, aclOpExecutor** ex) {
+  ACLNN_CHECK_NOTNULL("aclnnKlDivBackward", gradOutput, self, target, gradInput);
+  auto g = T(gradOutput), x = T(self), t = T(target), o = T(gradInput);
+  return emu::submit("aclnnKlDivBackward", ws, ex, [=] {
+    auto xf = x.get().to(at::kFloat), tf = t.get().to(at::kFloat), gf = g.get().to(at::kFloat);
+    auto shape = at::infer_size(xf.sizes(), tf.sizes());
+    auto grad = (logTarget ? -tf.exp() : -tf) * gf;
+    grad = grad.expand(shape);
+    const int64_t n = c10::multiply_integers(shape);
+    if (reduction == 1 && n > 0) grad = grad / static_cast<double>(n);
+    if (reduction == 3 && !shape.empty() && shape[0] > 0) grad = grad / static_cast<double>(shape[0]);
+    o.write(at::sum_to(grad.contiguous(), xf.sizes()));
+  }, o.numel() == 0);
+}
+ACLNN_RUN(aclnnKlDivBackward)
 // aclnnSigmoidBackward(gradOutput, output, gradInput): g·y·(1 − y)
 EMU_API aclnnStatus aclnnSigmoidBackwardGetWorkspaceSize(const aclTensor* grad, const aclTensor* output,
                                                          aclTensor* out, uint64_t* ws, aclOpExecutor** ex) {

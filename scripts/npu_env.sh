@@ -21,9 +21,9 @@ setup_npu_venv() {
   local py="${PYTHON:-python3.11}"
   command -v "$py" >/dev/null 2>&1 || py=python3
   export PIP_DISABLE_PIP_VERSION_CHECK=1
-  if [[ "${NPU_LOSS_OPS_FRESH_VENV:-0}" == "1" && -z "${_NPU_VENV_FRESHENED:-}" ]]; then
+  if [[ "${NPU_LOSS_OPS_FRESH_VENV:-0}" == "1" ]]; then
+    _npu_log "removing $NPU_VENV_DIR (fresh venv requested)"
     rm -rf "$NPU_VENV_DIR"
-    export _NPU_VENV_FRESHENED=1  # once per CI run, not once per script
   fi
   if [[ ! -x "$NPU_VENV_DIR/bin/python" ]]; then
     _npu_log "creating $NPU_VENV_DIR"

@@ -87,7 +87,7 @@ run() {
     "$@"
   ) >"$log" 2>&1 || rc=$?
   # The per-kind counts and the pytest summary, into CI's log.
-  grep -E '^(npu-suite|=+ .*(passed|failed|error)|[0-9]+ (passed|failed)|OK:|MISMATCH)' "$log" || tail -n 30 "$log"
+  grep -E '^(npu-suite|NPU |=+ .*(passed|failed|error)|[0-9]+ (passed|failed)|OK:|MISMATCH)' "$log" || tail -n 30 "$log"
   print_trace "$name" "$LOG_DIR/$name.trace.json" || rc=1
   SUMMARY+=("$(printf '%-28s %-6s %4ss  %s' "$name" "$([[ $rc == 0 ]] && echo ok || echo FAIL)" "$((SECONDS - t0))" \
     "$(grep -Eo '[0-9]+ passed[^=]*' "$log" | tail -n 1)")")

@@ -255,6 +255,11 @@ def pytest_terminal_summary(terminalreporter, exitstatus, config):
     chip = _chip()
     prefix = "npu-suite" if "npu" in DEVICES else "device-suite"
     terminalreporter.section(f"device suite on {','.join(DEVICES)} ({chip})")
+    if "npu" in DEVICES:
+        info = npu_loss_ops.build_info()
+        terminalreporter.write_line(
+            f"{prefix} {chip} npu_kernels_available()={npu_loss_ops.npu_kernels_available()} "
+            f"chip family: {info.get('npu_chip', '-')} ({info['npu_reason']})")
     total = collections.Counter()
     for kind in sorted(_counts):
         c = _counts[kind]

@@ -31,9 +31,7 @@ from __future__ import annotations
 import argparse
 import datetime
 import os
-import platform
 import statistics
-import subprocess
 import sys
 import time
 import warnings
@@ -43,6 +41,7 @@ import torch.nn.functional as F
 from torch.utils.benchmark import Timer
 
 import npu_loss_ops
+from bench_losses import cpu_model, git_revision  # the same run metadata as the kernel benchmark
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 LOSSES = ("smooth_l1_loss", "l1_loss", "kl_div")
@@ -201,25 +200,6 @@ def time_interleaved(variants, rounds: int, min_run_time: float, clock: str) -> 
 
 def stats_us(times: list[float]) -> tuple[float, float, float]:
     return tuple(1e6 * v for v in (statistics.median(times), quantile(times, 0.2), quantile(times, 0.8)))
-
-
-def git_revision() -> str:
-    try:
-        return subprocess.run(["git", "-C", REPO, "rev-parse", "--short", "HEAD"], capture_output=True, text=True,
-                              check=True).stdout.strip()
-    except (OSError, subprocess.CalledProcessError):
-        return "unknown"
-
-
-def cpu_model() -> str:
-    try:
-        with open("/proc/cpuinfo") as f:
-            for line in f:
-                if line.startswith("model name"):
-                    return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or platform.machine()
 
 
 TARGETS = {"step": 0.95, "per-sample": 1.2}

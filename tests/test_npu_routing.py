@@ -23,6 +23,9 @@ DTYPES = [torch.float32, torch.float16, torch.bfloat16]
 # The beta classes the routing distinguishes: 0 (the L1 gradient), below the 950 kernel's 1e-6 limit,
 # small enough that the TBE kernels' beta + 1e-6 bias exceeds float32's tolerance (and float16's at 1e-4),
 # an ordinary beta, and +inf (the 950 kernel's d * (1/beta) is NaN at d = +-inf).
+# The tolerance each dtype's result is compared with, which is also the bias the routing accepts from the
+# TBE kernels' beta + 1e-6 divisor (about one unit in the last place of a typical gradient).
+TOLERANCE = {torch.float32: 1e-5, torch.float16: 1e-3, torch.bfloat16: 1.6e-2}
 BETAS = [0.0, 1e-7, 1e-4, 1e-3, 1.0, float("inf")]
 
 
@@ -54,8 +57,7 @@ def have(api):
 
 
 def tbe_bias_ok(beta, dtype):
-    tolerance = {torch.float32: 1e-5, torch.float16: 1e-3, torch.bfloat16: 1.6e-2}[dtype]
-    return beta == 0 or 1e-6 / beta <= tolerance
+    return beta == 0 or 1e-6 / beta <= TOLERANCE[dtype]
 
 
 def expected_api(op, dtype, beta=1.0, log_target=False):
@@ -129,8 +131,7 @@ def test_aclnn_api_per_chip(npu, op, dtype, beta, log_target):
     assert ran == ({api} if api else set()), f"{op} on {family()}: ran {sorted(ran)}, expected {api or 'composite'}"
     assert not [k for k in trace if k.startswith("aclop:")], f"the aclop path was taken: {trace}"
     assert not [k for k in trace if "GetWorkspaceSize:" in k], f"an aclnn call was rejected: {trace}"
-    tol = {torch.float32: 1e-5, torch.float16: 1e-3, torch.bfloat16: 1.6e-2}[dtype]
-    torch.testing.assert_close(got, want, rtol=tol, atol=tol)
+    torch.testing.assert_close(got, want, rtol=TOLERANCE[dtype], atol=TOLERANCE[dtype])
 
 
 def test_chip_reported_before_first_op(npu):
@@ -166,8 +167,7 @@ def test_older_cann_without_the_loss_apis_runs_the_composite(npu):
     for op, dtype, beta, log_target in CASES[::3]:
         got, want, trace = call(op, dtype, beta, log_target, npu)
         assert not set(trace) & LOSS_APIS
-        tol = {torch.float32: 1e-5, torch.float16: 1e-3, torch.bfloat16: 1.6e-2}[dtype]
-        torch.testing.assert_close(got, want, rtol=tol, atol=tol)
+        torch.testing.assert_close(got, want, rtol=TOLERANCE[dtype], atol=TOLERANCE[dtype])
 
 
 FRACTAL_NZ = 29

@@ -20,7 +20,7 @@ void kl_div_target_backward_into(
     return;
   }
   const Chip chip = current_chip();
-  if (chip == Chip::Tbe910 || chip == Chip::CompositeOnly || !aclnn_api_available("aclnnKlDivTargetBackward")) {
+  if (chip == Chip::Tbe910 || chip == Chip::CompositeOnly || !NPU_LOSS_HAS_ACLNN(aclnnKlDivTargetBackward)) {
     // aclnnKlDivTargetBackward supports no dtype on Ascend 910/310P, and 310B has no aclnn loss API.
     out.copy_(composite::kl_div_target_backward(grad_output, self, target, reduction, log_target));
     return;
@@ -56,7 +56,7 @@ at::Tensor kl_div_npu(const at::Tensor& self, const at::Tensor& target, int64_t 
   // Only the Ascend 950 kernel is documented to give 0 at target == 0 (the others' formula gives NaN), and
   // Ascend 910/310P lack bf16: those calls run the composite fallback.
   const Chip chip = current_chip();
-  const bool aclnn_serves = aclnn_api_available("aclnnKlDiv") &&
+  const bool aclnn_serves = NPU_LOSS_HAS_ACLNN(aclnnKlDiv) &&
       (chip == Chip::Regbase950 || (chip == Chip::Tbe910B && log_target) ||
        (chip == Chip::Tbe910 && log_target && !any_bfloat16({&self, &target})));
   if (!aclnn_serves) return composite::kl_div(self, target, reduction, log_target);

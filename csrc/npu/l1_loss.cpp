@@ -11,9 +11,9 @@ namespace {
 
 // aclnn's L1 kernels list bf16 from Ascend 910B on (910B, 910_93, 950); on Ascend 910/310P such calls, and
 // every call on a chip or CANN without the API, run the composite fallback.
-bool aclnn_serves(const char* api, std::initializer_list<const at::Tensor*> tensors) {
+bool aclnn_serves(bool api_present, std::initializer_list<const at::Tensor*> tensors) {
   const Chip chip = current_chip();
-  if (chip == Chip::CompositeOnly || !aclnn_api_available(api)) return false;
+  if (chip == Chip::CompositeOnly || !api_present) return false;
   return !(chip == Chip::Tbe910 && any_bfloat16(tensors));
 }
 
@@ -23,7 +23,7 @@ void l1_loss_backward_into(
     at::Tensor& out, const at::Tensor& grad_output, const at::Tensor& self, const at::Tensor& target,
     int64_t reduction) {
   if (out.numel() == 0) return;  // aclnn launches nothing for empty inputs
-  if (!aclnn_serves("aclnnL1LossBackward", {&out, &grad_output, &self, &target})) {
+  if (!aclnn_serves(NPU_LOSS_HAS_ACLNN(aclnnL1LossBackward), {&out, &grad_output, &self, &target})) {
     out.copy_(composite::l1_loss_backward(grad_output, self, target, reduction));
     return;
   }
@@ -37,7 +37,7 @@ at::Tensor l1_loss_npu(const at::Tensor& self, const at::Tensor& target, int64_t
   const c10::OptionalDeviceGuard guard(at::device_of(self));
   const auto spec = check_l1_loss(self, target, reduction);
   if (shape_numel(spec.broadcast_shape) == 0) return empty_forward(spec, reduction, self.options());
-  if (!aclnn_serves("aclnnL1Loss", {&self, &target})) return composite::l1_loss(self, target, reduction);
+  if (!aclnn_serves(NPU_LOSS_HAS_ACLNN(aclnnL1Loss), {&self, &target})) return composite::l1_loss(self, target, reduction);
   at::Tensor out = at::empty(spec.shape, self.options().dtype(spec.dtype));
   at::Tensor self_nd = base_format(self), target_nd = base_format(target);
   NPU_LOSS_EXEC_ACLNN(aclnnL1Loss, self_nd, target_nd, reduction, out);

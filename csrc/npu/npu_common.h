@@ -39,6 +39,11 @@ const char* chip_family_name(Chip chip);
 // checks it: an older toolkit may lack one, and EXEC_NPU_CMD_EXT would then fail from inside the macro.
 bool aclnn_api_available(const char* name);
 
+// aclnn_api_available cached at the call site: the answer is fixed for the process, so an op call pays no
+// lock or lookup for it.
+#define NPU_LOSS_HAS_ACLNN(api) \
+  ([] { static const bool present = ::npu_loss::npu::aclnn_api_available(#api); return present; }())
+
 bool any_bfloat16(std::initializer_list<const at::Tensor*> tensors);
 
 // The aclnn loss kernels reject private NPU storage formats (NZ, 5HD, ...) with 161002, which

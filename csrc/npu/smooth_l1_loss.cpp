@@ -45,7 +45,7 @@ BackwardPath backward_path(
     case Chip::Tbe910B:
       // The TBE kernel at beta == 0 is already sign(d) with sign(0) = 0 and 0 at a NaN, the package's
       // result; aclnnL1LossBackward would give -grad at a NaN on these chips.
-      if (!tbe_beta_bias_acceptable(beta, out.scalar_type()) || !aclnn_api_available("aclnnSmoothL1LossBackward")) {
+      if (!tbe_beta_bias_acceptable(beta, out.scalar_type()) || !NPU_LOSS_HAS_ACLNN(aclnnSmoothL1LossBackward)) {
         return BackwardPath::Composite;
       }
       return BackwardPath::SmoothL1;
@@ -53,10 +53,10 @@ BackwardPath backward_path(
       // The regbase kernel gives NaN where |d| < beta for beta < 1e-6, and at d == 0 for beta == 0 with a
       // tensor grad_output; its L1 kernel gives sign(d) with sign(0) = 0 and 0 at a NaN.
       if (beta == 0) {
-        return aclnn_api_available("aclnnL1LossBackward") ? BackwardPath::L1 : BackwardPath::Composite;
+        return NPU_LOSS_HAS_ACLNN(aclnnL1LossBackward) ? BackwardPath::L1 : BackwardPath::Composite;
       }
       // At beta == +inf it multiplies d by 1/beta = 0, which is NaN at d = +-inf (the result there is +-grad).
-      if (beta < kRegbaseMinBeta || std::isinf(beta) || !aclnn_api_available("aclnnSmoothL1LossBackward")) {
+      if (beta < kRegbaseMinBeta || std::isinf(beta) || !NPU_LOSS_HAS_ACLNN(aclnnSmoothL1LossBackward)) {
         return BackwardPath::Composite;
       }
       return BackwardPath::SmoothL1;
@@ -97,7 +97,7 @@ void smooth_l1_loss_backward_into(
 
 // aclnnSmoothL1Loss lists bf16 only from Ascend 910B on.
 bool forward_on_aclnn(Chip chip, const at::Tensor& self, const at::Tensor& target) {
-  if (chip == Chip::CompositeOnly || !aclnn_api_available("aclnnSmoothL1Loss")) return false;
+  if (chip == Chip::CompositeOnly || !NPU_LOSS_HAS_ACLNN(aclnnSmoothL1Loss)) return false;
   return !(chip == Chip::Tbe910 && any_bfloat16({&self, &target}));
 }
 

@@ -1,6 +1,7 @@
 #include "checks.h"
 
 #include <ATen/native/TypeProperties.h>
+#include <ATen/ops/empty.h>
 #include <c10/core/ScalarType.h>
 #include <c10/util/Exception.h>
 
@@ -164,6 +165,19 @@ int64_t shape_numel(c10::IntArrayRef shape) {
   return n;
 }
 
+c10::MemoryFormat result_memory_format(
+    c10::IntArrayRef shape, std::initializer_list<const at::Tensor*> operands_by_priority) {
+  if (shape.size() != 4 && shape.size() != 5) return c10::MemoryFormat::Contiguous;
+  for (const auto* t : operands_by_priority) {
+    if (t->sizes() == shape) return t->suggest_memory_format();
+  }
+  return c10::MemoryFormat::Contiguous;
+}
+
+at::Tensor empty_result(const ResultSpec& spec, const at::TensorOptions& options) {
+  return at::empty(spec.shape, options.dtype(spec.dtype), spec.memory_format);
+}
+
 double reduction_scale(int64_t reduction, int64_t count) {
   return reduction == static_cast<int64_t>(Reduction::Mean) ? 1.0 / static_cast<double>(count) : 1.0;
 }
@@ -177,7 +191,8 @@ ResultSpec check_smooth_l1_loss(
   check_dims(op, args);
   auto b = broadcast_shapes(op, args);
   c10::DimVector shape = reduction == 0 ? b : c10::DimVector{};
-  return {shape, result_type_of(args), b};
+  const auto format = result_memory_format(shape, {&self, &target});
+  return {shape, result_type_of(args), b, format};
 }
 
 ResultSpec check_smooth_l1_loss_backward(
@@ -190,7 +205,7 @@ ResultSpec check_smooth_l1_loss_backward(
   check_beta(op, beta);
   check_dims(op, args);
   auto b = broadcast_shapes(op, args);
-  return {b, self.scalar_type(), b};
+  return {b, self.scalar_type(), b, result_memory_format(b, {&self, &target, &grad_output})};
 }
 
 ResultSpec check_l1_loss(const at::Tensor& self, const at::Tensor& target, int64_t reduction) {
@@ -200,7 +215,8 @@ ResultSpec check_l1_loss(const at::Tensor& self, const at::Tensor& target, int64
   check_dims(op, args);
   auto b = broadcast_shapes(op, args);
   c10::DimVector shape = reduction == 0 ? b : c10::DimVector{};
-  return {shape, result_type_of(args), b};
+  const auto format = result_memory_format(shape, {&self, &target});
+  return {shape, result_type_of(args), b, format};
 }
 
 ResultSpec check_l1_loss_backward(
@@ -211,7 +227,7 @@ ResultSpec check_l1_loss_backward(
   check_common(op, args, reduction);
   check_dims(op, args);
   auto b = broadcast_shapes(op, args);
-  return {b, result_type_of(args), b};
+  return {b, result_type_of(args), b, result_memory_format(b, {&self, &target, &grad_output})};
 }
 
 ResultSpec check_kl_div(const at::Tensor& self, const at::Tensor& target, int64_t reduction) {
@@ -221,7 +237,8 @@ ResultSpec check_kl_div(const at::Tensor& self, const at::Tensor& target, int64_
   check_dims(op, args);
   auto b = broadcast_shapes(op, args);
   c10::DimVector shape = reduction == 0 ? b : c10::DimVector{};
-  return {shape, result_type_of(args), b};
+  const auto format = result_memory_format(shape, {&self, &target});
+  return {shape, result_type_of(args), b, format};
 }
 
 ResultSpec check_kl_div_target_backward(
@@ -237,7 +254,8 @@ ResultSpec check_kl_div_target_backward(
       with_grad == b, op, ": grad_output of shape ", grad_output.sizes(),
       " must broadcast to the shape of broadcast(self, target) ", c10::IntArrayRef(b),
       " without enlarging it");
-  return {c10::DimVector(target.sizes()), target.scalar_type(), b};
+  return {c10::DimVector(target.sizes()), target.scalar_type(), b,
+          result_memory_format(target.sizes(), {&target})};
 }
 
 void check_out(

@@ -18,11 +18,13 @@ enum class Reduction : int64_t { None = 0, Mean = 1, Sum = 2 };
 
 constexpr int64_t kMaxDims = 8;
 
-// What an op returns: its shape, its dtype, and the shape all inputs broadcast to.
+// What an op returns: its shape, its dtype, the shape all inputs broadcast to, and the memory format a
+// result this op allocates gets (see result_memory_format; out= tensors keep their own layout).
 struct ResultSpec {
   c10::DimVector shape;
   c10::ScalarType dtype;
   c10::DimVector broadcast_shape;
+  c10::MemoryFormat memory_format = c10::MemoryFormat::Contiguous;
 };
 
 // A named tensor argument, for messages.
@@ -54,6 +56,16 @@ enum class OutDtype {
 void check_out(
     const char* op, const char* name, const at::Tensor& out, const ResultSpec& spec, OutDtype rule,
     std::initializer_list<NamedTensor> inputs);
+
+// The layout of an op's result, as TensorIterator lays out an elementwise output: the suggested memory
+// format (channels_last for a 4-D NHWC tensor, channels_last_3d for a 5-D NDHWC one, else contiguous) of
+// the first operand, in priority order, that has the result's full shape; contiguous when none has it.
+// docs/semantics.md ("Memory format") lists each op's operand order.
+c10::MemoryFormat result_memory_format(
+    c10::IntArrayRef shape, std::initializer_list<const at::Tensor*> operands_by_priority);
+
+// A new tensor for `spec`'s result: its shape, dtype and memory format, with `options`' device.
+at::Tensor empty_result(const ResultSpec& spec, const at::TensorOptions& options);
 
 // float64 runs on CPU and the fallback, never on the NPU.
 bool float64_allowed(const at::Tensor& t);

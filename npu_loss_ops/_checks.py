@@ -18,6 +18,20 @@ class ResultSpec(NamedTuple):
     shape: list
     dtype: torch.dtype
     broadcast_shape: list
+    memory_format: torch.memory_format = torch.contiguous_format
+
+
+def result_memory_format(shape: list, operands_by_priority: Sequence[torch.Tensor]) -> torch.memory_format:
+    """The suggested memory format of the first operand that has the result's full shape (channels_last
+    for a 4-D NHWC tensor, channels_last_3d for a 5-D NDHWC one), else contiguous."""
+    if len(shape) not in (4, 5):
+        return torch.contiguous_format
+    from torch._prims_common import suggest_memory_format  # Tensor.suggest_memory_format() in Python
+
+    for t in operands_by_priority:
+        if list(t.shape) == list(shape):
+            return suggest_memory_format(t)
+    return torch.contiguous_format
 
 
 def _npu_type() -> str:
@@ -141,7 +155,8 @@ def check_smooth_l1_loss(self, target, reduction: int, beta: float) -> ResultSpe
     _check_beta(op, beta)
     _check_dims(op, args)
     b = _broadcast(op, args)
-    return ResultSpec(b if reduction == 0 else [], _result_type([self, target]), b)
+    shape = b if reduction == 0 else []
+    return ResultSpec(shape, _result_type([self, target]), b, result_memory_format(shape, [self, target]))
 
 
 def check_smooth_l1_loss_backward(grad_output, self, target, reduction: int, beta: float) -> ResultSpec:
@@ -151,7 +166,7 @@ def check_smooth_l1_loss_backward(grad_output, self, target, reduction: int, bet
     _check_beta(op, beta)
     _check_dims(op, args)
     b = _broadcast(op, args)
-    return ResultSpec(b, self.dtype, b)
+    return ResultSpec(b, self.dtype, b, result_memory_format(b, [self, target, grad_output]))
 
 
 def check_l1_loss(self, target, reduction: int) -> ResultSpec:
@@ -160,7 +175,8 @@ def check_l1_loss(self, target, reduction: int) -> ResultSpec:
     _check_common(op, args, reduction)
     _check_dims(op, args)
     b = _broadcast(op, args)
-    return ResultSpec(b if reduction == 0 else [], _result_type([self, target]), b)
+    shape = b if reduction == 0 else []
+    return ResultSpec(shape, _result_type([self, target]), b, result_memory_format(shape, [self, target]))
 
 
 def check_l1_loss_backward(grad_output, self, target, reduction: int) -> ResultSpec:
@@ -169,7 +185,8 @@ def check_l1_loss_backward(grad_output, self, target, reduction: int) -> ResultS
     _check_common(op, args, reduction)
     _check_dims(op, args)
     b = _broadcast(op, args)
-    return ResultSpec(b, _result_type([grad_output, self, target]), b)
+    dtype = _result_type([grad_output, self, target])
+    return ResultSpec(b, dtype, b, result_memory_format(b, [self, target, grad_output]))
 
 
 def check_kl_div(self, target, reduction: int) -> ResultSpec:
@@ -178,7 +195,8 @@ def check_kl_div(self, target, reduction: int) -> ResultSpec:
     _check_common(op, args, reduction)
     _check_dims(op, args)
     b = _broadcast(op, args)
-    return ResultSpec(b if reduction == 0 else [], _result_type([self, target]), b)
+    shape = b if reduction == 0 else []
+    return ResultSpec(shape, _result_type([self, target]), b, result_memory_format(shape, [self, target]))
 
 
 def check_kl_div_target_backward(grad_output, self, target, reduction: int) -> ResultSpec:
@@ -193,7 +211,8 @@ def check_kl_div_target_backward(grad_output, self, target, reduction: int) -> R
             f"{op}: grad_output of shape {_shape(grad_output)} must broadcast to the shape of "
             f"broadcast(self, target) {_shape(b)} without enlarging it"
         )
-    return ResultSpec(list(target.shape), target.dtype, b)
+    shape = list(target.shape)
+    return ResultSpec(shape, target.dtype, b, result_memory_format(shape, [target]))
 
 
 def _storage_key(t: torch.Tensor):

@@ -11,7 +11,7 @@ _register = torch.library.register_fake
 
 
 def _new_result(like: torch.Tensor, spec: _checks.ResultSpec) -> torch.Tensor:
-    return like.new_empty(spec.shape, dtype=spec.dtype)
+    return torch.empty(spec.shape, dtype=spec.dtype, device=like.device, memory_format=spec.memory_format)
 
 
 @_register("npu_loss::smooth_l1_loss")

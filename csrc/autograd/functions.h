@@ -51,11 +51,15 @@ inline at::Tensor expand_to(const at::Tensor& t, c10::SymIntArrayRef shape) {
   return t.sym_sizes() == shape ? t : t.expand_symint(shape);
 }
 
-// A gradient summed to `like`'s shape and cast to its dtype; undefined stays undefined.
+// A gradient summed to `like`'s shape, cast to its dtype and, for a 4-D or 5-D input, laid out in its
+// suggested memory format (a channels_last input gets a channels_last gradient; docs/semantics.md,
+// "Memory format"); undefined stays undefined.
 inline at::Tensor reduce_to(const at::Tensor& grad, const at::Tensor& like) {
   if (!grad.defined()) return grad;
   at::Tensor g = grad.sym_sizes() == like.sym_sizes() ? grad : at::sum_to(grad, like.sym_sizes());
-  return g.scalar_type() == like.scalar_type() ? g : g.to(like.scalar_type());
+  if (g.scalar_type() != like.scalar_type()) g = g.to(like.scalar_type());
+  if (like.dim() == 4 || like.dim() == 5) g = g.contiguous(like.suggest_memory_format());
+  return g;
 }
 
 // v / count for "mean", v otherwise (an empty count gives inf / NaN, as PyTorch's division does).

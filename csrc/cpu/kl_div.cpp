@@ -189,7 +189,7 @@ at::Tensor kl_div_target_backward_cpu(
     const at::Tensor& grad_output, const at::Tensor& self, const at::Tensor& target, int64_t reduction,
     bool log_target) {
   const auto spec = check_kl_div_target_backward(grad_output, self, target, reduction);
-  at::Tensor grad_target = at::empty(spec.shape, target.options());
+  at::Tensor grad_target = empty_result(spec, target.options());
   kl_div_target_backward_dispatch(grad_target, grad_output, self, target, reduction, log_target, spec);
   return grad_target;
 }

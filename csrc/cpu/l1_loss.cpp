@@ -55,7 +55,7 @@ void l1_loss_backward_into(
 at::Tensor l1_loss_backward_cpu(
     const at::Tensor& grad_output, const at::Tensor& self, const at::Tensor& target, int64_t reduction) {
   const auto spec = check_l1_loss_backward(grad_output, self, target, reduction);
-  at::Tensor grad_input = at::empty(spec.shape, self.options().dtype(spec.dtype));
+  at::Tensor grad_input = empty_result(spec, self.options());
   l1_loss_backward_into(grad_input, grad_output, self, target, reduction);
   return grad_input;
 }

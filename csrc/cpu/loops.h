@@ -1,7 +1,8 @@
 // Loop machinery shared by the CPU kernels.
 //
 // Two routes, chosen per call by dense_fast_path():
-//  * contiguous inputs of one dtype: plain loops over raw pointers that the compiler vectorizes. The loop
+//  * dense inputs of one dtype and one layout (contiguous, channels_last, any permutation): plain loops
+//    over raw pointers, in memory order, that the compiler vectorizes. The loop
 //    bodies are always_inline templates; each loss instantiates them inside functions marked
 //    NPU_LOSS_TARGET_CLONES, so the CPU's best ISA (AVX512, AVX2, baseline) is picked at load time.
 //  * everything else (broadcast, strides, mixed dtypes): TensorIterator + cpu_kernel.
@@ -182,11 +183,15 @@ double deterministic_sum(int64_t n, const ChunkSum& chunk_sum) {
   return total;
 }
 
-// True when every tensor is contiguous, has `shape` and `dtype` (the raw-pointer route applies).
+// True when the raw-pointer route applies: every tensor has `shape` and `dtype`, the first is dense (no
+// gaps, no overlap: contiguous, channels_last or any other permutation) and the others have its strides,
+// so element i of each is at the same offset from its data pointer. The loops then walk memory in order.
 inline bool dense_fast_path(
     c10::IntArrayRef shape, c10::ScalarType dtype, std::initializer_list<const at::Tensor*> tensors) {
+  const at::Tensor& first = **tensors.begin();
+  if (!first.is_non_overlapping_and_dense()) return false;
   for (const auto* t : tensors) {
-    if (t->scalar_type() != dtype || t->sizes() != shape || !t->is_contiguous()) return false;
+    if (t->scalar_type() != dtype || t->sizes() != shape || t->strides() != first.strides()) return false;
   }
   return true;
 }
@@ -212,7 +217,7 @@ void pointwise_strided(const at::Tensor& out, const Op& op, const Ts&... inputs)
     using A = acc_t<scalar_t>;
     const c10::ScalarType acc_dtype = c10::CppTypeToScalarType<A>::value;
     const bool direct = out.scalar_type() == in_dtype || out.scalar_type() == acc_dtype;
-    const at::Tensor dst = direct ? out : at::empty(out.sizes(), out.options().dtype(acc_dtype));
+    const at::Tensor dst = direct ? out : at::empty_like(out, out.options().dtype(acc_dtype));
     at::TensorIteratorConfig config;
     config.check_all_same_dtype(false).add_output(dst);
     const at::Tensor cast[] = {inputs.scalar_type() == in_dtype ? inputs : inputs.to(in_dtype)...};
@@ -256,9 +261,9 @@ at::Tensor loss_forward(
   const int64_t n = shape_numel(shape);
   const auto options = x.options().dtype(spec.dtype);
   if (reduction == static_cast<int64_t>(Reduction::None)) {
-    at::Tensor out = at::empty(shape, options);
+    at::Tensor out = empty_result(spec, x.options());
     if (n == 0) return out;
-    if (dense_fast_path(shape, spec.dtype, {&x, &t})) {
+    if (dense_fast_path(shape, spec.dtype, {&out, &x, &t})) {
       AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, spec.dtype, "npu_loss_forward", [&] {
         const scalar_t* xp = x.const_data_ptr<scalar_t>();
         const scalar_t* tp = t.const_data_ptr<scalar_t>();
@@ -298,8 +303,8 @@ void loss_backward_into(
   const int64_t n = out.numel();
   if (n == 0) return;
   const auto shape = out.sizes();
-  const bool g_dense = g.numel() == 1 || g.sizes() == shape;
-  if (g_dense && g.is_contiguous() && g.scalar_type() == out.scalar_type() &&
+  const bool g_scalar_or_dense = g.numel() == 1 || (g.sizes() == shape && g.strides() == out.strides());
+  if (g_scalar_or_dense && g.scalar_type() == out.scalar_type() &&
       dense_fast_path(shape, out.scalar_type(), {&out, &x, &t})) {
     AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, out.scalar_type(), "npu_loss_backward", [&] {
       using A = acc_t<scalar_t>;

@@ -74,7 +74,7 @@ at::Tensor smooth_l1_loss_backward_cpu(
     const at::Tensor& grad_output, const at::Tensor& self, const at::Tensor& target, int64_t reduction,
     double beta) {
   const auto spec = check_smooth_l1_loss_backward(grad_output, self, target, reduction, beta);
-  at::Tensor grad_input = at::empty(spec.shape, self.options().dtype(spec.dtype));
+  at::Tensor grad_input = empty_result(spec, self.options());
   smooth_l1_loss_backward_into(grad_input, grad_output, self, target, reduction, beta);
   return grad_input;
 }

@@ -37,7 +37,7 @@ void kl_div_target_backward_into(
     scaled.grad_output = scaled.grad_output.to(at::kFloat);
     self_nd = self_nd.to(at::kFloat);
     target_nd = target_nd.to(at::kFloat);
-    result = at::empty(out.sizes(), out.options().dtype(at::kFloat));
+    result = at::empty(out.sizes(), out.options().dtype(at::kFloat), out.suggest_memory_format());
   }
   NPU_LOSS_EXEC_ACLNN(
       aclnnKlDivTargetBackward, scaled.grad_output, self_nd, target_nd, scaled.reduction, log_target, result);
@@ -60,7 +60,7 @@ at::Tensor kl_div_npu(const at::Tensor& self, const at::Tensor& target, int64_t 
       (chip == Chip::Regbase950 || (chip == Chip::Tbe910B && log_target) ||
        (chip == Chip::Tbe910 && log_target && !any_bfloat16({&self, &target})));
   if (!aclnn_serves) return composite::kl_div(self, target, reduction, log_target);
-  at::Tensor out = at::empty(spec.shape, self.options().dtype(spec.dtype));
+  at::Tensor out = empty_result(spec, self.options());
   at::Tensor self_nd = base_format(self), target_nd = base_format(target);
   NPU_LOSS_EXEC_ACLNN(aclnnKlDiv, self_nd, target_nd, reduction, log_target, out);
   return out;
@@ -71,7 +71,7 @@ at::Tensor kl_div_target_backward_npu(
     bool log_target) {
   const c10::OptionalDeviceGuard guard(at::device_of(self));
   const auto spec = check_kl_div_target_backward(grad_output, self, target, reduction);
-  at::Tensor grad_target = at::empty(spec.shape, target.options());
+  at::Tensor grad_target = empty_result(spec, target.options());
   kl_div_target_backward_into(grad_target, grad_output, self, target, reduction, log_target, spec);
   return grad_target;
 }

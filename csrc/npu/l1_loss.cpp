@@ -38,7 +38,7 @@ at::Tensor l1_loss_npu(const at::Tensor& self, const at::Tensor& target, int64_t
   const auto spec = check_l1_loss(self, target, reduction);
   if (shape_numel(spec.broadcast_shape) == 0) return empty_forward(spec, reduction, self.options());
   if (!aclnn_serves(NPU_LOSS_HAS_ACLNN(aclnnL1Loss), {&self, &target})) return composite::l1_loss(self, target, reduction);
-  at::Tensor out = at::empty(spec.shape, self.options().dtype(spec.dtype));
+  at::Tensor out = empty_result(spec, self.options());
   at::Tensor self_nd = base_format(self), target_nd = base_format(target);
   NPU_LOSS_EXEC_ACLNN(aclnnL1Loss, self_nd, target_nd, reduction, out);
   return out;
@@ -48,7 +48,7 @@ at::Tensor l1_loss_backward_npu(
     const at::Tensor& grad_output, const at::Tensor& self, const at::Tensor& target, int64_t reduction) {
   const c10::OptionalDeviceGuard guard(at::device_of(self));
   const auto spec = check_l1_loss_backward(grad_output, self, target, reduction);
-  at::Tensor grad_input = at::empty(spec.shape, self.options().dtype(spec.dtype));
+  at::Tensor grad_input = empty_result(spec, self.options());
   l1_loss_backward_into(grad_input, grad_output, self, target, reduction);
   return grad_input;
 }

@@ -71,7 +71,7 @@ inline ScaledGrad mean_as_scaled_sum(const at::Tensor& grad_output, int64_t redu
 
 // Forward "sum"/"mean" of an empty broadcast shape, which aclnn returns early on: 0 and NaN, as in PyTorch.
 inline at::Tensor empty_forward(const ResultSpec& spec, int64_t reduction, const at::TensorOptions& options) {
-  at::Tensor out = at::empty(spec.shape, options.dtype(spec.dtype));
+  at::Tensor out = empty_result(spec, options);
   if (reduction == static_cast<int64_t>(Reduction::Sum)) out.zero_();
   if (reduction == static_cast<int64_t>(Reduction::Mean)) out.fill_(std::numeric_limits<double>::quiet_NaN());
   return out;

@@ -106,7 +106,7 @@ at::Tensor smooth_l1_loss_npu(const at::Tensor& self, const at::Tensor& target, 
   const auto spec = check_smooth_l1_loss(self, target, reduction, beta);
   if (shape_numel(spec.broadcast_shape) == 0) return empty_forward(spec, reduction, self.options());
   if (!forward_on_aclnn(current_chip(), self, target)) return composite::smooth_l1_loss(self, target, reduction, beta);
-  at::Tensor out = at::empty(spec.shape, self.options().dtype(spec.dtype));
+  at::Tensor out = empty_result(spec, self.options());
   const float beta_f = static_cast<float>(beta);
   at::Tensor self_nd = base_format(self), target_nd = base_format(target);
   NPU_LOSS_EXEC_ACLNN(aclnnSmoothL1Loss, self_nd, target_nd, reduction, beta_f, out);
@@ -118,7 +118,7 @@ at::Tensor smooth_l1_loss_backward_npu(
     double beta) {
   const c10::OptionalDeviceGuard guard(at::device_of(self));
   const auto spec = check_smooth_l1_loss_backward(grad_output, self, target, reduction, beta);
-  at::Tensor grad_input = at::empty(spec.shape, self.options().dtype(spec.dtype));
+  at::Tensor grad_input = empty_result(spec, self.options());
   smooth_l1_loss_backward_into(grad_input, grad_output, self, target, reduction, beta);
   return grad_input;
 }

@@ -27,7 +27,6 @@ pybind11::dict build_info() {
 #else
   info["openmp"] = false;
 #endif
-  info["torch_version"] = std::string(TORCH_VERSION);
   info["compiler"] = std::string(__VERSION__);
   return info;
 }

@@ -86,8 +86,11 @@ def npu_kernels_available() -> bool:
 
 
 def build_info() -> dict:
-    """What this installation runs: CPU kernel ISA, OpenMP, torch version, and the NPU kernels' status."""
+    """What this installation runs: CPU kernel ISA, OpenMP, the torch it was built against (its full
+    version, e.g. '2.13.0+cpu', equal to torch.__version__ or the import fails), and the NPU kernels'
+    status."""
     info = dict(_C.build_info())
+    info["torch_version"] = _BUILT_WITH_TORCH
     info["version"] = __version__
     info["npu_kernels"] = _npu_status["available"]
     info["npu_reason"] = _npu_status["reason"]

@@ -117,7 +117,8 @@ def compile_probe(define):
         os.path.join(include, "third_party", "op-plugin", "op_plugin", "include"),
         sysconfig.get_paths()["include"],
     ]
-    cmd = [os.environ.get("CXX", "c++"), "-std=c++17", "-fsyntax-only", f"-DCURRENT_VERSION=V{major}R{minor}"]
+    # C++20: the standard BuildExtension compiles the extension with (torch 2.13's headers are written for it).
+    cmd = [os.environ.get("CXX", "c++"), "-std=c++20", "-fsyntax-only", f"-DCURRENT_VERSION=V{major}R{minor}"]
     cmd += [f"-I{d}" for d in dirs]
     if define:
         cmd.append(f"-D{define}")

@@ -10,9 +10,11 @@
 #   PYTHON                   interpreter to build the venv from (default: python3.11, else python3)
 #   MAX_JOBS                 parallel compile jobs (default 2)
 
-REPO_ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+# The torch pin, its installer (_install_torch: which build, from where, printed) and the build progress
+# filter come from setup_env.sh.
+# shellcheck source=setup_env.sh
+source "$(dirname "${BASH_SOURCE[0]}")/setup_env.sh"
 NPU_VENV_DIR="${NPU_LOSS_OPS_NPU_VENV:-$REPO_ROOT/.venv-npu}"
-NPU_TORCH_PIN="torch==2.13.0"
 TORCH_NPU_PIN="torch-npu==2.13.0"
 
 _npu_log() { printf '[npu %s] %s\n' "$(date +%H:%M:%S)" "$*" >&2; }
@@ -34,8 +36,9 @@ setup_npu_venv() {
   # find_spec, never import: torch_npu's import needs CANN.
   if ! python -c 'import importlib.util as u, sys
 sys.exit(not all(u.find_spec(m) for m in ("torch", "torch_npu", "ninja", "pytest", "hypothesis", "expecttest", "numpy")))'; then
-    _npu_log "installing $NPU_TORCH_PIN, $TORCH_NPU_PIN (--no-deps: its requirements would pull another torch) and tools"
-    python -m pip install -q --progress-bar off "$NPU_TORCH_PIN" ninja setuptools wheel pyyaml numpy pytest \
+    _install_torch || return 1
+    _npu_log "installing $TORCH_NPU_PIN (--no-deps: its requirements would pull another torch) and tools"
+    python -m pip install -q --progress-bar off "$TORCH_PIN" ninja setuptools wheel pyyaml numpy pytest \
       expecttest hypothesis
     python -m pip install -q --progress-bar off --no-deps "$TORCH_NPU_PIN"
   fi
@@ -58,10 +61,19 @@ build_npu_package() {
   local src
   src="$(mktemp -d)"
   (cd "$REPO_ROOT" && git ls-files -co --exclude-standard -z | xargs -0 cp --parents -t "$src")
-  _npu_log "building npu_loss_ops with NPU_LOSS_OPS_NPU=1 (MAX_JOBS=${MAX_JOBS:-2}; about 3 minutes on 2 cores)"
+  local log="$REPO_ROOT/build/pip-build-npu.log" status
+  mkdir -p "$REPO_ROOT/build"
+  _npu_log "building npu_loss_ops with NPU_LOSS_OPS_NPU=1 (MAX_JOBS=${MAX_JOBS:-2}; 5 to 8 minutes on 2 cores; log: $log)"
   # Without CANN, torch_npu's backend autoload would make `import torch` in setup.py fail.
   (cd "$src" && TORCH_DEVICE_BACKEND_AUTOLOAD=0 NPU_LOSS_OPS_NPU=1 MAX_JOBS="${MAX_JOBS:-2}" \
-    python -m pip install -q --progress-bar off --no-build-isolation --no-deps --force-reinstall .)
+    python -m pip install -v --progress-bar off --no-build-isolation --no-deps --force-reinstall . 2>&1
+    echo "pip-exit-status $?") | tee "$log" | REPO_ROOT="$src" _show_build_progress
   rm -rf "$src"
+  status="$(sed -n 's/^pip-exit-status //p' "$log" | tail -n 1)"
+  if [[ "$status" != "0" ]]; then
+    _npu_log "the build failed (pip exit status ${status:-unknown}); the end of $log:"
+    grep -v '^pip-exit-status' "$log" | tail -n 60 >&2
+    return 1
+  fi
   echo "$digest" >"$stamp"
 }

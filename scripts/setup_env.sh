@@ -9,11 +9,18 @@
 #   PYTHON                   interpreter to build the venv from (default: python3.11, else python3 if 3.11)
 #   NPU_LOSS_OPS_REBUILD     1 = rebuild the extension even when it looks up to date
 #   MAX_JOBS                 parallel compile jobs (default 2)
+#   NPU_LOSS_OPS_TORCH       which torch==2.13.0 build to install (see _install_torch):
+#                              cpu (default)  the CPU build: a +cpu wheel pip already finds without an index
+#                                             (a local wheel directory), else PyTorch's CPU wheel index
+#                              pypi           whatever the configured index gives (from PyPI on x86-64
+#                                             Linux: the CUDA build and its nvidia-* packages, several GB)
+#   NPU_LOSS_OPS_TORCH_INDEX the CPU wheel index (default https://download.pytorch.org/whl/cpu)
 
 REPO_ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 VENV_DIR="${NPU_LOSS_OPS_VENV:-$REPO_ROOT/.venv}"
 # The only torch the extension is built and tested against; a looser pin pulls a multi-GB CUDA build.
 TORCH_PIN="torch==2.13.0"
+TORCH_CPU_INDEX="${NPU_LOSS_OPS_TORCH_INDEX:-https://download.pytorch.org/whl/cpu}"
 DEBIAN_PACKAGES="python3 python3-dev python3-venv g++"
 
 _setup_log() { printf '[setup %s] %s\n' "$(date +%H:%M:%S)" "$*" >&2; }
@@ -104,10 +111,72 @@ _pip() {
   python -m pip install "${quiet[@]}" "$@"
 }
 
-# True when the venv has the package installed and the compiled _C is newer than every build input.
+# The torch==2.13.0 already in the venv (its full version), or nothing.
+_installed_torch() {
+  python - <<'PY' 2>/dev/null
+import importlib.metadata as m
+try:
+    print(m.version("torch"))
+except m.PackageNotFoundError:
+    pass
+PY
+}
+
+# The torch==2.13.0 wheel pip resolves without any index (from find-links, such as a local wheel
+# directory in pip's configuration), as "version location", or nothing. Nothing is downloaded.
+_local_torch_wheel() {
+  local report
+  report="$(python -m pip install --dry-run --no-index --no-deps --ignore-installed --quiet --report - \
+    "$TORCH_PIN" 2>/dev/null)" || return 0
+  python -c 'import json, sys
+items = json.loads(sys.stdin.read() or "{}").get("install", [])
+if items:
+    from urllib.parse import unquote
+    print(items[0]["metadata"]["version"], unquote(items[0]["download_info"]["url"]))' <<<"$report" 2>/dev/null
+}
+
+# Installs torch==2.13.0 unless the venv has it, saying which build and from where (NPU_LOSS_OPS_TORCH).
+_install_torch() {
+  local choice="${NPU_LOSS_OPS_TORCH:-cpu}" have local_wheel cmd
+  have="$(_installed_torch)"
+  if [[ "$have" == 2.13.0 || "$have" == 2.13.0+* ]]; then
+    _setup_log "torch $have is already in the venv; keeping it"
+    return 0
+  fi
+  case "$choice" in
+    cpu)
+      local_wheel="$(_local_torch_wheel)"
+      if [[ "${local_wheel%% *}" == *+cpu ]]; then
+        _setup_log "torch: the CPU build torch ${local_wheel%% *}, which pip finds without an index: ${local_wheel#* }"
+        cmd=(python -m pip install "$TORCH_PIN")
+      else
+        _setup_log "torch: the CPU build from PyTorch's CPU wheel index $TORCH_CPU_INDEX"
+        cmd=(python -m pip install "$TORCH_PIN" --index-url "$TORCH_CPU_INDEX")
+      fi
+      ;;
+    pypi)
+      _setup_log "torch: $TORCH_PIN as the configured index resolves it (from PyPI on x86-64 Linux: the CUDA build, several GB)"
+      cmd=(python -m pip install "$TORCH_PIN")
+      ;;
+    *)
+      _setup_log "NPU_LOSS_OPS_TORCH must be 'cpu' or 'pypi', got '$choice'"
+      return 1
+      ;;
+  esac
+  _setup_log "running: ${cmd[*]}"
+  PIP_DISABLE_PIP_VERSION_CHECK=1 "${cmd[@]}" ${CI:+--progress-bar off} || {
+    _setup_log "installing torch failed: is the index reachable? NPU_LOSS_OPS_TORCH_INDEX=<url> names a mirror of it, NPU_LOSS_OPS_TORCH=pypi uses the configured index"
+    return 1
+  }
+  _setup_log "installed torch $(_installed_torch)"
+}
+
+# True when the venv has the package installed, it imports (it was built against this torch), and the
+# compiled _C is newer than every build input.
 _extension_up_to_date() {
   [[ "${NPU_LOSS_OPS_REBUILD:-0}" == "1" ]] && return 1
   python -c 'import importlib.metadata as m; m.version("npu_loss_ops")' 2>/dev/null || return 1
+  (cd "$REPO_ROOT" && python -c 'import npu_loss_ops' 2>/dev/null) || return 1
   local so
   so="$(compgen -G "$REPO_ROOT/npu_loss_ops/_C.*.so" | head -n 1)" || return 1
   [[ -n "$so" ]] || return 1
@@ -117,15 +186,38 @@ _extension_up_to_date() {
 # Editable install: the compiled _C lands inside npu_loss_ops/ in the repo, so running pytest or the
 # example from the repo root imports the package together with its extension (a plain install would let
 # the source directory shadow the installed copy, which has the .so). pip builds editables in a temporary
-# directory, i.e. from scratch every time, hence the up-to-date check.
+# directory, i.e. from scratch every time, hence the up-to-date check. pip runs verbosely into a log, and
+# ninja's "[n/m]" step lines are shown as they come, one per compiled file.
 _build_extension() {
   if _extension_up_to_date; then
     _setup_log "extension up to date, not rebuilding (NPU_LOSS_OPS_REBUILD=1 forces it)"
     return 0
   fi
-  _setup_log "building npu_loss_ops (MAX_JOBS=${MAX_JOBS:-2}; a few minutes on 2 cores)"
-  (cd "$REPO_ROOT" && MAX_JOBS="${MAX_JOBS:-2}" python -m pip install --no-build-isolation --no-deps \
-    ${CI:+--progress-bar off} -e .)
+  local log="$REPO_ROOT/build/pip-build.log" status
+  mkdir -p "$REPO_ROOT/build"
+  _setup_log "building npu_loss_ops with MAX_JOBS=${MAX_JOBS:-2}: 3 to 5 minutes on 2 cores (full log: $log)"
+  (cd "$REPO_ROOT" && MAX_JOBS="${MAX_JOBS:-2}" python -m pip install -v --no-build-isolation --no-deps \
+    ${CI:+--progress-bar off} -e . 2>&1; echo "pip-exit-status $?") | tee "$log" | _show_build_progress
+  status="$(sed -n 's/^pip-exit-status //p' "$log" | tail -n 1)"
+  if [[ "$status" != "0" ]]; then
+    _setup_log "the build failed (pip exit status ${status:-unknown}); the end of $log:"
+    grep -v '^pip-exit-status' "$log" | tail -n 60 >&2
+    return 1
+  fi
+}
+
+# Ninja's "[3/11] c++ ... -c /path/csrc/checks.cpp -o ..." lines become "[build 12:00:01] [3/11] compiled
+# csrc/checks.cpp", and the link of each library "[build 12:00:09] linked npu_loss_ops/_C....so".
+_show_build_progress() {
+  local line compiled='^[[:space:]]*\[([0-9]+/[0-9]+)\] .* -c ([^ ]+)' linked=' -shared .* -o [^ ]*(npu_loss_ops/[^ /]+[.]so)'
+  while IFS= read -r line; do
+    if [[ "$line" =~ $compiled ]]; then
+      printf '[build %s] [%s] compiled %s\n' "$(date +%H:%M:%S)" "${BASH_REMATCH[1]}" \
+        "${BASH_REMATCH[2]#"$REPO_ROOT"/}" >&2
+    elif [[ "$line" =~ $linked ]]; then
+      printf '[build %s] linked %s\n' "$(date +%H:%M:%S)" "${BASH_REMATCH[1]}" >&2
+    fi
+  done
 }
 
 setup_env() {
@@ -133,7 +225,8 @@ setup_env() {
   _ensure_prerequisites || return 1
   _make_venv "$(_find_python)" || return 1
   t1=$SECONDS
-  _setup_log "installing $TORCH_PIN and tools: ninja setuptools wheel $*"
+  _install_torch || return 1
+  _setup_log "installing tools: ninja setuptools wheel $*"
   _pip "$TORCH_PIN" ninja setuptools wheel "$@" || return 1
   _setup_log "packages ready in $((SECONDS - t1))s"
   t1=$SECONDS

@@ -42,7 +42,6 @@ import math
 import os
 import platform
 import statistics
-import subprocess
 import sys
 import time
 import warnings
@@ -53,10 +52,9 @@ import torch
 import torch.nn.functional as F
 
 import npu_loss_ops
+from bench_common import HERE, REPO, cpu_model, extension_stamp, git_revision, load_average, quantile
 from npu_loss_ops.version import __version__ as npu_loss_ops_version
 
-HERE = os.path.dirname(os.path.abspath(__file__))
-REPO = os.path.dirname(HERE)
 REDUCTIONS = {"none": 0, "mean": 1, "sum": 2}
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 DTYPE_SHORT = {"float32": "fp32", "bfloat16": "bf16", "float16": "fp16"}
@@ -364,46 +362,7 @@ def time_variants(variants: list[Variant], args) -> None:
             gc.enable()
 
 
-def quantile(values: list[float], q: float) -> float:
-    if len(values) < 2:
-        return values[0]
-    return statistics.quantiles(values, n=100, method="inclusive")[round(q * 100) - 1]
-
-
 # ----------------------------------------------------------------------------------------------- metadata
-
-
-def git_revision() -> str:
-    try:
-        rev = subprocess.run(["git", "-C", REPO, "rev-parse", "--short", "HEAD"], capture_output=True, text=True,
-                             check=True).stdout.strip()
-        dirty = subprocess.run(["git", "-C", REPO, "status", "--porcelain", "--untracked-files=no", "--", "csrc",
-                                "npu_loss_ops", "setup.py"], capture_output=True, text=True, check=True).stdout.strip()
-        return rev + ("-dirty" if dirty else "")
-    except (OSError, subprocess.CalledProcessError):
-        return "unknown"
-
-
-def cpu_model() -> str:
-    try:
-        with open("/proc/cpuinfo") as f:
-            for line in f:
-                if line.startswith("model name"):
-                    return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or platform.machine()
-
-
-def extension_stamp() -> str:
-    """The loaded _C library and its modification time (the extension is rebuilt in place during development)."""
-    path = npu_loss_ops._C.__file__
-    mtime = datetime.datetime.fromtimestamp(os.path.getmtime(path), datetime.timezone.utc)
-    return f"{os.path.relpath(path, REPO)} built {mtime.isoformat(timespec='seconds')}"
-
-
-def load_average() -> float:
-    return os.getloadavg()[0] if hasattr(os, "getloadavg") else float("nan")
 
 
 def metadata(args, command: str) -> dict[str, str]:

@@ -182,7 +182,9 @@ def time_interleaved(variants, rounds: int, min_run_time: float, clock: str) -> 
     for r in range(rounds):
         start = r % len(keys)
         for k in keys[start:] + keys[:start]:
-            timer = Timer(stmt="fn()", globals={"fn": variants[k]}, timer=CLOCKS[clock])
+            # Timer sets torch's thread count to its num_threads (default 1) while it measures: pass --threads.
+            timer = Timer(stmt="fn()", globals={"fn": variants[k]}, timer=CLOCKS[clock],
+                          num_threads=torch.get_num_threads())
             m = timer.blocked_autorange(min_run_time=min_run_time)
             samples[k].extend(m.times)
         print(f"  round {r + 1}/{rounds} done", file=sys.stderr)

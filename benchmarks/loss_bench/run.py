@@ -59,15 +59,13 @@ def configurations(args) -> list[Config]:
 
 def run(args, plan: TimingPlan, meta: dict[str, str]) -> list[dict]:
     configs = configurations(args)
-    # Progress weighted by the bytes touched, so the bar's rate and ETA mean something.
-    weights = [1.0 + c.numel / (1 << 20) * DTYPES[c.dtype].itemsize / 4 / (c.threads ** 0.5) for c in configs]
-    scale = len(configs) / sum(weights)
     progress = Progress(len(configs))
     rows: list[dict] = []
     static = {k: meta[k] for k in STATIC_COLUMNS}
     default_threads = torch.get_num_threads()
     try:
-        for cfg, w in zip(configs, weights):
+        for cfg in configs:
+            progress.begin(cfg.label)
             torch.set_num_threads(cfg.threads)  # for the checks; the Timer sets it around each measurement
             variants, checks = build_variants(cfg, args.ops, args.autograd)
             time_variants(variants, cfg.threads, plan)
@@ -77,7 +75,7 @@ def run(args, plan: TimingPlan, meta: dict[str, str]) -> list[dict]:
             rows += config_rows(cfg, variants, ok, extra)
             del variants, checks
             gc.collect()  # the next configuration's inputs should not meet this one's in memory
-            progress.step(cfg.label, w * scale)
+            progress.end()
     finally:
         progress.close()
         torch.set_num_threads(default_threads)

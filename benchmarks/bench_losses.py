@@ -7,8 +7,8 @@ torch.utils.benchmark.Timer.blocked_autorange (loss_bench/timing.py). Reported p
 of the timed blocks, effective GB/s (the op's minimal bytes / time), the ratio to the roofline and to the
 baseline, and the targets (loss_bench/targets.py) as PASS/MISS.
 
-Writes a CSV (metadata in '#' lines and in columns), a PNG of effective GB/s against size, and
-benchmarks/README_table.md (the targets, PASS/MISS).
+Writes to --out (default benchmarks/out/, not tracked by git): <name>.csv (metadata in '#' lines and in
+columns), <name>.md (the target table) and <name>.png (effective GB/s against size).
 
     python benchmarks/bench_losses.py            # 4K..64M elements, float32+bfloat16, 1 and all threads
     python benchmarks/bench_losses.py --quick    # 4K, 256K, 16M, 2 threads, fewer rounds: about two minutes
@@ -32,6 +32,8 @@ from loss_bench.report import markdown_targets, print_details, print_targets, wr
 from loss_bench.run import metadata, run
 from loss_bench.targets import compare, targets_of
 from loss_bench.timing import TimingPlan
+
+DEFAULT_OUT = os.path.join(HERE, "out")
 
 
 def parse_args() -> argparse.Namespace:
@@ -67,10 +69,11 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--check-max", type=parse_size, default=4 << 20,
                         help="check ours against a float64 reference up to this many elements (default 4M; the "
                              "same kernels run above, and the checks cost seconds there)")
-    parser.add_argument("--out-dir", default=os.path.join(HERE, "results"))
+    parser.add_argument("--out", "--out-dir", default=DEFAULT_OUT,
+                        help=f"directory for the CSV, table and figures (default {os.path.relpath(DEFAULT_OUT, REPO)}, "
+                             "not tracked by git)")
     parser.add_argument("--name", help="output file stem (default bench_losses[_quick|_custom])")
-    parser.add_argument("--table", help="where to write the markdown target table (default: a full run "
-                        "benchmarks/README_table.md, --quick results/bench_losses_quick.md, others none)")
+    parser.add_argument("--table", help="where to write the markdown target table (default <out>/<name>.md)")
     args = parser.parse_args()
 
     for d in args.dtypes:
@@ -89,9 +92,6 @@ def parse_args() -> argparse.Namespace:
     if args.autograd is None:
         args.autograd = not args.quick
     args.name = args.name or "bench_losses" + ("_custom" if custom else "_quick" if args.quick else "")
-    if args.table is None and not custom:
-        args.table = (os.path.join(args.out_dir, args.name + ".md") if args.quick
-                      else os.path.join(HERE, "README_table.md"))
     return args
 
 
@@ -137,18 +137,19 @@ def main() -> int:
     targets = targets_of(comparisons)
     print_targets(targets, threads, dtypes, reductions)
 
-    os.makedirs(args.out_dir, exist_ok=True)
-    csv_path = os.path.join(args.out_dir, args.name + ".csv")
+    os.makedirs(args.out, exist_ok=True)
+    csv_path = os.path.join(args.out, args.name + ".csv")
     write_csv(rows, meta, csv_path)
     written = [csv_path]
-    png_path = os.path.join(args.out_dir, args.name + ".png")
+    png_path = os.path.join(args.out, args.name + ".png")
     if write_plot(rows, meta, png_path):
         written.append(png_path)
-    if args.table and targets:
-        with open(args.table, "w") as f:
+    table = args.table or os.path.join(args.out, args.name + ".md")
+    if targets:
+        with open(table, "w") as f:
             f.write(markdown_targets(targets, threads, dtypes, reductions, meta, os.path.relpath(csv_path, REPO),
                                      os.path.relpath(png_path, REPO)))
-        written.append(args.table)
+        written.append(table)
     print(f"\nwrote {', '.join(os.path.relpath(p) for p in written)} (benchmark took {meta['wall_seconds']} s)")
     bad = [f"{r['op']} {r['variant']} {r['dtype']} {r['reduction']} {format_size(r['numel'])}"
            for r in rows if r["matches_reference"] is False]

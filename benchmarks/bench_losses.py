@@ -8,11 +8,15 @@ of the timed blocks, effective GB/s (the op's minimal bytes / time), the ratio t
 baseline, and the targets (loss_bench/targets.py) as PASS/MISS.
 
 Writes to --out (default benchmarks/out/, not tracked by git): <name>.csv (metadata in '#' lines and in
-columns), <name>.md (the target table) and <name>.png (effective GB/s against size).
+columns), <name>.md (the target table), <name>.png (our time against each reference and the targets) and
+<name>_bandwidth.png (effective GB/s against size). The figures need matplotlib: scripts/run_benchmarks.sh
+installs it and runs this script. --from-csv redraws the table and figures from an existing CSV without
+timing anything.
 
     python benchmarks/bench_losses.py            # 4K..64M elements, float32+bfloat16, 1 and all threads
     python benchmarks/bench_losses.py --quick    # 4K, 256K, 16M, 2 threads, fewer rounds: about two minutes
     python benchmarks/bench_losses.py --sizes 16M --dtypes float32 --threads 2 --ops smooth_l1_loss_backward
+    python benchmarks/bench_losses.py --from-csv benchmarks/results/bench_losses.csv --out benchmarks/results
 """
 from __future__ import annotations
 
@@ -27,9 +31,8 @@ import torch
 from bench_common import HERE, REPO, load_average
 from loss_bench.common import ALL_OPS, DTYPES, FULL_SIZES, QUICK_SIZES, REDUCTIONS, TARGET_THREADS, format_size, \
     parse_size
-from loss_bench.figures import write_plot
-from loss_bench.report import markdown_targets, print_details, print_targets, write_csv
-from loss_bench.run import metadata, run
+from loss_bench.figures import write_figures
+from loss_bench.report import markdown_targets, print_details, print_targets, read_csv, write_csv
 from loss_bench.targets import compare, targets_of
 from loss_bench.timing import TimingPlan
 
@@ -72,8 +75,11 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--out", "--out-dir", default=DEFAULT_OUT,
                         help=f"directory for the CSV, table and figures (default {os.path.relpath(DEFAULT_OUT, REPO)}, "
                              "not tracked by git)")
-    parser.add_argument("--name", help="output file stem (default bench_losses[_quick|_custom])")
+    parser.add_argument("--name", help="output file stem (default bench_losses[_quick|_custom]; with --from-csv "
+                                       "the CSV's)")
     parser.add_argument("--table", help="where to write the markdown target table (default <out>/<name>.md)")
+    parser.add_argument("--from-csv", metavar="PATH",
+                        help="time nothing: print the tables and write the table and figures from this CSV")
     args = parser.parse_args()
 
     for d in args.dtypes:
@@ -91,7 +97,10 @@ def parse_args() -> argparse.Namespace:
                                                                                 reverse=True))
     if args.autograd is None:
         args.autograd = not args.quick
-    args.name = args.name or "bench_losses" + ("_custom" if custom else "_quick" if args.quick else "")
+    if args.from_csv:
+        args.name = args.name or os.path.splitext(os.path.basename(args.from_csv))[0]
+    else:
+        args.name = args.name or "bench_losses" + ("_custom" if custom else "_quick" if args.quick else "")
     return args
 
 
@@ -104,6 +113,8 @@ def timing_plan(args) -> TimingPlan:
 
 def measure(args) -> tuple[list[dict], dict[str, str]]:
     """Times every configuration; returns the rows and the run metadata."""
+    from loss_bench.run import metadata, run  # imports npu_loss_ops, which --from-csv does not need
+
     plan = timing_plan(args)
     command = "python benchmarks/bench_losses.py" + (" " + " ".join(sys.argv[1:]) if sys.argv[1:] else "")
     meta = metadata(args, plan, command)
@@ -126,31 +137,43 @@ def present(values: list[str], rows: list[dict], column: str) -> list[str]:
 
 def main() -> int:
     args = parse_args()
-    rows, meta = measure(args)
+    if args.from_csv:
+        rows, meta = read_csv(args.from_csv)
+        csv_path = args.from_csv
+    else:
+        rows, meta = measure(args)
+        csv_path = None
+    if not rows:
+        print("no results", file=sys.stderr)
+        return 1
     dtypes, reductions = present(list(DTYPES), rows, "dtype"), present(list(REDUCTIONS), rows, "reduction")
+    sizes = sorted({r["numel"] for r in rows})
 
     print(f"npu_loss_ops {meta['npu_loss_ops']} (git {meta['git_sha']}, {meta['cpu_kernel_isa']}), "
           f"torch {meta['torch']} ({meta['cpu_capability']}), {meta['cpu']}, threads {meta['threads']}, "
-          f"load {meta['load_average_1min_start']} -> {meta['load_average_1min_end']}")
-    print_details(rows, args.sizes)
+          f"load {meta['load_average_1min_start']} -> {meta['load_average_1min_end']}"
+          + (f", measured {meta['date']}" if args.from_csv else ""))
+    print_details(rows, sizes)
     comparisons, threads = compare(rows, dtypes, reductions)
     targets = targets_of(comparisons)
     print_targets(targets, threads, dtypes, reductions)
 
     os.makedirs(args.out, exist_ok=True)
-    csv_path = os.path.join(args.out, args.name + ".csv")
-    write_csv(rows, meta, csv_path)
-    written = [csv_path]
-    png_path = os.path.join(args.out, args.name + ".png")
-    if write_plot(rows, meta, png_path):
-        written.append(png_path)
+    written = []
+    if csv_path is None:
+        csv_path = os.path.join(args.out, args.name + ".csv")
+        write_csv(rows, meta, csv_path)
+        written.append(csv_path)
+    figures = write_figures(rows, comparisons, dtypes, meta, threads, os.path.join(args.out, args.name))
+    written += figures
     table = args.table or os.path.join(args.out, args.name + ".md")
     if targets:
         with open(table, "w") as f:
             f.write(markdown_targets(targets, threads, dtypes, reductions, meta, os.path.relpath(csv_path, REPO),
-                                     os.path.relpath(png_path, REPO)))
+                                     [os.path.relpath(p, REPO) for p in figures]))
         written.append(table)
-    print(f"\nwrote {', '.join(os.path.relpath(p) for p in written)} (benchmark took {meta['wall_seconds']} s)")
+    took = "" if args.from_csv else f" (benchmark took {meta['wall_seconds']} s)"
+    print(f"\nwrote {', '.join(os.path.relpath(p) for p in written)}{took}")
     bad = [f"{r['op']} {r['variant']} {r['dtype']} {r['reduction']} {format_size(r['numel'])}"
            for r in rows if r["matches_reference"] is False]
     if bad:

@@ -1,10 +1,17 @@
-"""The results as text: the CSV, the console tables and the markdown target table."""
+"""The results as text: the CSV (written, and read back for --from-csv), the console tables and the markdown
+target table."""
 from __future__ import annotations
 
 import csv
 
 from .common import DTYPE_SHORT, SMALL_SIZE, TARGET_SIZE, format_size
 from .targets import Comparison
+
+# CSV columns that hold numbers; the rest are text. Empty cells stay "" (not measured, or no reference).
+INT_COLUMNS = ("numel", "threads", "samples", "calls_per_sample", "streams")
+FLOAT_COLUMNS = ("median_ms", "p20_ms", "p80_ms", "GBps", "roofline_ms", "ratio_to_roofline", "baseline_ms",
+                 "ratio_to_baseline", "ratio_to_autograd")
+
 
 def write_csv(rows: list[dict], meta: dict[str, str], path: str) -> None:
     """The run metadata as '# key: value' lines, then one row per (configuration, variant)."""
@@ -15,6 +22,28 @@ def write_csv(rows: list[dict], meta: dict[str, str], path: str) -> None:
         writer.writeheader()
         for row in rows:
             writer.writerow({k: (f"{v:.5g}" if isinstance(v, float) else v) for k, v in row.items()})
+
+
+def read_csv(path: str) -> tuple[list[dict], dict[str, str]]:
+    """The rows and metadata of a CSV that write_csv wrote, with the numbers and booleans it wrote."""
+    meta: dict[str, str] = {}
+    with open(path, newline="") as f:
+        lines = []
+        for line in f:
+            if line.startswith("#"):
+                key, _, value = line[1:].strip().partition(":")
+                meta[key.strip()] = value.strip()
+            else:
+                lines.append(line)
+    rows = []
+    for row in csv.DictReader(lines):
+        for key in INT_COLUMNS:
+            row[key] = int(row[key])
+        for key in FLOAT_COLUMNS:
+            row[key] = float(row[key]) if row[key] != "" else ""
+        row["matches_reference"] = {"True": True, "False": False}.get(row["matches_reference"], "")
+        rows.append(row)
+    return rows, meta
 
 
 def print_details(rows: list[dict], sizes: list[int]) -> None:
@@ -81,15 +110,16 @@ def print_targets(targets: list[Comparison], threads: int | None, dtypes: list[s
 
 
 def markdown_targets(targets: list[Comparison], threads: int | None, dtypes: list[str], reductions: list[str],
-                     meta: dict[str, str], csv_rel: str, png_rel: str) -> str:
+                     meta: dict[str, str], csv_rel: str, figures_rel: list[str]) -> str:
     cols = target_columns(dtypes, reductions)
+    figures = ", ".join(f"`{p}`" for p in figures_rel) or "none (matplotlib is not installed)"
     lines = [
         f"Measured with `{meta['command']}` ({meta['wall_seconds']} s): npu_loss_ops {meta['npu_loss_ops']} "
         f"(git {meta['git_sha']}, CPU kernels {meta['cpu_kernel_isa']}), torch {meta['torch']} "
         f"(CPU capability {meta['cpu_capability']}), {meta['cpu']}, {meta['logical_cpus']} logical CPUs, "
         f"targets at {threads} threads, 1-minute load average {meta['load_average_1min_start']} at the start and "
         f"{meta['load_average_1min_end']} at the end, "
-        f"{meta['date'][:10]}. Full results: `{csv_rel}`, plot: `{png_rel}`.",
+        f"{meta['date'][:10]}. Full results: `{csv_rel}`, figures: {figures}.",
         "",
         "Time ratios ours/reference (target: at most the limit) or speedups reference/ours (target: at least the "
         "limit), median per call; a bold cell misses. Backward 'mean'/'sum' take a 0-dim gradient, as autograd "

@@ -15,10 +15,12 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from torch.utils.benchmark import Timer
 
-from .variants import Variant
+if TYPE_CHECKING:  # variants imports npu_loss_ops, which --from-csv does without
+    from .variants import Variant
 
 
 @dataclass

@@ -41,18 +41,9 @@ import torch.nn.functional as F
 from torch.utils.benchmark import Timer
 
 import npu_loss_ops
-from bench_losses import cpu_model, git_revision  # the same run metadata as the kernel benchmark
+from bench_common import cpu_model, git_revision, quantile  # the same run metadata as the kernel benchmark
 
-REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 LOSSES = ("smooth_l1_loss", "l1_loss", "kl_div")
-
-
-def quantile(values: list[float], q: float) -> float:
-    s = sorted(values)
-    pos = q * (len(s) - 1)
-    lo = int(pos)
-    hi = min(lo + 1, len(s) - 1)
-    return s[lo] + (s[hi] - s[lo]) * (pos - lo)
 
 
 def inputs(loss: str, shape, requires_grad_target: bool = False):
@@ -191,7 +182,9 @@ def time_interleaved(variants, rounds: int, min_run_time: float, clock: str) -> 
     for r in range(rounds):
         start = r % len(keys)
         for k in keys[start:] + keys[:start]:
-            timer = Timer(stmt="fn()", globals={"fn": variants[k]}, timer=CLOCKS[clock])
+            # Timer sets torch's thread count to its num_threads (default 1) while it measures: pass --threads.
+            timer = Timer(stmt="fn()", globals={"fn": variants[k]}, timer=CLOCKS[clock],
+                          num_threads=torch.get_num_threads())
             m = timer.blocked_autorange(min_run_time=min_run_time)
             samples[k].extend(m.times)
         print(f"  round {r + 1}/{rounds} done", file=sys.stderr)

@@ -1,0 +1,155 @@
+"""Time ratios of ours to each reference, and the targets they are held to.
+
+Every number here is a ratio of two median times from the same run, at the target thread count: the markdown
+table shows the comparisons that have a target (PASS/MISS), the main figure shows them all. A target is
+stated either as a time ratio ours/reference (at most the limit) or as a speedup reference/ours (at least the
+limit); the table shows the number the target states, the figure always the time ratio (lower is faster).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from .common import BACKWARD_OPS, BASELINE, FORWARD_OPS, SMALL_SIZE, STEP_OPS, TARGET_SIZE, TARGET_THREADS, \
+    backward_roofline, forward_roofline
+
+Cell = tuple[str, str]  # (dtype, reduction)
+
+# The panels of the main figure: what each comparison's reference is.
+ROOFLINE, BASELINE_PANEL, SMALL = "roofline", "baseline", "small"
+
+
+@dataclass
+class Comparison:
+    panel: str  # ROOFLINE, BASELINE_PANEL or SMALL
+    row: tuple[str, str]  # (op, variant) of ours: one row of the figure
+    reference: str  # the reference, as the figure names it
+    ratios: dict[Cell, float | None] = field(default_factory=dict)  # median time ours / reference
+    group: str = ""  # the target this comparison is held to; empty: shown in the figure only
+    label: str = ""  # the table's row label: op and form
+    limit: float | None = None  # as the target states it: a time ratio, or a speedup when `speedup`
+    speedup: bool = False
+
+    def shown(self, ratio: float) -> float:
+        """The number the target speaks of: the speedup reference/ours, or the time ratio ours/reference."""
+        return 1.0 / ratio if self.speedup else ratio
+
+    @property
+    def ratio_limit(self) -> float | None:
+        """The limit as a time ratio ours/reference (the figure's scale)."""
+        if self.limit is None:
+            return None
+        return 1.0 / self.limit if self.speedup else self.limit
+
+    def meets(self, value: float) -> bool:
+        """Whether `value`, the number the target states (see shown), meets it."""
+        return value >= self.limit if self.speedup else value <= self.limit
+
+    def passed(self, ratio: float) -> bool:
+        """Whether the time ratio `ratio` meets the target (always, when there is none)."""
+        return self.limit is None or self.meets(self.shown(ratio))
+
+    @property
+    def cells(self) -> dict[Cell, float | None]:
+        """The table's cells: what the target states, per (dtype, reduction)."""
+        return {c: (None if r is None else self.shown(r)) for c, r in self.ratios.items()}
+
+    @property
+    def values(self) -> list[float]:
+        return [r for r in self.ratios.values() if r is not None]
+
+    @property
+    def result(self) -> str:
+        if not self.values:
+            return "n/a"
+        return "PASS" if all(self.passed(r) for r in self.values) else "MISS"
+
+
+class Medians:
+    """Median ms per (op, variant, dtype, reduction, numel) at one thread count."""
+
+    def __init__(self, rows: list[dict], threads: int):
+        self.ms = {(r["op"], r["variant"], r["dtype"], r["reduction"], r["numel"]): r["median_ms"]
+                   for r in rows if r["threads"] == threads}
+
+    def ratio(self, ours: tuple[str, str], ref: tuple[str, str], cell: Cell, size: int) -> float | None:
+        a = self.ms.get((*ours, *cell, size))
+        b = self.ms.get((*ref, *cell, size))
+        return a / b if a is not None and b is not None else None
+
+
+def target_threads(rows: list[dict]) -> int | None:
+    """The thread count the targets are evaluated at: TARGET_THREADS when measured, else the most."""
+    present = sorted({r["threads"] for r in rows})
+    if not present:
+        return None
+    return TARGET_THREADS if TARGET_THREADS in present else present[-1]
+
+
+def compare(rows: list[dict], dtypes: list[str], reductions: list[str]) -> tuple[list[Comparison], int | None]:
+    """Every comparison of the run at the target thread count: those with a target in the table's order first."""
+    threads = target_threads(rows)
+    if threads is None:
+        return [], None
+    med = Medians(rows, threads)
+    cells = [(d, red) for d in dtypes for red in reductions]
+    big, small = TARGET_SIZE, SMALL_SIZE
+    out: list[Comparison] = []
+
+    def add(panel, ours, reference, ref_of_cell, size, reds=None, **target):
+        """ref_of_cell(dtype, reduction) -> the reference's (op, variant)."""
+        ratios = {(d, red): med.ratio(ours, ref_of_cell(d, red), (d, red), size)
+                  for d, red in cells if reds is None or red in reds}
+        out.append(Comparison(panel, ours, reference, ratios, **target))
+
+    def roof(form):
+        return lambda d, red: (backward_roofline(red), form)
+
+    def fwd_roof(d, red):
+        return forward_roofline(red), "functional"
+
+    # The targets, in the order of the table.
+    g1 = "16M: backward out= <= 1.15x preallocated roofline"
+    for op in BACKWARD_OPS:
+        add(ROOFLINE, (op, "ours_out"), "roofline out=", roof("out"), big, group=g1, label=f"{op} out=", limit=1.15)
+    g2 = "16M: backward allocating <= 1.15x allocating roofline"
+    for op in BACKWARD_OPS:
+        add(ROOFLINE, (op, "ours"), "roofline", roof("functional"), big, group=g2, label=op, limit=1.15)
+    add(BASELINE_PANEL, ("smooth_l1_loss_backward", "ours_out"), "aten out=",
+        lambda d, red: ("smooth_l1_loss_backward", "aten_out"), big,
+        group="16M: >= 2x faster than ATen's out= form", label="smooth_l1_loss_backward out=", limit=2.0,
+        speedup=True)
+    for op in BACKWARD_OPS[1:]:
+        add(BASELINE_PANEL, (op, "ours"), "composite", lambda d, red, op=op: (op, "composite"), big,
+            group="16M: >= 4x faster than autograd's composite formula", label=op, limit=4.0, speedup=True)
+    for op in STEP_OPS:
+        add(BASELINE_PANEL, (op, "ours"), "F", lambda d, red, op=op: (op, "F"), big, reds=["mean"],
+            group="16M: fwd+bwd step (mean) >= 2x faster than torch.nn.functional", label=op, limit=2.0,
+            speedup=True)
+    g6 = "4K: each op call <= 1.2x aten.smooth_l1_loss_backward (same form)"
+    for op in BACKWARD_OPS:
+        for variant, ref_variant, suffix in (("ours", "aten", ""), ("ours_out", "aten_out", " out=")):
+            add(SMALL, (op, variant), "aten.smooth_l1_loss_backward" + suffix,
+                lambda d, red, rv=ref_variant: ("smooth_l1_loss_backward", rv), small,
+                group=g6, label=op + suffix, limit=1.2)
+    for op in FORWARD_OPS:
+        add(SMALL, (op, "ours"), "aten.smooth_l1_loss_backward",
+            lambda d, red: ("smooth_l1_loss_backward", "aten"), small, group=g6, label=op, limit=1.2)
+    for op in STEP_OPS:
+        add(SMALL, (op, "ours"), "F", lambda d, red, op=op: (op, "F"), small, reds=["mean"],
+            group="4K: fwd+bwd step (mean) no slower than torch.nn.functional", label=op, limit=1.0)
+
+    # Comparisons without a target, for the figure: the forward ops against their roofline, and the forms
+    # whose baseline has no target.
+    for op in FORWARD_OPS:
+        add(ROOFLINE, (op, "ours"), "roofline", fwd_roof, big)
+    for op, variants in BASELINE.items():
+        for variant, base in variants.items():
+            if not any(c.panel == BASELINE_PANEL and c.row == (op, variant) for c in out):
+                add(BASELINE_PANEL, (op, variant), base.replace("_out", " out="),
+                    lambda d, red, op=op, base=base: (op, base), big)
+    return [c for c in out if c.values], threads
+
+
+def targets_of(comparisons: list[Comparison]) -> list[Comparison]:
+    """The comparisons held to a target: the rows of the table."""
+    return [c for c in comparisons if c.limit is not None]

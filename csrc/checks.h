@@ -1,8 +1,9 @@
-// Validation, result shapes and dtypes for every npu_loss op.
+// Validation, result shapes, dtypes and memory formats for every npu_loss op.
 //
 // Every backend (CPU kernels, the composite fallback, the NPU kernels) calls these before doing any work,
-// so the rules of SPEC.md live in one place. npu_loss_ops/_fake.py mirrors them rule for rule, with the
-// same exception classes and messages.
+// so the rules live in one place: docs/validation.md lists them (rule, exception class, message) and
+// docs/semantics.md the shapes, dtypes and layouts of results. npu_loss_ops/_checks.py mirrors them rule
+// for rule, with the same exception classes and messages (tests/test_errors.py compares the two).
 #pragma once
 
 #include <ATen/core/Tensor.h>

@@ -313,7 +313,7 @@ def assert_close_on_device(actual: torch.Tensor, expected: torch.Tensor, magnitu
 
 
 # The TBE chip families (SoC names as aclrtGetSocName() reports them), and those of them without bf16
-# kernels (their bf16 calls run the composite fallback): README, "Which chips run which path".
+# kernels (their bf16 calls run the composite fallback): docs/npu_routing.md, "Which chips run which path".
 TBE_SOC_PREFIXES = ("Ascend910", "Ascend310P")
 
 
@@ -346,7 +346,7 @@ def smooth_l1_tbe_divisor(device: str, beta: float, *tensors: torch.Tensor) -> f
     """What the NPU's smooth L1 gradient divides by inside |d| < beta, when that is not beta itself: the TBE
     families' aclnn kernel divides by beta + 1e-6 (in float32), and the NPU kernels keep that kernel while
     the bias 1e-6 / beta stays inside the result dtype's tolerance (float32 1e-5, float16 1e-3, bfloat16
-    1.6e-2) and the kernel serves the call (no bf16 on Ascend 910/310P; a CANN without the API): README,
+    1.6e-2) and the kernel serves the call (no bf16 on Ascend 910/310P; a CANN without the API): docs/npu_routing.md,
     "Which chips run which path" and "Deliberate differences from raw aclnn". None elsewhere. The bias is
     inside every tolerance, but it moves exact ties of low-precision products off the tie, so such results
     round differently from d/beta in a few per cent of float16/bfloat16 elements."""

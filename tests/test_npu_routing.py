@@ -1,7 +1,7 @@
 """Which aclnn API each op runs on each chip family, read from the emulated CANN's trace.
 
 Runs on device="npu" under the host-emulated CANN (scripts/run_npu_emulated.sh, one process per chip).
-The expected table is the README's "Which chips run which path", written out here a second time on
+The expected table is docs/npu_routing.md's "Which chips run which path", written out here a second time on
 purpose: the kernels in csrc/npu decide the path, this file states what the documentation promises.
 """
 import os
@@ -39,7 +39,7 @@ def npu(device):
 
 
 def family():
-    """The chip family of the emulated SoC, by the names torch_npu knows (README's chip table)."""
+    """The chip family of the emulated SoC, by the names torch_npu knows (docs/npu_routing.md's chip table)."""
     soc = npu_loss_ops.build_info()["npu_soc"]
     if soc.startswith("Ascend310B"):
         return "310B"
@@ -141,7 +141,7 @@ def test_chip_reported_before_first_op(npu):
     assert info["npu_chip"] == npu_loss_ops._C_npu.chip_family_of(info["npu_soc"])
 
 
-# Every SoC name torch_npu 2.13 knows, with the family it must map to (README's chip table).
+# Every SoC name torch_npu 2.13 knows, with the family it must map to (docs/npu_routing.md's chip table).
 SOC_FAMILIES = {
     **{f"Ascend910{s}": "Ascend910/Ascend310P" for s in ("PremiumA", "ProA", "A", "ProB", "B")},
     **{f"Ascend310P{i}": "Ascend910/Ascend310P" for i in (1, 2, 3, 4, 5, 7)},

@@ -1,7 +1,7 @@
 // What every NPU kernel shares: the chip family (which decides, per call, whether a chip's aclnn kernel
 // gives the package's documented result or the composite fallback must run), whether the installed CANN
 // has an aclnn API at all, private NPU formats, and the small host-side fixes around the aclnn calls.
-// The routing table is written out in the README ("Which chips run which path").
+// The routing table is written out in docs/npu_routing.md ("Which chips run which path").
 #pragma once
 
 #include <ATen/ATen.h>
@@ -14,7 +14,8 @@
 
 namespace npu_loss::npu {
 
-// Families of Ascend chips, by what their aclnn loss kernels can do (README, "Which chips run which path").
+// Families of Ascend chips, by what their aclnn loss kernels can do (docs/npu_routing.md, "Which chips run
+// which path").
 enum class Chip {
   Tbe910,         // Ascend 910 (Atlas A1) and 310P: TBE kernels, fp32/fp16 only, no KL target gradient
   Tbe910B,        // Ascend 910B / 910_93 (Atlas A2/A3): TBE kernels with bf16 and the KL target gradient

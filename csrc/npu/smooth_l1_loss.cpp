@@ -28,7 +28,7 @@ bool tbe_beta_bias_acceptable(double beta, c10::ScalarType dtype) {
   return beta == 0 || kTbeBetaBias / beta <= tbe_tolerance(dtype);
 }
 
-// Which kernel serves a smooth L1 backward call (README, "Which chips run which path").
+// Which kernel serves a smooth L1 backward call (docs/npu_routing.md, "Which chips run which path").
 enum class BackwardPath { SmoothL1, L1, Composite };
 
 BackwardPath backward_path(

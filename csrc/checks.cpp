@@ -2,6 +2,8 @@
 
 #include <ATen/native/TypeProperties.h>
 #include <ATen/ops/empty.h>
+#include <ATen/ops/empty_strided.h>
+#include <c10/core/MemoryFormat.h>
 #include <c10/core/ScalarType.h>
 #include <c10/util/Exception.h>
 
@@ -174,8 +176,27 @@ c10::MemoryFormat result_memory_format(
   return c10::MemoryFormat::Contiguous;
 }
 
+at::Tensor empty_with_format(c10::IntArrayRef sizes, const at::TensorOptions& options, c10::MemoryFormat format) {
+  switch (format) {
+    case c10::MemoryFormat::ChannelsLast:
+      return at::empty_strided(sizes, c10::get_channels_last_strides_2d(sizes), options);
+    case c10::MemoryFormat::ChannelsLast3d:
+      return at::empty_strided(sizes, c10::get_channels_last_strides_3d(sizes), options);
+    default:
+      return at::empty(sizes, options);
+  }
+}
+
 at::Tensor empty_result(const ResultSpec& spec, const at::TensorOptions& options) {
-  return at::empty(spec.shape, options.dtype(spec.dtype), spec.memory_format);
+  return empty_with_format(spec.shape, options.dtype(spec.dtype), spec.memory_format);
+}
+
+at::Tensor with_memory_format(const at::Tensor& t, c10::MemoryFormat format) {
+  // contiguous() also serves symbolic shapes (torch.compile); only the NPU needs the explicit copy.
+  if (format == c10::MemoryFormat::Contiguous || t.device().type() != c10::DeviceType::PrivateUse1) {
+    return t.contiguous(format);
+  }
+  return t.is_contiguous(format) ? t : empty_with_format(t.sizes(), t.options(), format).copy_(t);
 }
 
 double reduction_scale(int64_t reduction, int64_t count) {

@@ -65,8 +65,16 @@ void check_out(
 c10::MemoryFormat result_memory_format(
     c10::IntArrayRef shape, std::initializer_list<const at::Tensor*> operands_by_priority);
 
+// A new tensor of `sizes` laid out in `format`. Made with empty_strided, which every backend supports
+// (torch_npu creates tensors in the contiguous format only, but takes any strides).
+at::Tensor empty_with_format(c10::IntArrayRef sizes, const at::TensorOptions& options, c10::MemoryFormat format);
+
 // A new tensor for `spec`'s result: its shape, dtype and memory format, with `options`' device.
 at::Tensor empty_result(const ResultSpec& spec, const at::TensorOptions& options);
+
+// `t` itself when it is dense in `format`, else a copy that is (Tensor::contiguous(format) without the
+// NPU's restriction to the contiguous format).
+at::Tensor with_memory_format(const at::Tensor& t, c10::MemoryFormat format);
 
 // float64 runs on CPU and the fallback, never on the NPU.
 bool float64_allowed(const at::Tensor& t);

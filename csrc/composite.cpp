@@ -30,7 +30,7 @@ at::Tensor sign_nan_zero(const at::Tensor& d) {
 at::Tensor reduce_loss(const at::Tensor& values, int64_t reduction, const ResultSpec& spec) {
   switch (static_cast<Reduction>(reduction)) {
     case Reduction::None:
-      return values.to(spec.dtype).contiguous(spec.memory_format);
+      return with_memory_format(values.to(spec.dtype), spec.memory_format);
     case Reduction::Mean:
       return values.mean().to(spec.dtype);
     case Reduction::Sum:
@@ -61,7 +61,7 @@ at::Tensor smooth_l1_loss_backward(
   const auto sign = sign_nan_zero(d);
   const auto slope = beta == 0 ? sign : at::where(d.abs() >= beta, sign, d / beta);
   const auto g = grad_output.to(c) * reduction_scale(reduction, self.numel());
-  return (g * slope).expand(spec.shape).to(spec.dtype).contiguous(spec.memory_format);
+  return with_memory_format((g * slope).expand(spec.shape).to(spec.dtype), spec.memory_format);
 }
 
 at::Tensor l1_loss(const at::Tensor& self, const at::Tensor& target, int64_t reduction) {
@@ -75,7 +75,8 @@ at::Tensor l1_loss_backward(
   const auto spec = check_l1_loss_backward(grad_output, self, target, reduction);
   const auto c = compute_dtype({&grad_output, &self, &target});
   const auto g = grad_output.to(c) * reduction_scale(reduction, shape_numel(spec.shape));
-  return (g * sign_nan_zero(self.to(c) - target.to(c))).expand(spec.shape).to(spec.dtype).contiguous(spec.memory_format);
+  const auto values = g * sign_nan_zero(self.to(c) - target.to(c));
+  return with_memory_format(values.expand(spec.shape).to(spec.dtype), spec.memory_format);
 }
 
 at::Tensor kl_div(const at::Tensor& self, const at::Tensor& target, int64_t reduction, bool log_target) {
@@ -104,7 +105,7 @@ at::Tensor kl_div_target_backward(
     values = at::where(t == 0, at::zeros({}, t.options()), at::where(t.isposinf(), nan, g * (t.log() + 1 - x)));
   }
   values = values.expand(spec.broadcast_shape);
-  return at::sum_to(values, target.sizes()).to(spec.dtype).contiguous(spec.memory_format);
+  return with_memory_format(at::sum_to(values, target.sizes()).to(spec.dtype), spec.memory_format);
 }
 
 }  // namespace composite

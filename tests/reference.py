@@ -1,4 +1,4 @@
-"""float64 references written from SPEC.md's Math section, result shapes/dtypes from its table, and the
+"""float64 references written from docs/semantics.md's Math section, result shapes/dtypes from its table, and the
 comparison every correctness test uses (per-dtype tolerance, relative to each element's magnitude)."""
 from __future__ import annotations
 
@@ -67,7 +67,7 @@ def elementwise_forward(s: Sample, x, t):
 
 
 def reference_forward(s: Sample):
-    """(value, magnitude, dtype, shape) of torch.ops.npu_loss.<loss> per SPEC."""
+    """(value, magnitude, dtype, shape) of torch.ops.npu_loss.<loss> per docs/semantics.md."""
     x, t = _d64(s.self, s.target)
     v, mag = elementwise_forward(s, x, t)
     if s.reduction == "none":
@@ -85,7 +85,7 @@ def reference_forward(s: Sample):
 
 
 def smooth_l1_slope(d: torch.Tensor, beta: float, divisor: float | None = None) -> torch.Tensor:
-    # SPEC: d/beta where |d| < beta, sign(d) elsewhere; beta == 0 is sign(d). A NaN d stays NaN for
+    # docs/semantics.md: d/beta where |d| < beta, sign(d) elsewhere; beta == 0 is sign(d). A NaN d stays NaN for
     # beta > 0 (ATen's CPU kernel: neither branch of the comparisons is taken, x * g / beta).
     # `divisor`: what the quadratic branch divides by instead of beta (the TBE kernels' beta + 1e-6).
     if beta == 0:
@@ -94,7 +94,7 @@ def smooth_l1_slope(d: torch.Tensor, beta: float, divisor: float | None = None) 
 
 
 def l1_sign(x: torch.Tensor, t: torch.Tensor, at_nan: float = 0.0) -> torch.Tensor:
-    """sign(x - t) with sign(0) = 0; `at_nan` where x or t is NaN (SPEC: 0; the TBE chips' L1 kernel: -1)."""
+    """sign(x - t) with sign(0) = 0; `at_nan` where x or t is NaN (docs/semantics.md: 0; the TBE chips' L1 kernel: -1)."""
     d = x - t
     if at_nan == 0:
         return sign(d)
@@ -103,7 +103,7 @@ def l1_sign(x: torch.Tensor, t: torch.Tensor, at_nan: float = 0.0) -> torch.Tens
 
 
 def reference_backward(s: Sample, l1_at_nan: float = 0.0, smooth_l1_divisor: float | None = None):
-    """(value, magnitude, dtype, shape) of the backward op per SPEC's Math and table. `l1_at_nan`: L1's
+    """(value, magnitude, dtype, shape) of the backward op per docs/semantics.md's Math and table. `l1_at_nan`: L1's
     sign at a NaN input (-1 where a chip's documented difference applies, see l1_nan_gives_minus_grad);
     `smooth_l1_divisor`: see smooth_l1_tbe_divisor."""
     g, x, t = _d64(s.grad_output, s.self, s.target)
@@ -138,7 +138,7 @@ def reference_backward(s: Sample, l1_at_nan: float = 0.0, smooth_l1_divisor: flo
 
 def reference_grads(s: Sample, grad_output: torch.Tensor, l1_at_nan: float = 0.0):
     """(grad_self, grad_target) of F.<loss> in float64 for the given output gradient; KL's target gradient
-    is exactly 0 where target == 0 (SPEC's deliberate difference; PyTorch gives NaN). `l1_at_nan` = -1: the
+    is exactly 0 where target == 0 (docs/semantics.md's deliberate difference; PyTorch gives NaN). `l1_at_nan` = -1: the
     TBE chips' L1 gradient, -grad for self AND target where either is NaN (the target gradient is the same
     kernel with the arguments swapped)."""
     x, t, g = _d64(s.self, s.target, grad_output)
@@ -280,7 +280,7 @@ def reference_double_backward(s: Sample, grad_output: torch.Tensor, vx: torch.Te
 
 
 def skip_if_unsupported(s: Sample, device: str) -> None:
-    """The NPU rejects float64 (TypeError, SPEC; test_errors covers it): value tests skip such samples."""
+    """The NPU rejects float64 (TypeError, docs/validation.md; test_errors covers it): value tests skip such samples."""
     if device == "npu" and s.has_float64:
         import pytest
 
@@ -330,7 +330,7 @@ def _tbe_with_bf16(soc: str) -> bool:
 
 
 def l1_nan_gives_minus_grad(device: str, *tensors: torch.Tensor) -> bool:
-    """SPEC's one documented chip difference: on the TBE families (Ascend910*, 910B*, 910_93*, 310P*) the
+    """The one documented chip difference (docs/npu_routing.md): on the TBE families (Ascend910*, 910B*, 910_93*, 310P*) the
     aclnn L1 gradient at a NaN input (self or target) is -grad_output (PyTorch and the CPU kernels: 0).
     Ascend 950 gives 0; 310B and bf16 calls on Ascend 910/310P run the composite fallback (0). `tensors`:
     every tensor of the L1 gradient call (grad_output, self, target, out=)."""

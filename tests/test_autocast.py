@@ -1,4 +1,4 @@
-"""Under torch.autocast the losses compute in float32, as torch.nn's do (SPEC: Autograd and compilers)."""
+"""Under torch.autocast the losses compute in float32, as torch.nn's do (docs/semantics.md, "Reduced precision")."""
 import warnings
 
 import pytest

@@ -1,7 +1,7 @@
 """The error matrix of test_errors.py run in subprocesses, so that a crash is counted rather than taking
-the test run down with it: every bad input (every rule of SPEC's Validation table x every op and out=
+the test run down with it: every bad input (every rule of docs/validation.md's table x every op and out=
 overload) on the CPU kernels, the composite fallback, fake tensors and meta tensors must raise the Python
-exception SPEC names. Cases run in batches (importing torch costs seconds); a batch whose process dies is
+exception docs/validation.md names. Cases run in batches (importing torch costs seconds); a batch whose process dies is
 re-run one case at a time to name the case that crashed."""
 import json
 import os

@@ -1,4 +1,4 @@
-"""SPEC: the CPU kernels give bitwise-identical outputs on every run and for every thread count, reductions
+"""docs/semantics.md ("Layouts and determinism"): the CPU kernels give bitwise-identical outputs on every run and for every thread count, reductions
 included (forward sums, KL's sum to target's shape), contiguous and not."""
 import pytest
 import torch

@@ -1,4 +1,4 @@
-"""SPEC's Validation table, for every op and overload, on every path: the C++ CPU kernels, fake tensors and
+"""docs/validation.md's table, for every op and overload, on every path: the C++ CPU kernels, fake tensors and
 meta tensors (the Python fake kernels, npu_loss_ops/_checks.py), and the C++ composite fallback on CPU and
 on meta tensors. Same exception class and the very same message everywhere (only the device name in a
 message differs between CPU and meta tensors).
@@ -302,7 +302,7 @@ def _check_on_device(call, device, expected):
 @pytest.mark.parametrize("overload,case", ALL_CASES)
 def test_rejection_identical_on_every_path(overload, case, device):
     cls, msg = run_cpu(case.call)
-    assert cls is case.exc, f"CPU raised {cls} ({msg}), SPEC says {case.exc.__name__}"
+    assert cls is case.exc, f"CPU raised {cls} ({msg}), docs/validation.md says {case.exc.__name__}"
     for word in case.words:
         assert word in msg, f"message {msg!r} lacks {word!r}"
     assert "\n" not in msg.strip(), f"message carries more than one line: {msg!r}"
@@ -363,13 +363,13 @@ def test_device_specific_rejections(overload, device):
             assert got == (None, None), f"{case_id}: rejected {got}"
             continue
         cls, words = rule
-        assert got[0] is cls, f"{case_id}: raised {got}, SPEC says {cls.__name__}"
+        assert got[0] is cls, f"{case_id}: raised {got}, docs/validation.md says {cls.__name__}"
         for word in words:
             assert word in got[1], f"{case_id}: message {got[1]!r} lacks {word!r}"
 
 
 def test_every_overload_has_every_rule():
-    """The matrix really covers SPEC's table for each of the nine overloads."""
+    """The matrix really covers docs/validation.md's table for each of the nine overloads."""
     for ov in OVERLOADS:
         ids = {c.id.split("-")[0] if c.id.startswith("reduction") else c.id for c in _cases(ov)}
         joined = " ".join(ids)

@@ -1,4 +1,4 @@
-"""Layouts (SPEC: any strides — non-contiguous, transposed, expanded, sliced inputs; non-contiguous
+"""Layouts (docs/semantics.md: any strides — non-contiguous, transposed, expanded, sliced inputs; non-contiguous
 outputs), 0-dim and 8-dim tensors, on every device of the run (conftest.py; off the CPU each result is
 also compared with the CPU kernels')."""
 import pytest

@@ -1,4 +1,4 @@
-"""The op library is SPEC's: the nine schemas exactly (names, argument order, defaults, keyword-only and
+"""The op library is docs/semantics.md's ("The ops"): the nine schemas exactly (names, argument order, defaults, keyword-only and
 alias annotations), a kernel for CPU and the composite fallback, a fake (Meta) kernel, autograd for the
 six functional ops, Functionalize kernels for the three out= overloads."""
 import pytest

@@ -84,7 +84,7 @@ def single_process_group():
 
 @pytest.mark.parametrize("kind,kwargs", [CASES[0], CASES[3]], ids=["SmoothL1Loss", "KLDivLoss"])
 def test_training_inside_ddp(single_process_group, kind, kwargs):
-    """SPEC: works unchanged inside DistributedDataParallel."""
+    """Works unchanged inside DistributedDataParallel (README, "Distributed training")."""
     model = _model()
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")

@@ -58,7 +58,7 @@ inline at::Tensor reduce_to(const at::Tensor& grad, const at::Tensor& like) {
   if (!grad.defined()) return grad;
   at::Tensor g = grad.sym_sizes() == like.sym_sizes() ? grad : at::sum_to(grad, like.sym_sizes());
   if (g.scalar_type() != like.scalar_type()) g = g.to(like.scalar_type());
-  if (like.dim() == 4 || like.dim() == 5) g = g.contiguous(like.suggest_memory_format());
+  if (like.dim() == 4 || like.dim() == 5) g = with_memory_format(g, like.suggest_memory_format());
   return g;
 }
 

@@ -37,7 +37,7 @@ void kl_div_target_backward_into(
     scaled.grad_output = scaled.grad_output.to(at::kFloat);
     self_nd = self_nd.to(at::kFloat);
     target_nd = target_nd.to(at::kFloat);
-    result = at::empty(out.sizes(), out.options().dtype(at::kFloat), out.suggest_memory_format());
+    result = empty_with_format(out.sizes(), out.options().dtype(at::kFloat), out.suggest_memory_format());
   }
   NPU_LOSS_EXEC_ACLNN(
       aclnnKlDivTargetBackward, scaled.grad_output, self_nd, target_nd, scaled.reduction, log_target, result);

@@ -53,7 +53,13 @@ class SmoothL1Loss(_Loss):
 
     __constants__ = ["reduction"]
 
-    def __init__(self, size_average=None, reduce=None, reduction: str = "mean", beta: float = 1.0) -> None:
+    def __init__(
+        self,
+        size_average: bool | None = None,
+        reduce: bool | None = None,
+        reduction: str = "mean",
+        beta: float = 1.0,
+    ) -> None:
         super().__init__(size_average, reduce, reduction)
         self.beta = beta
 
@@ -94,6 +100,11 @@ class L1Loss(_Loss):
     """
 
     __constants__ = ["reduction"]
+
+    def __init__(
+        self, size_average: bool | None = None, reduce: bool | None = None, reduction: str = "mean"
+    ) -> None:
+        super().__init__(size_average, reduce, reduction)
 
     def forward(self, input: Tensor, target: Tensor) -> Tensor:
         """Runs the forward pass."""
@@ -152,8 +163,8 @@ class KLDivLoss(_Loss):
 
     def __init__(
         self,
-        size_average=None,
-        reduce=None,
+        size_average: bool | None = None,
+        reduce: bool | None = None,
         reduction: str = "mean",
         log_target: bool = False,
     ) -> None:

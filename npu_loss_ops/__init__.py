@@ -7,9 +7,19 @@ import importlib.util
 import warnings
 from typing import Any, TypedDict
 
-import torch  # noqa: F401  (libtorch must be loaded before _C)
+with warnings.catch_warnings():
+    # Without NumPy, torch's own import warns "Failed to initialize NumPy: No module named 'numpy'": importing
+    # torch.export (from torch/__init__.py) imports torch/_subclasses/functional_tensor.py, whose class body
+    # calls torch.device("cpu"), and that call's argument parsing tries once to load NumPy's C API (to check
+    # for a NumPy integer). This package never needs NumPy, so its import does not pass that warning on; an
+    # `import torch` of the user's own, before this one, still shows it. A NumPy that is installed but fails
+    # to load warns as before.
+    warnings.filterwarnings(
+        "ignore", message="Failed to initialize NumPy: No module named 'numpy", category=UserWarning
+    )
+    import torch  # noqa: F401  (libtorch must be loaded before _C)
 
-from .version import __version__
+from .version import __version__  # noqa: E402
 
 
 def _check_torch_version(built_with: str | None, installed: str) -> None:

@@ -10,7 +10,7 @@ __all__ = ["get_enum", "REDUCTION_ENUMS"]
 
 
 def get_enum(reduction: str) -> int:
-    """The ops' enum for a reduction string; ``ValueError`` for anything but ``'none'``, ``'mean'``, ``'sum'``.
+    """The ops' enum for a reduction string: ``ValueError`` unless it is ``'none'``, ``'mean'`` or ``'sum'``.
 
     KL's ``'batchmean'`` is not an op reduction: :func:`npu_loss_ops.functional.kl_div` maps it to ``'sum'``
     and divides by the batch size itself.

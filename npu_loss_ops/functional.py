@@ -3,7 +3,7 @@
 Each function takes the same arguments as its ``torch.nn.functional`` twin (reduction strings, the legacy
 ``size_average``/``reduce`` pair, KL's ``'batchmean'``), gives the same results and warnings, and calls
 the matching ``torch.ops.npu_loss`` op, so its gradient runs on the package's kernels (the CANN ``aclnn``
-kernels on an Ascend NPU, native kernels on the CPU).
+kernels on an Ascend NPU, native kernels on the CPU). Every function compiles with ``torch.jit.script``.
 """
 import warnings
 
@@ -128,14 +128,21 @@ def smooth_l1_loss(
             (a negative or NaN beta raises ``ValueError``). Default: ``1.0``
 
     Shape:
-        - Input: ``(*)``, where ``*`` means any number of dimensions.
-        - Target: ``(*)``, same shape as the input (or broadcastable to it).
+        - Input: ``(*)``, where ``*`` means any number of dimensions up to 8.
+        - Target: ``(*)``, same shape as the input (or broadcastable to it), up to 8 dimensions.
         - Output: scalar. If ``reduction`` is ``'none'``, then ``(*)``, the broadcast shape.
 
     The result dtype is PyTorch's: ``torch.promote_types(input.dtype, target.dtype)`` (PyTorch broadcasts
     the two first, so a 0-dim operand promotes like any other). An integer or bool operand is cast to the
-    floating result dtype first. Where PyTorch rejects the dtypes (both integral), so does this function,
-    with a ``TypeError``; complex tensors are not supported either.
+    floating result dtype first.
+
+    Raises:
+        ValueError: ``reduction`` is not ``'none'``, ``'mean'`` or ``'sum'`` (as in PyTorch); ``beta`` is
+            negative or NaN (PyTorch raises ``RuntimeError``).
+        TypeError: both operands are integral or bool, an operand is complex (PyTorch raises
+            ``NotImplementedError``, a ``RuntimeError``, for both), or an operand is float64 on the NPU.
+        RuntimeError: an operand has more than 8 dimensions (PyTorch has no such limit), or the shapes do
+            not broadcast (as in PyTorch).
 
     Example::
 
@@ -200,16 +207,22 @@ def l1_loss(
             Anything else raises ``ValueError``. Default: ``'mean'``
 
     Shape:
-        - Input: ``(*)``, where ``*`` means any number of dimensions.
-        - Target: ``(*)``, same shape as the input (or broadcastable to it).
+        - Input: ``(*)``, where ``*`` means any number of dimensions up to 8.
+        - Target: ``(*)``, same shape as the input (or broadcastable to it), up to 8 dimensions.
         - Output: scalar. If ``reduction`` is ``'none'``, then ``(*)``, the broadcast shape.
 
     The result dtype is PyTorch's: ``torch.promote_types(input.dtype, target.dtype)`` (PyTorch broadcasts
     the two first, so a 0-dim operand promotes like any other). An integer or bool operand is cast to the
     floating result dtype first. When both are integral, ``'none'`` and ``'sum'`` are computed in
-    ``torch.get_default_dtype()`` (PyTorch computes them in the integer dtype). Where PyTorch rejects the
-    dtypes (a bool operand; ``'mean'`` of two integer tensors), so does this function, with a
-    ``TypeError``; complex tensors are not supported either.
+    ``torch.get_default_dtype()`` (PyTorch computes them in the integer dtype).
+
+    Raises:
+        ValueError: ``reduction`` is not ``'none'``, ``'mean'`` or ``'sum'`` (as in PyTorch).
+        TypeError: an operand is bool, or ``reduction='mean'`` with two integer operands (PyTorch raises
+            ``RuntimeError`` for both); an operand is complex (PyTorch returns the real L1 loss of complex
+            tensors); an operand is float64 on the NPU.
+        RuntimeError: an operand has more than 8 dimensions (PyTorch has no such limit), or the shapes do
+            not broadcast (as in PyTorch).
 
     Example::
 
@@ -284,8 +297,8 @@ def kl_div(
         log_target (bool, optional): Whether ``target`` is given in log space. Default: ``False``
 
     Shape:
-        - Input: ``(*)``, where ``*`` means any number of dimensions.
-        - Target: ``(*)``, same shape as the input (or broadcastable to it).
+        - Input: ``(*)``, where ``*`` means any number of dimensions up to 8.
+        - Target: ``(*)``, same shape as the input (or broadcastable to it), up to 8 dimensions.
         - Output: scalar. If ``reduction`` is ``'none'``, then ``(*)``, the broadcast shape.
 
     .. warning::
@@ -293,7 +306,13 @@ def kl_div(
         matches the mathematical definition. As in PyTorch, ``'mean'`` issues a ``UserWarning`` saying so
         (not inside ``torch.compile``).
 
-    Integer or bool tensors raise ``TypeError`` (PyTorch rejects them too, with a ``RuntimeError``).
+    Raises:
+        ValueError: ``reduction`` is not ``'none'``, ``'batchmean'``, ``'sum'`` or ``'mean'`` (as in
+            PyTorch).
+        TypeError: an operand is integral, bool or complex (PyTorch raises ``RuntimeError``), or float64 on
+            the NPU.
+        RuntimeError: an operand has more than 8 dimensions (PyTorch has no such limit), or the shapes do
+            not broadcast (as in PyTorch).
 
     Example::
 

@@ -2,7 +2,8 @@
 
 Drop-ins for :class:`torch.nn.SmoothL1Loss`, :class:`torch.nn.L1Loss` and :class:`torch.nn.KLDivLoss`:
 same constructor arguments, attributes and legacy ``size_average``/``reduce`` handling (they subclass
-torch's ``_Loss``), with ``forward`` calling :mod:`npu_loss_ops.functional`.
+torch's ``_Loss``), with ``forward`` calling :mod:`npu_loss_ops.functional`. They compile with
+``torch.jit.script``, alone or inside a model.
 """
 from torch import Tensor
 from torch.nn.modules.loss import _Loss
@@ -38,9 +39,16 @@ class SmoothL1Loss(_Loss):
         beta (float): the threshold.
 
     Shape:
-        - Input: ``(*)``, where ``*`` means any number of dimensions.
+        - Input: ``(*)``, where ``*`` means any number of dimensions up to 8.
         - Target: ``(*)``, same shape as the input.
         - Output: scalar. If ``reduction`` is ``'none'``, then ``(*)``, same shape as the input.
+
+    Raises:
+        ValueError: when called, for an unknown ``reduction`` (as in PyTorch) or a negative or NaN ``beta``
+            (PyTorch raises ``RuntimeError``); as in PyTorch, the constructor checks neither.
+        TypeError: when called, for a complex operand or two integral ones (PyTorch raises
+            ``NotImplementedError``, a ``RuntimeError``); see :func:`npu_loss_ops.functional.smooth_l1_loss`.
+        RuntimeError: when called, for an operand with more than 8 dimensions (PyTorch has no such limit).
 
     Example::
 
@@ -86,9 +94,17 @@ class L1Loss(_Loss):
         reduction (str): the reduction in use (after the legacy arguments are resolved).
 
     Shape:
-        - Input: ``(*)``, where ``*`` means any number of dimensions.
+        - Input: ``(*)``, where ``*`` means any number of dimensions up to 8.
         - Target: ``(*)``, same shape as the input.
         - Output: scalar. If ``reduction`` is ``'none'``, then ``(*)``, same shape as the input.
+
+    Raises:
+        ValueError: when called, for an unknown ``reduction`` (as in PyTorch, the constructor does not
+            check it).
+        TypeError: when called, for a bool operand or ``'mean'`` of two integer ones (PyTorch raises
+            ``RuntimeError``), or a complex operand (PyTorch returns a real loss); see
+            :func:`npu_loss_ops.functional.l1_loss`.
+        RuntimeError: when called, for an operand with more than 8 dimensions (PyTorch has no such limit).
 
     Example::
 
@@ -142,9 +158,15 @@ class KLDivLoss(_Loss):
         log_target (bool): whether ``target`` is in log space.
 
     Shape:
-        - Input: ``(*)``, where ``*`` means any number of dimensions.
+        - Input: ``(*)``, where ``*`` means any number of dimensions up to 8.
         - Target: ``(*)``, same shape as the input.
         - Output: scalar by default. If ``reduction`` is ``'none'``, then ``(*)``, same shape as the input.
+
+    Raises:
+        ValueError: when called, for an unknown ``reduction`` (as in PyTorch, the constructor does not
+            check it).
+        TypeError: when called, for an integral, bool or complex operand (PyTorch raises ``RuntimeError``).
+        RuntimeError: when called, for an operand with more than 8 dimensions (PyTorch has no such limit).
 
     Example::
 

@@ -7,17 +7,32 @@ import importlib.util
 import warnings
 from typing import Any, TypedDict
 
-with warnings.catch_warnings():
-    # Without NumPy, torch's own import warns "Failed to initialize NumPy: No module named 'numpy'": importing
-    # torch.export (from torch/__init__.py) imports torch/_subclasses/functional_tensor.py, whose class body
-    # calls torch.device("cpu"), and that call's argument parsing tries once to load NumPy's C API (to check
-    # for a NumPy integer). This package never needs NumPy, so its import does not pass that warning on; an
-    # `import torch` of the user's own, before this one, still shows it. A NumPy that is installed but fails
-    # to load warns as before.
+
+def _import_torch() -> None:
+    """Imports torch without passing on its warning about a missing NumPy.
+
+    Without NumPy, torch's own import warns "Failed to initialize NumPy: No module named 'numpy'": importing
+    torch.export (from torch/__init__.py) imports torch/_subclasses/functional_tensor.py, whose class body
+    calls torch.device("cpu"), and that call's argument parsing tries once to load NumPy's C API (to check
+    for a NumPy integer). This package never needs NumPy, so its import ignores that one warning; an
+    `import torch` of the user's own, before this one, still shows it, and a NumPy that is installed but
+    fails to load warns as before. warnings.catch_warnings would also drop the filters torch's import adds,
+    so the filter list is restored by hand: torch's additions in front, as its import put them.
+    """
+    saved = warnings.filters[:]
     warnings.filterwarnings(
         "ignore", message="Failed to initialize NumPy: No module named 'numpy", category=UserWarning
     )
-    import torch  # noqa: F401  (libtorch must be loaded before _C)
+    ours = warnings.filters[0]
+    try:
+        import torch  # noqa: F401
+    finally:
+        added = [f for f in warnings.filters if f != ours and f not in saved]
+        warnings.filters[:] = added + saved
+
+
+_import_torch()
+import torch  # noqa: E402  (libtorch must be loaded before _C)
 
 from .version import __version__  # noqa: E402
 

@@ -115,10 +115,12 @@ with FakeTensorMode():
 '''
 
 
-def _python(code, *, without_numpy):
-    """Runs `code` with -W error in a fresh interpreter from the repository root (this checkout's package)."""
+def _python(code, *, without_numpy, warnings_are_errors=True):
+    """Runs `code` in a fresh interpreter (with -W error by default) from the repository root, so that it
+    imports this checkout's package."""
+    options = ["-W", "error"] if warnings_are_errors else []
     return subprocess.run(
-        [sys.executable, "-W", "error", "-c", (WITHOUT_NUMPY if without_numpy else "") + code],
+        [sys.executable, *options, "-c", (WITHOUT_NUMPY if without_numpy else "") + code],
         cwd=ROOT, capture_output=True, text=True, timeout=600,
     )
 
@@ -136,6 +138,19 @@ def test_import_is_quiet(without_numpy):
     code = "import npu_loss_ops\n"
     code += NUMPY_IS_MISSING if without_numpy else "import numpy\n"
     _assert_clean(_python(code + "print('ok')\n", without_numpy=without_numpy))
+
+
+@pytest.mark.parametrize("without_numpy", [False, True], ids=["with-numpy", "without-numpy"])
+def test_import_keeps_the_warning_filters_torch_adds(without_numpy):
+    """torch's import adds warning filters of its own; after the package's import the filters are exactly
+    those of a plain `import torch`."""
+    if not without_numpy:
+        pytest.importorskip("numpy")
+    show = "import warnings\nprint(repr(warnings.filters))\n"
+    plain = _python("import torch\n" + show, without_numpy=without_numpy, warnings_are_errors=False)
+    ours = _python("import npu_loss_ops\n" + show, without_numpy=without_numpy, warnings_are_errors=False)
+    assert plain.returncode == 0 and ours.returncode == 0, plain.stderr + ours.stderr
+    assert ours.stdout == plain.stdout
 
 
 def test_torch_itself_warns_without_numpy():

@@ -5,7 +5,7 @@ kernels (or, on other devices, a composite of ATen ops) give the same numbers an
 """
 import importlib.util
 import warnings
-from typing import Any, TypedDict
+from typing import Any, TypedDict, cast
 
 
 def _import_torch() -> None:
@@ -19,7 +19,7 @@ def _import_torch() -> None:
     fails to load warns as before. warnings.catch_warnings would also drop the filters torch's import adds,
     so the filter list is restored by hand: torch's additions in front, as its import put them.
     """
-    saved = warnings.filters[:]
+    saved = list(warnings.filters)
     warnings.filterwarnings(
         "ignore", message="Failed to initialize NumPy: No module named 'numpy", category=UserWarning
     )
@@ -27,8 +27,10 @@ def _import_torch() -> None:
     try:
         import torch  # noqa: F401
     finally:
-        added = [f for f in warnings.filters if f != ours and f not in saved]
-        warnings.filters[:] = added + saved
+        # A list that the warnings module edits in place (typeshed calls it a Sequence).
+        filters = cast("list[Any]", warnings.filters)
+        added = [f for f in filters if f != ours and f not in saved]
+        filters[:] = added + saved
 
 
 _import_torch()

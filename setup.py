@@ -170,6 +170,8 @@ setup(
     name="npu_loss_ops",
     version=read_version(),
     packages=find_packages(include=["npu_loss_ops", "npu_loss_ops.*"]),
+    # The package's inline types are its public typing (PEP 561).
+    package_data={"npu_loss_ops": ["py.typed"]},
     ext_modules=extensions(),
     cmdclass={"build_ext": BuildExt},
     install_requires=["torch==2.13.0"],

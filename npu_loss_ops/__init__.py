@@ -5,13 +5,41 @@ kernels (or, on other devices, a composite of ATen ops) give the same numbers an
 """
 import importlib.util
 import warnings
-
-import torch  # noqa: F401  (libtorch must be loaded before _C)
-
-from .version import __version__
+from typing import Any, TypedDict, cast
 
 
-def _check_torch_version(built_with, installed):
+def _import_torch() -> None:
+    """Imports torch without passing on its warning about a missing NumPy.
+
+    Without NumPy, torch's own import warns "Failed to initialize NumPy: No module named 'numpy'": importing
+    torch.export (from torch/__init__.py) imports torch/_subclasses/functional_tensor.py, whose class body
+    calls torch.device("cpu"), and that call's argument parsing tries once to load NumPy's C API (to check
+    for a NumPy integer). This package never needs NumPy, so its import ignores that one warning; an
+    `import torch` of the user's own, before this one, still shows it, and a NumPy that is installed but
+    fails to load warns as before. warnings.catch_warnings would also drop the filters torch's import adds,
+    so the filter list is restored by hand: torch's additions in front, as its import put them.
+    """
+    saved = list(warnings.filters)
+    warnings.filterwarnings(
+        "ignore", message="Failed to initialize NumPy: No module named 'numpy", category=UserWarning
+    )
+    ours = warnings.filters[0]
+    try:
+        import torch  # noqa: F401
+    finally:
+        # A list that the warnings module edits in place (typeshed calls it a Sequence).
+        filters = cast("list[Any]", warnings.filters)
+        added = [f for f in filters if f != ours and f not in saved]
+        filters[:] = added + saved
+
+
+_import_torch()
+import torch  # noqa: E402  (libtorch must be loaded before _C)
+
+from .version import __version__  # noqa: E402
+
+
+def _check_torch_version(built_with: str | None, installed: str) -> None:
     """The compiled extension only works with the torch it was built against."""
     if built_with is not None and built_with != installed:
         raise ImportError(
@@ -21,6 +49,7 @@ def _check_torch_version(built_with, installed):
         )
 
 
+_BUILT_WITH_TORCH: str | None
 try:
     from ._build_torch import TORCH_VERSION as _BUILT_WITH_TORCH
 except ImportError:  # a source checkout that was never built
@@ -28,12 +57,18 @@ except ImportError:  # a source checkout that was never built
 _check_torch_version(_BUILT_WITH_TORCH, torch.__version__)
 
 # The extension must be loaded before any torch.library registration refers to its ops.
-from . import _C  # noqa: E402
-
-_npu_status = {"available": False, "reason": "not checked"}
+from . import _C  # type: ignore[attr-defined]  # noqa: E402  (compiled: no Python source to check)
 
 
-def _load_npu_kernels():
+class _NpuStatus(TypedDict):
+    available: bool
+    reason: str
+
+
+_npu_status: _NpuStatus = {"available": False, "reason": "not checked"}
+
+
+def _load_npu_kernels() -> None:
     """Import torch_npu if it is installed and load the aclnn kernels; never fail the import."""
     if importlib.util.find_spec("torch_npu") is None:
         _npu_status["reason"] = "torch_npu is not installed"
@@ -47,21 +82,22 @@ def _load_npu_kernels():
         _unloadable_npu_kernels("npu_loss_ops was built without the NPU kernels (_C_npu)")
         return
     try:
-        from . import _C_npu  # noqa: F401
+        from . import _C_npu  # type: ignore[attr-defined]  # noqa: F401  (compiled)
     except Exception as exc:
         _unloadable_npu_kernels(f"loading _C_npu failed: {type(exc).__name__}: {exc}")
         return
-    _npu_status.update(available=True, reason="aclnn kernels registered for the NPU")
+    _npu_status["available"] = True
+    _npu_status["reason"] = "aclnn kernels registered for the NPU"
 
 
 def _npu_device_present() -> bool:
     try:
-        return bool(torch.npu.is_available())
+        return bool(torch.npu.is_available())  # type: ignore[attr-defined]  # torch_npu adds torch.npu
     except Exception:
         return False
 
 
-def _unloadable_npu_kernels(reason):
+def _unloadable_npu_kernels(reason: str) -> None:
     """Record why the aclnn kernels are off; with an NPU present that is a broken install: say so once."""
     _npu_status["reason"] = reason
     if _npu_device_present():
@@ -85,19 +121,19 @@ def npu_kernels_available() -> bool:
     return _npu_status["available"]
 
 
-def build_info() -> dict:
+def build_info() -> dict[str, Any]:
     """What this installation runs: CPU kernel ISA, OpenMP, the torch it was built against (its full
     version, e.g. '2.13.0+cpu', equal to torch.__version__ or the import fails), and the NPU kernels'
     status."""
-    info = dict(_C.build_info())
+    info: dict[str, Any] = dict(_C.build_info())
     info["torch_version"] = _BUILT_WITH_TORCH
     info["version"] = __version__
     info["npu_kernels"] = _npu_status["available"]
     info["npu_reason"] = _npu_status["reason"]
     if _npu_status["available"]:
-        from . import _C_npu
+        from . import _C_npu  # type: ignore[attr-defined]  # compiled
 
-        torch.npu.init()  # aclrtGetSocName needs an initialised device
+        torch.npu.init()  # type: ignore[attr-defined]  # aclrtGetSocName needs an initialised device
         info["npu_soc"] = _C_npu.soc_name()
         info["npu_chip"] = _C_npu.chip_family()
     return info

@@ -3,26 +3,21 @@
 Each function takes the same arguments as its ``torch.nn.functional`` twin (reduction strings, the legacy
 ``size_average``/``reduce`` pair, KL's ``'batchmean'``), gives the same results and warnings, and calls
 the matching ``torch.ops.npu_loss`` op, so its gradient runs on the package's kernels (the CANN ``aclnn``
-kernels on an Ascend NPU, native kernels on the CPU).
+kernels on an Ascend NPU, native kernels on the CPU). Every function compiles with ``torch.jit.script``.
 """
 import warnings
 
 import torch
 from torch import Tensor
+
+# torch.jit.is_scripting itself; torch.jit's __all__ leaves it out, so mypy --strict would not see it there.
+from torch._jit_internal import is_scripting as _is_scripting
 from torch.nn import _reduction as _Reduction
 from torch.overrides import handle_torch_function, has_torch_function_variadic
 
+from ._reduction import get_enum as _reduction_enum
+
 __all__ = ["smooth_l1_loss", "l1_loss", "kl_div"]
-
-# The ops' `int reduction` argument (ATen's Reduction enum).
-_REDUCTION_ENUMS = {"none": 0, "mean": 1, "sum": 2}
-
-
-def _reduction_enum(reduction: str) -> int:
-    enum = _REDUCTION_ENUMS.get(reduction) if isinstance(reduction, str) else None
-    if enum is None:
-        raise ValueError(f"{reduction} is not a valid value for reduction")
-    return enum
 
 
 def _legacy_reduction(size_average: bool | None, reduce: bool | None) -> str:
@@ -49,6 +44,15 @@ def _is_integral(t: Tensor) -> bool:
     return not (t.is_floating_point() or t.is_complex())
 
 
+def _to_default_dtype(t: Tensor) -> Tensor:
+    if _is_scripting():
+        # TorchScript has no torch.get_default_dtype() (and its optimiser freezes a dtype read from a new
+        # tensor), but an integer tensor times a Python float has the default dtype, read at each call.
+        return t * 1.0
+    else:
+        return t.to(torch.get_default_dtype())
+
+
 def _promote_like_functional(
     input: Tensor, target: Tensor, *, bool_ok: bool, integral_result_ok: bool
 ) -> tuple[Tensor, Tensor]:
@@ -61,21 +65,27 @@ def _promote_like_functional(
     the default dtype if both are integral and ``integral_result_ok``. Then a 0-dim operand whose dtype
     still differs is expanded (a view) to the other's shape. Whatever F rejects (and complex, which casting
     would silently truncate) is passed on unchanged for the op to reject with a TypeError.
+
+    The promoted dtype's kind follows from the operands' (complex if either is complex, else floating if
+    either is floating, else integral), so it is read from the tensors: TorchScript has no dtype attributes.
     """
-    if input.dtype == target.dtype and not _is_integral(input):
+    input_integral = _is_integral(input)
+    if input.dtype == target.dtype and not input_integral:
         return input, target
-    result_dtype = torch.promote_types(input.dtype, target.dtype)
-    if (_is_integral(input) or _is_integral(target)) and not result_dtype.is_complex:
-        if not bool_ok and torch.bool in (input.dtype, target.dtype):
+    target_integral = _is_integral(target)
+    if (input_integral or target_integral) and not (input.is_complex() or target.is_complex()):
+        if not bool_ok and (input.dtype == torch.bool or target.dtype == torch.bool):
             return input, target
-        if not result_dtype.is_floating_point:
+        if input_integral and target_integral:
             if not integral_result_ok:
                 return input, target
-            result_dtype = torch.get_default_dtype()
+            # Both in the default dtype, so no expand is needed below.
+            return _to_default_dtype(input), _to_default_dtype(target)
+        result_dtype = torch.promote_types(input.dtype, target.dtype)
         # Cast before any expand below, so that a 0-dim operand is cast as one element.
-        if _is_integral(input):
+        if input_integral:
             input = input.to(result_dtype)
-        if _is_integral(target):
+        if target_integral:
             target = target.to(result_dtype)
     if input.dtype != target.dtype and (input.dim() == 0) != (target.dim() == 0):
         if input.dim() == 0:
@@ -118,14 +128,21 @@ def smooth_l1_loss(
             (a negative or NaN beta raises ``ValueError``). Default: ``1.0``
 
     Shape:
-        - Input: ``(*)``, where ``*`` means any number of dimensions.
-        - Target: ``(*)``, same shape as the input (or broadcastable to it).
+        - Input: ``(*)``, where ``*`` means any number of dimensions up to 8.
+        - Target: ``(*)``, same shape as the input (or broadcastable to it), up to 8 dimensions.
         - Output: scalar. If ``reduction`` is ``'none'``, then ``(*)``, the broadcast shape.
 
     The result dtype is PyTorch's: ``torch.promote_types(input.dtype, target.dtype)`` (PyTorch broadcasts
     the two first, so a 0-dim operand promotes like any other). An integer or bool operand is cast to the
-    floating result dtype first. Where PyTorch rejects the dtypes (both integral), so does this function,
-    with a ``TypeError``; complex tensors are not supported either.
+    floating result dtype first.
+
+    Raises:
+        ValueError: ``reduction`` is not ``'none'``, ``'mean'`` or ``'sum'`` (as in PyTorch); ``beta`` is
+            negative or NaN (PyTorch raises ``RuntimeError``).
+        TypeError: both operands are integral or bool, an operand is complex (PyTorch raises
+            ``NotImplementedError``, a ``RuntimeError``, for both), or an operand is float64 on the NPU.
+        RuntimeError: an operand has more than 8 dimensions (PyTorch has no such limit), or the shapes do
+            not broadcast (as in PyTorch).
 
     Example::
 
@@ -157,7 +174,8 @@ def smooth_l1_loss(
     reduction_enum = _reduction_enum(reduction)
     # F's kernel rejects an all-integral pair; bool with a floating operand it accepts.
     input, target = _promote_like_functional(input, target, bool_ok=True, integral_result_ok=False)
-    return torch.ops.npu_loss.smooth_l1_loss(input, target, reduction_enum, beta)
+    loss: Tensor = torch.ops.npu_loss.smooth_l1_loss(input, target, reduction_enum, beta)
+    return loss
 
 
 def l1_loss(
@@ -189,16 +207,22 @@ def l1_loss(
             Anything else raises ``ValueError``. Default: ``'mean'``
 
     Shape:
-        - Input: ``(*)``, where ``*`` means any number of dimensions.
-        - Target: ``(*)``, same shape as the input (or broadcastable to it).
+        - Input: ``(*)``, where ``*`` means any number of dimensions up to 8.
+        - Target: ``(*)``, same shape as the input (or broadcastable to it), up to 8 dimensions.
         - Output: scalar. If ``reduction`` is ``'none'``, then ``(*)``, the broadcast shape.
 
     The result dtype is PyTorch's: ``torch.promote_types(input.dtype, target.dtype)`` (PyTorch broadcasts
     the two first, so a 0-dim operand promotes like any other). An integer or bool operand is cast to the
     floating result dtype first. When both are integral, ``'none'`` and ``'sum'`` are computed in
-    ``torch.get_default_dtype()`` (PyTorch computes them in the integer dtype). Where PyTorch rejects the
-    dtypes (a bool operand; ``'mean'`` of two integer tensors), so does this function, with a
-    ``TypeError``; complex tensors are not supported either.
+    ``torch.get_default_dtype()`` (PyTorch computes them in the integer dtype).
+
+    Raises:
+        ValueError: ``reduction`` is not ``'none'``, ``'mean'`` or ``'sum'`` (as in PyTorch).
+        TypeError: an operand is bool, or ``reduction='mean'`` with two integer operands (PyTorch raises
+            ``RuntimeError`` for both); an operand is complex (PyTorch returns the real L1 loss of complex
+            tensors); an operand is float64 on the NPU.
+        RuntimeError: an operand has more than 8 dimensions (PyTorch has no such limit), or the shapes do
+            not broadcast (as in PyTorch).
 
     Example::
 
@@ -230,9 +254,10 @@ def l1_loss(
     reduction_enum = _reduction_enum(reduction)
     # F computes an all-integral 'none'/'sum' in the integer dtype, rejects its 'mean' and rejects bool.
     input, target = _promote_like_functional(
-        input, target, bool_ok=False, integral_result_ok=reduction_enum != _REDUCTION_ENUMS["mean"]
+        input, target, bool_ok=False, integral_result_ok=reduction != "mean"
     )
-    return torch.ops.npu_loss.l1_loss(input, target, reduction_enum)
+    loss: Tensor = torch.ops.npu_loss.l1_loss(input, target, reduction_enum)
+    return loss
 
 
 def kl_div(
@@ -272,8 +297,8 @@ def kl_div(
         log_target (bool, optional): Whether ``target`` is given in log space. Default: ``False``
 
     Shape:
-        - Input: ``(*)``, where ``*`` means any number of dimensions.
-        - Target: ``(*)``, same shape as the input (or broadcastable to it).
+        - Input: ``(*)``, where ``*`` means any number of dimensions up to 8.
+        - Target: ``(*)``, same shape as the input (or broadcastable to it), up to 8 dimensions.
         - Output: scalar. If ``reduction`` is ``'none'``, then ``(*)``, the broadcast shape.
 
     .. warning::
@@ -281,7 +306,13 @@ def kl_div(
         matches the mathematical definition. As in PyTorch, ``'mean'`` issues a ``UserWarning`` saying so
         (not inside ``torch.compile``).
 
-    Integer or bool tensors raise ``TypeError`` (PyTorch rejects them too, with a ``RuntimeError``).
+    Raises:
+        ValueError: ``reduction`` is not ``'none'``, ``'batchmean'``, ``'sum'`` or ``'mean'`` (as in
+            PyTorch).
+        TypeError: an operand is integral, bool or complex (PyTorch raises ``RuntimeError``), or float64 on
+            the NPU.
+        RuntimeError: an operand has more than 8 dimensions (PyTorch has no such limit), or the shapes do
+            not broadcast (as in PyTorch).
 
     Example::
 
@@ -321,7 +352,7 @@ def kl_div(
             )
         reduction_enum = _reduction_enum("sum" if reduction == "batchmean" else reduction)
 
-    reduced = torch.ops.npu_loss.kl_div(input, target, reduction_enum, log_target=log_target)
+    reduced: Tensor = torch.ops.npu_loss.kl_div(input, target, reduction_enum, log_target=log_target)
 
     # PyTorch's rule, legacy arguments included: 'batchmean' divides by the batch size unless input is 0-dim.
     if reduction == "batchmean" and input.dim() != 0:

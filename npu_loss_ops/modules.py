@@ -2,7 +2,8 @@
 
 Drop-ins for :class:`torch.nn.SmoothL1Loss`, :class:`torch.nn.L1Loss` and :class:`torch.nn.KLDivLoss`:
 same constructor arguments, attributes and legacy ``size_average``/``reduce`` handling (they subclass
-torch's ``_Loss``), with ``forward`` calling :mod:`npu_loss_ops.functional`.
+torch's ``_Loss``), with ``forward`` calling :mod:`npu_loss_ops.functional`. They compile with
+``torch.jit.script``, alone or inside a model.
 """
 from torch import Tensor
 from torch.nn.modules.loss import _Loss
@@ -38,9 +39,16 @@ class SmoothL1Loss(_Loss):
         beta (float): the threshold.
 
     Shape:
-        - Input: ``(*)``, where ``*`` means any number of dimensions.
+        - Input: ``(*)``, where ``*`` means any number of dimensions up to 8.
         - Target: ``(*)``, same shape as the input.
         - Output: scalar. If ``reduction`` is ``'none'``, then ``(*)``, same shape as the input.
+
+    Raises:
+        ValueError: when called, for an unknown ``reduction`` (as in PyTorch) or a negative or NaN ``beta``
+            (PyTorch raises ``RuntimeError``); as in PyTorch, the constructor checks neither.
+        TypeError: when called, for a complex operand or two integral ones (PyTorch raises
+            ``NotImplementedError``, a ``RuntimeError``); see :func:`npu_loss_ops.functional.smooth_l1_loss`.
+        RuntimeError: when called, for an operand with more than 8 dimensions (PyTorch has no such limit).
 
     Example::
 
@@ -53,7 +61,13 @@ class SmoothL1Loss(_Loss):
 
     __constants__ = ["reduction"]
 
-    def __init__(self, size_average=None, reduce=None, reduction: str = "mean", beta: float = 1.0) -> None:
+    def __init__(
+        self,
+        size_average: bool | None = None,
+        reduce: bool | None = None,
+        reduction: str = "mean",
+        beta: float = 1.0,
+    ) -> None:
         super().__init__(size_average, reduce, reduction)
         self.beta = beta
 
@@ -80,9 +94,17 @@ class L1Loss(_Loss):
         reduction (str): the reduction in use (after the legacy arguments are resolved).
 
     Shape:
-        - Input: ``(*)``, where ``*`` means any number of dimensions.
+        - Input: ``(*)``, where ``*`` means any number of dimensions up to 8.
         - Target: ``(*)``, same shape as the input.
         - Output: scalar. If ``reduction`` is ``'none'``, then ``(*)``, same shape as the input.
+
+    Raises:
+        ValueError: when called, for an unknown ``reduction`` (as in PyTorch, the constructor does not
+            check it).
+        TypeError: when called, for a bool operand or ``'mean'`` of two integer ones (PyTorch raises
+            ``RuntimeError``), or a complex operand (PyTorch returns a real loss); see
+            :func:`npu_loss_ops.functional.l1_loss`.
+        RuntimeError: when called, for an operand with more than 8 dimensions (PyTorch has no such limit).
 
     Example::
 
@@ -94,6 +116,11 @@ class L1Loss(_Loss):
     """
 
     __constants__ = ["reduction"]
+
+    def __init__(
+        self, size_average: bool | None = None, reduce: bool | None = None, reduction: str = "mean"
+    ) -> None:
+        super().__init__(size_average, reduce, reduction)
 
     def forward(self, input: Tensor, target: Tensor) -> Tensor:
         """Runs the forward pass."""
@@ -131,9 +158,15 @@ class KLDivLoss(_Loss):
         log_target (bool): whether ``target`` is in log space.
 
     Shape:
-        - Input: ``(*)``, where ``*`` means any number of dimensions.
+        - Input: ``(*)``, where ``*`` means any number of dimensions up to 8.
         - Target: ``(*)``, same shape as the input.
         - Output: scalar by default. If ``reduction`` is ``'none'``, then ``(*)``, same shape as the input.
+
+    Raises:
+        ValueError: when called, for an unknown ``reduction`` (as in PyTorch, the constructor does not
+            check it).
+        TypeError: when called, for an integral, bool or complex operand (PyTorch raises ``RuntimeError``).
+        RuntimeError: when called, for an operand with more than 8 dimensions (PyTorch has no such limit).
 
     Example::
 
@@ -152,8 +185,8 @@ class KLDivLoss(_Loss):
 
     def __init__(
         self,
-        size_average=None,
-        reduce=None,
+        size_average: bool | None = None,
+        reduce: bool | None = None,
         reduction: str = "mean",
         log_target: bool = False,
     ) -> None:

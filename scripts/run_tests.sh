@@ -4,7 +4,7 @@
 set -euo pipefail
 # shellcheck source=setup_env.sh
 source "$(dirname "${BASH_SOURCE[0]}")/setup_env.sh"
-setup_env pytest expecttest numpy hypothesis
+setup_env pytest expecttest numpy hypothesis mypy==2.4.1
 cd "$REPO_ROOT"
 status=0
 python -m pytest tests -q "$@" || status=$?

@@ -24,6 +24,8 @@ from typing import Iterator
 
 import torch
 
+from npu_loss_ops._reduction import REDUCTION_ENUMS
+
 LOSSES = ("smooth_l1_loss", "l1_loss", "kl_div")
 BACKWARD_OP = {
     "smooth_l1_loss": "smooth_l1_loss_backward",
@@ -35,7 +37,8 @@ OUT_OVERLOAD = {
     "l1_loss": "grad_input",
     "kl_div": "grad_target",
 }
-REDUCTIONS = {"none": 0, "mean": 1, "sum": 2}
+# The ops' reductions by name, with their int (the package's own table).
+REDUCTIONS = REDUCTION_ENUMS
 FLOAT_DTYPES = (torch.float32, torch.float64, torch.float16, torch.bfloat16)
 BETAS = (0.0, 0.5, 1.0, 2.0)
 

@@ -1,0 +1,77 @@
+"""Typing: the package ships py.typed, passes ``mypy --strict`` (tests/typing_usage.py, a user's typed code,
+and the package itself), and mypy flags ill-typed calls of the public API."""
+import importlib.util
+import os
+import subprocess
+import sys
+
+import pytest
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+HAS_MYPY = importlib.util.find_spec("mypy") is not None
+needs_mypy = pytest.mark.skipif(
+    not HAS_MYPY, reason="mypy is not installed (scripts/run_tests.sh installs the pinned mypy)"
+)
+
+
+def _mypy(*args):
+    """`python -m mypy --strict` from the repository root, so that pyproject.toml's [tool.mypy] applies and
+    npu_loss_ops is found in the checkout. Its cache (.mypy_cache) makes reruns take seconds; the first run
+    reads torch's annotations and takes about a minute."""
+    return subprocess.run(
+        [sys.executable, "-m", "mypy", "--strict", "--no-color-output", "--no-error-summary", *args],
+        cwd=ROOT, capture_output=True, text=True, timeout=900,
+    )
+
+
+def test_py_typed_is_shipped():
+    assert os.path.isfile(os.path.join(ROOT, "npu_loss_ops", "py.typed"))
+    with open(os.path.join(ROOT, "MANIFEST.in")) as f:
+        assert "npu_loss_ops/py.typed" in f.read().split()
+
+
+@needs_mypy
+def test_strict_mypy_passes_on_typed_usage_and_the_package():
+    result = _mypy(os.path.join("tests", "typing_usage.py"), "npu_loss_ops")
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert result.stdout.strip() == "", result.stdout
+
+
+@pytest.mark.filterwarnings("ignore:size_average and reduce args will be deprecated:UserWarning")
+def test_typed_usage_runs():
+    import typing_usage
+
+    typing_usage.main()
+
+
+# Each line of the snippet, and whether mypy must reject it.
+BAD_CALLS = [
+    ("import torch", False),
+    ("from npu_loss_ops import KLDivLoss, L1Loss, SmoothL1Loss, kl_div, l1_loss, smooth_l1_loss", False),
+    ("x = torch.zeros(3)", False),
+    ('SmoothL1Loss(beta="oops")', True),
+    ('smooth_l1_loss(x, x, beta="oops")', True),
+    ('SmoothL1Loss(size_average="yes")', True),
+    ("L1Loss(reduce=1.5)", True),
+    ('KLDivLoss(log_target="yes")', True),
+    ("l1_loss(x, x, reduction=2)", True),
+    ("kl_div(x, x, log_target=None)", True),
+    ("smooth_l1_loss(x, x, size_average=None, reduce=True, reduction='sum', beta=0)", False),
+    ("SmoothL1Loss(None, None, 'none', 0.5)", False),
+]
+
+
+@needs_mypy
+def test_mypy_rejects_ill_typed_calls(tmp_path):
+    snippet = tmp_path / "ill_typed.py"
+    snippet.write_text("".join(line + "\n" for line, _ in BAD_CALLS))
+    result = _mypy(str(snippet))
+    errors = [line for line in result.stdout.splitlines() if ": error:" in line]
+    flagged = {int(line.split(":")[1]) for line in errors}
+    expected = {n for n, (_, bad) in enumerate(BAD_CALLS, start=1) if bad}
+    assert flagged == expected, result.stdout + result.stderr
+    # Only the snippet: nothing in the package. (mypy's cache may name the snippet's path from an earlier run
+    # of the same content.)
+    assert all(os.path.basename(line.split(":")[0]) == snippet.name for line in errors), result.stdout
+    assert 'Argument "beta" to "SmoothL1Loss" has incompatible type "str"; expected "float"' in result.stdout
+    assert 'Argument "beta" to "smooth_l1_loss" has incompatible type "str"; expected "float"' in result.stdout

@@ -22,6 +22,17 @@ c10::ScalarType compute_dtype(std::initializer_list<const at::Tensor*> tensors) 
   return at::kFloat;
 }
 
+// An input in the compute dtype. On the NPU a channels-last input is made contiguous first: some of
+// torch_npu's own ATen kernels allocate their result in the input's memory format, which torch_npu cannot
+// create. (The result is laid out as docs/semantics.md says at the end, by with_memory_format.)
+at::Tensor operand(const at::Tensor& t, c10::ScalarType dtype) {
+  at::Tensor v = t.to(dtype);
+  if (v.device().type() == c10::DeviceType::PrivateUse1 && v.suggest_memory_format() != c10::MemoryFormat::Contiguous) {
+    v = v.contiguous();
+  }
+  return v;
+}
+
 // sign(d) with sign(0) = sign(NaN) = 0.
 at::Tensor sign_nan_zero(const at::Tensor& d) {
   return (d > 0).to(d.scalar_type()) - (d < 0).to(d.scalar_type());
@@ -46,7 +57,7 @@ namespace composite {
 at::Tensor smooth_l1_loss(const at::Tensor& self, const at::Tensor& target, int64_t reduction, double beta) {
   const auto spec = check_smooth_l1_loss(self, target, reduction, beta);
   const auto c = compute_dtype({&self, &target});
-  const auto d = self.to(c) - target.to(c);
+  const auto d = operand(self, c) - operand(target, c);
   const auto ad = d.abs();
   const auto values = at::where(ad < beta, d * d * (0.5 / beta), ad - 0.5 * beta);
   return reduce_loss(values, reduction, spec);
@@ -57,33 +68,33 @@ at::Tensor smooth_l1_loss_backward(
     double beta) {
   const auto spec = check_smooth_l1_loss_backward(grad_output, self, target, reduction, beta);
   const auto c = compute_dtype({&grad_output, &self, &target});
-  const auto d = self.to(c) - target.to(c);
+  const auto d = operand(self, c) - operand(target, c);
   const auto sign = sign_nan_zero(d);
   const auto slope = beta == 0 ? sign : at::where(d.abs() >= beta, sign, d / beta);
-  const auto g = grad_output.to(c) * reduction_scale(reduction, self.numel());
+  const auto g = operand(grad_output, c) * reduction_scale(reduction, self.numel());
   return with_memory_format((g * slope).expand(spec.shape).to(spec.dtype), spec.memory_format);
 }
 
 at::Tensor l1_loss(const at::Tensor& self, const at::Tensor& target, int64_t reduction) {
   const auto spec = check_l1_loss(self, target, reduction);
   const auto c = compute_dtype({&self, &target});
-  return reduce_loss((self.to(c) - target.to(c)).abs(), reduction, spec);
+  return reduce_loss((operand(self, c) - operand(target, c)).abs(), reduction, spec);
 }
 
 at::Tensor l1_loss_backward(
     const at::Tensor& grad_output, const at::Tensor& self, const at::Tensor& target, int64_t reduction) {
   const auto spec = check_l1_loss_backward(grad_output, self, target, reduction);
   const auto c = compute_dtype({&grad_output, &self, &target});
-  const auto g = grad_output.to(c) * reduction_scale(reduction, shape_numel(spec.shape));
-  const auto values = g * sign_nan_zero(self.to(c) - target.to(c));
+  const auto g = operand(grad_output, c) * reduction_scale(reduction, shape_numel(spec.shape));
+  const auto values = g * sign_nan_zero(operand(self, c) - operand(target, c));
   return with_memory_format(values.expand(spec.shape).to(spec.dtype), spec.memory_format);
 }
 
 at::Tensor kl_div(const at::Tensor& self, const at::Tensor& target, int64_t reduction, bool log_target) {
   const auto spec = check_kl_div(self, target, reduction);
   const auto c = compute_dtype({&self, &target});
-  const auto x = self.to(c);
-  const auto t = target.to(c);
+  const auto x = operand(self, c);
+  const auto t = operand(target, c);
   const auto values = log_target ? t.exp() * (t - x) : at::xlogy(t, t) - t * x;
   return reduce_loss(values, reduction, spec);
 }
@@ -93,9 +104,9 @@ at::Tensor kl_div_target_backward(
     bool log_target) {
   const auto spec = check_kl_div_target_backward(grad_output, self, target, reduction);
   const auto c = compute_dtype({&grad_output, &self, &target});
-  const auto x = self.to(c);
-  const auto t = target.to(c);
-  const auto g = grad_output.to(c) * reduction_scale(reduction, shape_numel(spec.broadcast_shape));
+  const auto x = operand(self, c);
+  const auto t = operand(target, c);
+  const auto g = operand(grad_output, c) * reduction_scale(reduction, shape_numel(spec.broadcast_shape));
   at::Tensor values;
   if (log_target) {
     values = g * t.exp() * (t + 1 - x);

@@ -152,9 +152,11 @@ def test_backward_out_keeps_its_layout(device, loss, fmt, path, out_format):
     pair = ("fmt", "fmt") if out_format == "contiguous" else ("contig", "contig")
     x, t, _ = _inputs(loss, pair, fmt, device)
     g = torch.randn(()).to(device)
-    out = torch.empty(SHAPES[fmt], device=device)
+    out = torch.empty(SHAPES[fmt])
     if out_format == "same":
         out = out.contiguous(memory_format=fmt)  # a channels-last out for contiguous inputs
+    # .to keeps the strides (torch_npu cannot create a channels-last tensor directly).
+    out = out.to(device)
     strides = out.stride()
     returned = _backward(loss, path, g, x, t, MEAN, out=out)
     assert returned is out and out.stride() == strides

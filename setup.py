@@ -10,22 +10,26 @@ import os
 import platform
 import shutil
 import subprocess
+import sys
 import tempfile
 
 from setuptools import find_packages, setup
+
+ROOT = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, ROOT)  # build_config.py, beside this file (PEP 517 backends do not put it on the path)
+from build_config import TORCH_VERSION, torch_npu_include_dirs  # noqa: E402
 
 try:
     from torch.utils.cpp_extension import BuildExtension, CppExtension
 except ImportError:
     raise SystemExit(
         "npu_loss_ops is compiled against the torch of the environment it will run in, and none is "
-        "importable here. Install torch==2.13.0 first (CPU build: pip install torch==2.13.0 --index-url "
-        "https://download.pytorch.org/whl/cpu; on Ascend: pip install torch-npu==2.13.0), then build with "
-        "pip install --no-build-isolation . (without --no-build-isolation pip builds in an empty "
-        "environment that has no torch)."
+        f"importable here. Install torch=={TORCH_VERSION} first (CPU build: pip install torch=={TORCH_VERSION} "
+        f"--index-url https://download.pytorch.org/whl/cpu; on Ascend: pip install torch-npu=={TORCH_VERSION}), "
+        "then build with pip install --no-build-isolation . (without --no-build-isolation pip builds in an "
+        "empty environment that has no torch)."
     ) from None
 
-ROOT = os.path.dirname(os.path.abspath(__file__))
 DEBUG = os.environ.get("DEBUG", "0") == "1"
 
 
@@ -101,7 +105,7 @@ def build_npu():
         return None
     root = torch_npu_dir()
     if root is None and switch in ("1", "true", "on"):
-        raise RuntimeError("NPU_LOSS_OPS_NPU=1 but torch_npu is not installed (pip install torch-npu==2.13.0)")
+        raise RuntimeError(f"NPU_LOSS_OPS_NPU=1 but torch_npu is not installed (pip install torch-npu=={TORCH_VERSION})")
     return root
 
 
@@ -109,16 +113,12 @@ def npu_extension(root, flags, link):
     import torch
 
     major, minor = torch.__version__.split(".")[:2]
-    include = os.path.join(root, "include")
     return CppExtension(
         "npu_loss_ops._C_npu",
-        sorted(glob.glob("csrc/npu/*.cpp")),
-        include_dirs=[
-            include,
-            os.path.join(include, "third_party", "acl", "inc"),
-            os.path.join(include, "third_party", "op-plugin"),
-            os.path.join(include, "third_party", "op-plugin", "op_plugin", "include"),
-        ],
+        # The aclnn kernels, and their own copy of the shared checks and of the composite math they fall
+        # back to (each extension is a separate library; the composite's registrations stay in _C).
+        sorted(glob.glob("csrc/npu/*.cpp")) + ["csrc/checks.cpp", "csrc/composite.cpp"],
+        include_dirs=torch_npu_include_dirs(root),
         library_dirs=[os.path.join(root, "lib")],
         libraries=["torch_npu"],
         # torch_npu's headers need the torch version as V<major>R<minor>.
@@ -133,6 +133,7 @@ def extensions():
         "csrc/registration.cpp",
         "csrc/checks.cpp",
         "csrc/composite.cpp",
+        "csrc/composite_kernels.cpp",
         "csrc/autocast.cpp",
         "csrc/module.cpp",
     ]
@@ -174,7 +175,7 @@ setup(
     package_data={"npu_loss_ops": ["py.typed"]},
     ext_modules=extensions(),
     cmdclass={"build_ext": BuildExt},
-    install_requires=["torch==2.13.0"],
+    install_requires=[f"torch=={TORCH_VERSION}"],
     license="BSD-3-Clause",
     description="SmoothL1, L1 and KL-divergence loss gradients as torch.ops.npu_loss.* ops on Ascend aclnn "
     "kernels, with native CPU kernels everywhere else",

@@ -6,6 +6,8 @@
 #include <c10/core/impl/LocalDispatchKeySet.h>
 #include <torch/library.h>
 
+#include "ops.h"
+
 namespace npu_loss {
 namespace {
 
@@ -16,25 +18,19 @@ struct AutocastLosses {
   }
 
   static at::Tensor smooth_l1_loss(const at::Tensor& self, const at::Tensor& target, int64_t reduction, double beta) {
-    static auto op = c10::Dispatcher::singleton()
-                         .findSchemaOrThrow("npu_loss::smooth_l1_loss", "")
-                         .typed<at::Tensor(const at::Tensor&, const at::Tensor&, int64_t, double)>();
+    const auto& op = ops::smooth_l1_loss();
     c10::impl::ExcludeDispatchKeyGuard no_autocast(key);
     return op.call(to_float(self), to_float(target), reduction, beta);
   }
 
   static at::Tensor l1_loss(const at::Tensor& self, const at::Tensor& target, int64_t reduction) {
-    static auto op = c10::Dispatcher::singleton()
-                         .findSchemaOrThrow("npu_loss::l1_loss", "")
-                         .typed<at::Tensor(const at::Tensor&, const at::Tensor&, int64_t)>();
+    const auto& op = ops::l1_loss();
     c10::impl::ExcludeDispatchKeyGuard no_autocast(key);
     return op.call(to_float(self), to_float(target), reduction);
   }
 
   static at::Tensor kl_div(const at::Tensor& self, const at::Tensor& target, int64_t reduction, bool log_target) {
-    static auto op = c10::Dispatcher::singleton()
-                         .findSchemaOrThrow("npu_loss::kl_div", "")
-                         .typed<at::Tensor(const at::Tensor&, const at::Tensor&, int64_t, bool)>();
+    const auto& op = ops::kl_div();
     c10::impl::ExcludeDispatchKeyGuard no_autocast(key);
     return op.call(to_float(self), to_float(target), reduction, log_target);
   }

@@ -58,8 +58,9 @@ void check_dtypes(const char* op, std::initializer_list<NamedTensor> tensors) {
 }
 
 void check_reduction(const char* op, int64_t reduction) {
+  constexpr auto first = static_cast<int64_t>(Reduction::None), last = static_cast<int64_t>(Reduction::Sum);
   TORCH_CHECK_VALUE(
-      reduction >= 0 && reduction <= 2, op, ": reduction must be 0 (none), 1 (mean) or 2 (sum), got ",
+      reduction >= first && reduction <= last, op, ": reduction must be 0 (none), 1 (mean) or 2 (sum), got ",
       reduction);
 }
 
@@ -211,7 +212,7 @@ ResultSpec check_smooth_l1_loss(
   check_beta(op, beta);
   check_dims(op, args);
   auto b = broadcast_shapes(op, args);
-  c10::DimVector shape = reduction == 0 ? b : c10::DimVector{};
+  c10::DimVector shape = reduction == static_cast<int64_t>(Reduction::None) ? b : c10::DimVector{};
   const auto format = result_memory_format(shape, {&self, &target});
   return {shape, result_type_of(args), b, format};
 }
@@ -235,7 +236,7 @@ ResultSpec check_l1_loss(const at::Tensor& self, const at::Tensor& target, int64
   check_common(op, args, reduction);
   check_dims(op, args);
   auto b = broadcast_shapes(op, args);
-  c10::DimVector shape = reduction == 0 ? b : c10::DimVector{};
+  c10::DimVector shape = reduction == static_cast<int64_t>(Reduction::None) ? b : c10::DimVector{};
   const auto format = result_memory_format(shape, {&self, &target});
   return {shape, result_type_of(args), b, format};
 }
@@ -257,7 +258,7 @@ ResultSpec check_kl_div(const at::Tensor& self, const at::Tensor& target, int64_
   check_common(op, args, reduction);
   check_dims(op, args);
   auto b = broadcast_shapes(op, args);
-  c10::DimVector shape = reduction == 0 ? b : c10::DimVector{};
+  c10::DimVector shape = reduction == static_cast<int64_t>(Reduction::None) ? b : c10::DimVector{};
   const auto format = result_memory_format(shape, {&self, &target});
   return {shape, result_type_of(args), b, format};
 }

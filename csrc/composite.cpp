@@ -1,6 +1,7 @@
-// The fallback for any device without a dedicated kernel (CUDA, XPU, MPS, ... and the NPU for calls a
-// chip's aclnn kernel cannot serve): CompositeExplicitAutograd kernels made of ATen ops, after the same
-// checks as every other backend. Also the Functionalize kernels of the out= overloads.
+// The fallback's math for any device without a dedicated kernel (CUDA, XPU, MPS, ... and the NPU for calls a
+// chip's aclnn kernel cannot serve): each op made of ATen ops, after the same checks as every other
+// backend. Math only: composite_kernels.cpp registers it (with the out= overloads and the Functionalize
+// kernels), and _C_npu compiles this file too, to call the same math where the NPU falls back.
 #include <ATen/ATen.h>
 #include <ATen/ExpandUtils.h>
 #include <torch/library.h>
@@ -120,104 +121,4 @@ at::Tensor kl_div_target_backward(
 }
 
 }  // namespace composite
-
-// The registrations live in _C only; _C_npu compiles this file for the composite math above.
-#ifndef NPU_LOSS_NPU_MODULE
-namespace {
-
-at::Tensor& smooth_l1_loss_backward_out_composite(
-    const at::Tensor& grad_output, const at::Tensor& self, const at::Tensor& target, int64_t reduction,
-    double beta, at::Tensor& grad_input) {
-  const auto spec = check_smooth_l1_loss_backward(grad_output, self, target, reduction, beta);
-  check_out(
-      "smooth_l1_loss_backward", "grad_input", grad_input, spec, OutDtype::AnyFloating,
-      {{"grad_output", &grad_output}, {"self", &self}, {"target", &target}});
-  return grad_input.copy_(composite::smooth_l1_loss_backward(grad_output, self, target, reduction, beta));
-}
-
-at::Tensor& l1_loss_backward_out_composite(
-    const at::Tensor& grad_output, const at::Tensor& self, const at::Tensor& target, int64_t reduction,
-    at::Tensor& grad_input) {
-  const auto spec = check_l1_loss_backward(grad_output, self, target, reduction);
-  check_out(
-      "l1_loss_backward", "grad_input", grad_input, spec, OutDtype::AnyFloating,
-      {{"grad_output", &grad_output}, {"self", &self}, {"target", &target}});
-  return grad_input.copy_(composite::l1_loss_backward(grad_output, self, target, reduction));
-}
-
-at::Tensor& kl_div_target_backward_out_composite(
-    const at::Tensor& grad_output, const at::Tensor& self, const at::Tensor& target, int64_t reduction,
-    bool log_target, at::Tensor& grad_target) {
-  const auto spec = check_kl_div_target_backward(grad_output, self, target, reduction);
-  check_out(
-      "kl_div_target_backward", "grad_target", grad_target, spec, OutDtype::EqualsResult,
-      {{"grad_output", &grad_output}, {"self", &self}, {"target", &target}});
-  return grad_target.copy_(composite::kl_div_target_backward(grad_output, self, target, reduction, log_target));
-}
-
-// Functionalize kernels: PyTorch does not functionalize a custom op whose result aliases an input, so
-// each out= overload is rewritten as its functional op plus a copy into out (both functionalizable).
-at::Tensor& copy_into_out(const char* op, const char* name, at::Tensor& out, const at::Tensor& result) {
-  TORCH_CHECK(
-      out.sym_sizes() == result.sym_sizes(), op, ": ", name, " must have shape ", result.sym_sizes(),
-      " (the result's shape), got ", out.sym_sizes());
-  out.copy_(result);
-  return out;
-}
-
-at::Tensor& smooth_l1_loss_backward_out_functionalize(
-    const at::Tensor& grad_output, const at::Tensor& self, const at::Tensor& target, int64_t reduction,
-    double beta, at::Tensor& grad_input) {
-  static auto handle = c10::Dispatcher::singleton()
-                           .findSchemaOrThrow("npu_loss::smooth_l1_loss_backward", "")
-                           .typed<at::Tensor(const at::Tensor&, const at::Tensor&, const at::Tensor&, int64_t, double)>();
-  const auto result = handle.call(grad_output, self, target, reduction, beta);
-  return copy_into_out("smooth_l1_loss_backward", "grad_input", grad_input, result);
-}
-
-at::Tensor& l1_loss_backward_out_functionalize(
-    const at::Tensor& grad_output, const at::Tensor& self, const at::Tensor& target, int64_t reduction,
-    at::Tensor& grad_input) {
-  static auto handle = c10::Dispatcher::singleton()
-                           .findSchemaOrThrow("npu_loss::l1_loss_backward", "")
-                           .typed<at::Tensor(const at::Tensor&, const at::Tensor&, const at::Tensor&, int64_t)>();
-  const auto result = handle.call(grad_output, self, target, reduction);
-  return copy_into_out("l1_loss_backward", "grad_input", grad_input, result);
-}
-
-at::Tensor& kl_div_target_backward_out_functionalize(
-    const at::Tensor& grad_output, const at::Tensor& self, const at::Tensor& target, int64_t reduction,
-    bool log_target, at::Tensor& grad_target) {
-  static auto handle = c10::Dispatcher::singleton()
-                           .findSchemaOrThrow("npu_loss::kl_div_target_backward", "")
-                           .typed<at::Tensor(const at::Tensor&, const at::Tensor&, const at::Tensor&, int64_t, bool)>();
-  const auto result = handle.call(grad_output, self, target, reduction, log_target);
-  TORCH_CHECK_TYPE(
-      grad_target.scalar_type() == result.scalar_type(), "kl_div_target_backward: grad_target must have dtype ",
-      c10::getDtypeNames(result.scalar_type()).first, " (the result's dtype), got ",
-      c10::getDtypeNames(grad_target.scalar_type()).first);
-  return copy_into_out("kl_div_target_backward", "grad_target", grad_target, result);
-}
-
-}  // namespace
-
-TORCH_LIBRARY_IMPL(npu_loss, CompositeExplicitAutograd, m) {
-  m.impl("smooth_l1_loss", &composite::smooth_l1_loss);
-  m.impl("smooth_l1_loss_backward", &composite::smooth_l1_loss_backward);
-  m.impl("smooth_l1_loss_backward.grad_input", &smooth_l1_loss_backward_out_composite);
-  m.impl("l1_loss", &composite::l1_loss);
-  m.impl("l1_loss_backward", &composite::l1_loss_backward);
-  m.impl("l1_loss_backward.grad_input", &l1_loss_backward_out_composite);
-  m.impl("kl_div", &composite::kl_div);
-  m.impl("kl_div_target_backward", &composite::kl_div_target_backward);
-  m.impl("kl_div_target_backward.grad_target", &kl_div_target_backward_out_composite);
-}
-
-TORCH_LIBRARY_IMPL(npu_loss, Functionalize, m) {
-  m.impl("smooth_l1_loss_backward.grad_input", &smooth_l1_loss_backward_out_functionalize);
-  m.impl("l1_loss_backward.grad_input", &l1_loss_backward_out_functionalize);
-  m.impl("kl_div_target_backward.grad_target", &kl_div_target_backward_out_functionalize);
-}
-#endif  // NPU_LOSS_NPU_MODULE
-
 }  // namespace npu_loss

@@ -25,6 +25,8 @@ import sysconfig
 import tempfile
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, ROOT)
+from build_config import torch_npu_include_dirs  # noqa: E402  (the directories setup.py uses)
 GUARD_MESSAGE = "arguments do not match the prototype of"
 MISMATCHES = ["MISMATCH_DOUBLE_BETA", "MISMATCH_INT_REDUCTION", "MISMATCH_INT_LOG_TARGET", "MISMATCH_MISSING_ARGUMENT"]
 
@@ -109,14 +111,8 @@ def compile_probe(define):
     import torch
 
     major, minor = torch.__version__.split(".")[:2]
-    include = os.path.join(torch_npu_root(), "include")
-    dirs = include_paths() + [
-        include,
-        os.path.join(include, "third_party", "acl", "inc"),
-        os.path.join(include, "third_party", "op-plugin"),
-        os.path.join(include, "third_party", "op-plugin", "op_plugin", "include"),
-        sysconfig.get_paths()["include"],
-    ]
+    # The same include directories setup.py builds _C_npu with.
+    dirs = include_paths() + torch_npu_include_dirs(torch_npu_root()) + [sysconfig.get_paths()["include"]]
     # C++20: the standard BuildExtension compiles the extension with (torch 2.13's headers are written for it).
     cmd = [os.environ.get("CXX", "c++"), "-std=c++20", "-fsyntax-only", f"-DCURRENT_VERSION=V{major}R{minor}"]
     cmd += [f"-I{d}" for d in dirs]

@@ -15,7 +15,7 @@
 # shellcheck source=setup_env.sh
 source "$(dirname "${BASH_SOURCE[0]}")/setup_env.sh"
 NPU_VENV_DIR="${NPU_LOSS_OPS_NPU_VENV:-$REPO_ROOT/.venv-npu}"
-TORCH_NPU_PIN="torch-npu==2.13.0"
+TORCH_NPU_PIN="torch-npu==${TORCH_PIN#torch==}"  # torch_npu releases match torch's version
 
 _npu_log() { printf '[npu %s] %s\n' "$(date +%H:%M:%S)" "$*" >&2; }
 

@@ -19,7 +19,7 @@
 REPO_ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 VENV_DIR="${NPU_LOSS_OPS_VENV:-$REPO_ROOT/.venv}"
 # The only torch the extension is built and tested against; a looser pin pulls a multi-GB CUDA build.
-TORCH_PIN="torch==2.13.0"
+TORCH_PIN="torch==$(sed -n 's/^TORCH_VERSION = "\(.*\)"$/\1/p' "$REPO_ROOT/build_config.py")"
 TORCH_CPU_INDEX="${NPU_LOSS_OPS_TORCH_INDEX:-https://download.pytorch.org/whl/cpu}"
 DEBIAN_PACKAGES="python3 python3-dev python3-venv g++"
 

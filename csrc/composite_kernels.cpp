@@ -1,0 +1,99 @@
+// The composite fallback's registrations: CompositeExplicitAutograd kernels for every op (the math of
+// composite.cpp, plus the out= overloads writing it into out), and the Functionalize kernels of the out=
+// overloads. _C only; _C_npu calls the math directly where a chip falls back.
+#include <ATen/ATen.h>
+#include <torch/library.h>
+
+#include "checks.h"
+#include "composite.h"
+#include "ops.h"
+
+namespace npu_loss {
+namespace {
+
+at::Tensor& smooth_l1_loss_backward_out_composite(
+    const at::Tensor& grad_output, const at::Tensor& self, const at::Tensor& target, int64_t reduction,
+    double beta, at::Tensor& grad_input) {
+  const auto spec = check_smooth_l1_loss_backward(grad_output, self, target, reduction, beta);
+  check_out(
+      "smooth_l1_loss_backward", "grad_input", grad_input, spec, OutDtype::AnyFloating,
+      {{"grad_output", &grad_output}, {"self", &self}, {"target", &target}});
+  return grad_input.copy_(composite::smooth_l1_loss_backward(grad_output, self, target, reduction, beta));
+}
+
+at::Tensor& l1_loss_backward_out_composite(
+    const at::Tensor& grad_output, const at::Tensor& self, const at::Tensor& target, int64_t reduction,
+    at::Tensor& grad_input) {
+  const auto spec = check_l1_loss_backward(grad_output, self, target, reduction);
+  check_out(
+      "l1_loss_backward", "grad_input", grad_input, spec, OutDtype::AnyFloating,
+      {{"grad_output", &grad_output}, {"self", &self}, {"target", &target}});
+  return grad_input.copy_(composite::l1_loss_backward(grad_output, self, target, reduction));
+}
+
+at::Tensor& kl_div_target_backward_out_composite(
+    const at::Tensor& grad_output, const at::Tensor& self, const at::Tensor& target, int64_t reduction,
+    bool log_target, at::Tensor& grad_target) {
+  const auto spec = check_kl_div_target_backward(grad_output, self, target, reduction);
+  check_out(
+      "kl_div_target_backward", "grad_target", grad_target, spec, OutDtype::EqualsResult,
+      {{"grad_output", &grad_output}, {"self", &self}, {"target", &target}});
+  return grad_target.copy_(composite::kl_div_target_backward(grad_output, self, target, reduction, log_target));
+}
+
+// Functionalize kernels: PyTorch does not functionalize a custom op whose result aliases an input, so
+// each out= overload is rewritten as its functional op plus a copy into out (both functionalizable).
+at::Tensor& copy_into_out(const char* op, const char* name, at::Tensor& out, const at::Tensor& result) {
+  TORCH_CHECK(
+      out.sym_sizes() == result.sym_sizes(), op, ": ", name, " must have shape ", result.sym_sizes(),
+      " (the result's shape), got ", out.sym_sizes());
+  out.copy_(result);
+  return out;
+}
+
+at::Tensor& smooth_l1_loss_backward_out_functionalize(
+    const at::Tensor& grad_output, const at::Tensor& self, const at::Tensor& target, int64_t reduction,
+    double beta, at::Tensor& grad_input) {
+  const auto result = ops::smooth_l1_loss_backward().call(grad_output, self, target, reduction, beta);
+  return copy_into_out("smooth_l1_loss_backward", "grad_input", grad_input, result);
+}
+
+at::Tensor& l1_loss_backward_out_functionalize(
+    const at::Tensor& grad_output, const at::Tensor& self, const at::Tensor& target, int64_t reduction,
+    at::Tensor& grad_input) {
+  const auto result = ops::l1_loss_backward().call(grad_output, self, target, reduction);
+  return copy_into_out("l1_loss_backward", "grad_input", grad_input, result);
+}
+
+at::Tensor& kl_div_target_backward_out_functionalize(
+    const at::Tensor& grad_output, const at::Tensor& self, const at::Tensor& target, int64_t reduction,
+    bool log_target, at::Tensor& grad_target) {
+  const auto result = ops::kl_div_target_backward().call(grad_output, self, target, reduction, log_target);
+  TORCH_CHECK_TYPE(
+      grad_target.scalar_type() == result.scalar_type(), "kl_div_target_backward: grad_target must have dtype ",
+      c10::getDtypeNames(result.scalar_type()).first, " (the result's dtype), got ",
+      c10::getDtypeNames(grad_target.scalar_type()).first);
+  return copy_into_out("kl_div_target_backward", "grad_target", grad_target, result);
+}
+
+}  // namespace
+
+TORCH_LIBRARY_IMPL(npu_loss, CompositeExplicitAutograd, m) {
+  m.impl("smooth_l1_loss", &composite::smooth_l1_loss);
+  m.impl("smooth_l1_loss_backward", &composite::smooth_l1_loss_backward);
+  m.impl("smooth_l1_loss_backward.grad_input", &smooth_l1_loss_backward_out_composite);
+  m.impl("l1_loss", &composite::l1_loss);
+  m.impl("l1_loss_backward", &composite::l1_loss_backward);
+  m.impl("l1_loss_backward.grad_input", &l1_loss_backward_out_composite);
+  m.impl("kl_div", &composite::kl_div);
+  m.impl("kl_div_target_backward", &composite::kl_div_target_backward);
+  m.impl("kl_div_target_backward.grad_target", &kl_div_target_backward_out_composite);
+}
+
+TORCH_LIBRARY_IMPL(npu_loss, Functionalize, m) {
+  m.impl("smooth_l1_loss_backward.grad_input", &smooth_l1_loss_backward_out_functionalize);
+  m.impl("l1_loss_backward.grad_input", &l1_loss_backward_out_functionalize);
+  m.impl("kl_div_target_backward.grad_target", &kl_div_target_backward_out_functionalize);
+}
+
+}  // namespace npu_loss

@@ -5,8 +5,8 @@ import math
 
 import pytest
 import torch
-from torch.utils._python_dispatch import TorchDispatchMode
 
+from helpers import RecordOps
 from reference import assert_close, lowest, reference_backward, reference_forward
 from samples import LOSSES, all_samples, params
 
@@ -16,25 +16,15 @@ SAMPLES = [s for loss in LOSSES for s in all_samples(loss)
            if s.backward_shape.numel() <= 5000 and s.op_compatible][::2]
 
 
-class _AtenCalls(TorchDispatchMode):
-    def __init__(self):
-        super().__init__()
-        self.calls = []
-
-    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        self.calls.append(str(func))
-        return func(*args, **(kwargs or {}))
-
-
 def test_op_dk_really_reaches_the_composite_kernel():
     """The composite kernel is made of ATen ops; the CPU kernel is not: a dispatch mode tells them apart."""
     x, t = torch.randn(5), torch.randn(5)
-    with _AtenCalls() as composite:
+    with RecordOps() as composite:
         torch.ops.npu_loss.l1_loss.default._op_dk(COMPOSITE, x, t, 1)
-    with _AtenCalls() as cpu:
+    with RecordOps() as cpu:
         torch.ops.npu_loss.l1_loss.default(x, t, 1)
-    assert any("abs" in c for c in composite.calls), composite.calls
-    assert not any("abs" in c for c in cpu.calls), cpu.calls
+    assert any("abs" in c for c in composite.ops), composite.ops
+    assert not any("abs" in c for c in cpu.ops), cpu.ops
 
 
 @pytest.mark.parametrize("s", params(SAMPLES))

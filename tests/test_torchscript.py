@@ -13,6 +13,7 @@ import torch.nn.functional as F
 import npu_loss_ops
 import npu_loss_ops.functional as nf
 from npu_loss_ops._reduction import REDUCTION_ENUMS, get_enum
+from samples import LOSSES
 
 # torch 2.13 marks TorchScript deprecated; it is still what these tests exercise.
 pytestmark = [
@@ -129,7 +130,7 @@ def test_scripted_functional_matches_F(case, dtype):
     _assert_same(ours, _value_and_grads(lambda a, b: getattr(nf, name)(a, b, **kwargs), x, t))
 
 
-@pytest.mark.parametrize("name", ["smooth_l1_loss", "l1_loss", "kl_div"])
+@pytest.mark.parametrize("name", LOSSES)
 def test_scripted_functional_broadcasts_and_promotes_like_F(name):
     scripted = _scripted(name)
     x, t = _inputs(name, torch.float16, shape=(3, 4))

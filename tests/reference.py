@@ -224,6 +224,20 @@ def assert_close(actual: torch.Tensor, expected: torch.Tensor, magnitude: torch.
         )
 
 
+def assert_matches(actual: torch.Tensor, reference, msg: str = "") -> None:
+    """`actual` has the dtype and shape of `reference` = (value, magnitude, dtype, shape), as
+    reference_forward and reference_backward return it, and values within tolerance of it."""
+    value, magnitude, dtype, shape = reference
+    assert_dtype_and_shape(actual, dtype, shape, msg)
+    assert_close(actual, value, magnitude, msg=msg)
+
+
+def assert_dtype_and_shape(actual: torch.Tensor, dtype: torch.dtype, shape, msg: str = "") -> None:
+    """The result dtype and shape docs/semantics.md's table gives (as a reference_* function returns them)."""
+    assert actual.dtype == dtype, f"{msg}: result dtype {actual.dtype}, docs/semantics.md says {dtype}"
+    assert actual.shape == shape, f"{msg}: result shape {tuple(actual.shape)}, docs/semantics.md says {tuple(shape)}"
+
+
 # ---------------------------------------------------------------------------------------------------
 # Double backward, from torch.nn.functional's autograd in float64
 
@@ -285,6 +299,12 @@ def skip_if_unsupported(s: Sample, device: str) -> None:
         import pytest
 
         pytest.skip("float64 is rejected on the NPU (TypeError; the error matrix checks it)")
+
+
+def cpu_result(fn, s: Sample, device: str):
+    """fn(s) on the CPU sample when the test runs on another device (the result the device's is compared
+    with, `cpu=` of assert_close_on_device); None on the CPU."""
+    return None if device == "cpu" else fn(s)
 
 
 def on_device(s: Sample, device: str) -> Sample:

@@ -79,6 +79,16 @@ class Sample:
     def forward_op(self):
         return getattr(torch.ops.npu_loss, self.loss).default
 
+    def run_forward(self, self_=None, target=None) -> torch.Tensor:
+        """torch.ops.npu_loss.<loss> on this sample (or on other self/target tensors)."""
+        args, kwargs = self.forward_args(self_, target)
+        return self.forward_op()(*args, **kwargs)
+
+    def run_backward(self, grad_output=None, self_=None, target=None) -> torch.Tensor:
+        """The loss's backward op on this sample (or on other grad_output/self/target tensors)."""
+        args, kwargs = self.backward_args(grad_output, self_, target)
+        return self.backward_op()(*args, **kwargs)
+
     def backward_op(self):
         return getattr(torch.ops.npu_loss, BACKWARD_OP[self.loss]).default
 
@@ -112,12 +122,7 @@ class Sample:
 
     def functional_kwargs(self) -> dict:
         """Keyword arguments for npu_loss_ops.<loss> and torch.nn.functional.<loss>."""
-        kwargs = {"reduction": self.reduction}
-        if self.loss == "smooth_l1_loss":
-            kwargs["beta"] = self.beta
-        if self.loss == "kl_div":
-            kwargs["log_target"] = self.log_target
-        return kwargs
+        return functional_kwargs(self.loss, self.reduction, self.beta, self.log_target)
 
     # ---- helpers ----
     def map_tensors(self, fn) -> "Sample":
@@ -172,6 +177,17 @@ class Sample:
 
     def __repr__(self) -> str:
         return f"Sample({self.name})"
+
+
+def functional_kwargs(loss: str, reduction: str, beta: float, log_target: bool) -> dict:
+    """Keyword arguments for npu_loss_ops.<loss> and torch.nn.functional.<loss>: the reduction, and beta
+    (smooth L1) or log_target (KL) where the loss has it."""
+    kwargs = {"reduction": reduction}
+    if loss == "smooth_l1_loss":
+        kwargs["beta"] = beta
+    if loss == "kl_div":
+        kwargs["log_target"] = log_target
+    return kwargs
 
 
 def lowest_precision(*dtypes: torch.dtype) -> torch.dtype:

@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from helpers import RecordOps
-from reference import assert_close, lowest, reference_backward, reference_forward
+from reference import assert_close, assert_matches, lowest, reference_backward, reference_forward
 from samples import LOSSES, all_samples, params
 
 COMPOSITE = torch._C.DispatchKey.CompositeExplicitAutograd
@@ -27,24 +27,24 @@ def test_op_dk_really_reaches_the_composite_kernel():
     assert not any("abs" in c for c in cpu.ops), cpu.ops
 
 
+def _check_composite(op, args, kwargs, cpu, reference, msg):
+    """op's composite kernel gives the reference's dtype, shape and values, and the CPU kernel's dtype and
+    shape."""
+    ours = op._op_dk(COMPOSITE, *args, **kwargs)
+    assert (ours.dtype, ours.shape) == (cpu.dtype, cpu.shape), f"{msg}: composite vs the CPU kernel"
+    assert_matches(ours, reference, msg)
+
+
 @pytest.mark.parametrize("s", params(SAMPLES))
 def test_composite_forward(s):
     args, kwargs = s.forward_args()
-    ours = s.forward_op()._op_dk(COMPOSITE, *args, **kwargs)
-    cpu = s.forward_op()(*args, **kwargs)
-    value, mag, dtype, shape = reference_forward(s)
-    assert ours.dtype == cpu.dtype == dtype and ours.shape == cpu.shape == shape
-    assert_close(ours, value, mag, msg=s.name)
+    _check_composite(s.forward_op(), args, kwargs, s.run_forward(), reference_forward(s), s.name)
 
 
 @pytest.mark.parametrize("s", params(SAMPLES))
 def test_composite_backward(s):
     args, kwargs = s.backward_args()
-    ours = s.backward_op()._op_dk(COMPOSITE, *args, **kwargs)
-    cpu = s.backward_op()(*args, **kwargs)
-    value, mag, dtype, shape = reference_backward(s)
-    assert ours.dtype == cpu.dtype == dtype and ours.shape == cpu.shape == shape
-    assert_close(ours, value, mag, msg=s.name)
+    _check_composite(s.backward_op(), args, kwargs, s.run_backward(), reference_backward(s), s.name)
 
 
 @pytest.mark.parametrize("s", params(SAMPLES[::3]))

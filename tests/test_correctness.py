@@ -16,6 +16,8 @@ from reference import (
     RTOL,
     assert_close,
     assert_close_on_device,
+    assert_dtype_and_shape,
+    cpu_result,
     grad_magnitudes,
     l1_nan_gives_minus_grad,
     lowest,
@@ -33,27 +35,11 @@ OPINFO = [s for loss in LOSSES for s in opinfo_samples(loss)]
 OPINFO_LOW = [s for loss in LOSSES for dt in (torch.float32, torch.bfloat16) for s in opinfo_samples(loss, dt)]
 
 
-def _forward(s):
-    args, kwargs = s.forward_args()
-    return s.forward_op()(*args, **kwargs)
-
-
-def _backward(s):
-    args, kwargs = s.backward_args()
-    return s.backward_op()(*args, **kwargs)
-
-
-def _cpu_result(fn, s, device):
-    """fn(s) on the CPU copy when the test runs elsewhere (the result the device is compared with)."""
-    return None if device == "cpu" else fn(s)
-
-
 def _forward_check(s, device):
-    out = _forward(on_device(s, device))
+    out = on_device(s, device).run_forward()
     value, mag, dtype, shape = reference_forward(s)
-    assert out.dtype == dtype, f"result dtype {out.dtype}, SPEC says {dtype}"
-    assert out.shape == shape, f"result shape {tuple(out.shape)}, SPEC says {tuple(shape)}"
-    assert_close_on_device(out, value, mag, msg=s.name, device=device, cpu=_cpu_result(_forward, s, device))
+    assert_dtype_and_shape(out, dtype, shape, s.name)
+    assert_close_on_device(out, value, mag, msg=s.name, device=device, cpu=cpu_result(Sample.run_forward, s, device))
 
 
 @pytest.mark.parametrize("s", ALL, ids=ids(ALL))
@@ -69,13 +55,12 @@ def test_forward_op_opinfo(s, device):
 
 def _backward_check(s, device):
     ds = on_device(s, device)
-    out = _backward(ds)
+    out = ds.run_backward()
     chip = s.loss == "l1_loss" and l1_nan_gives_minus_grad(device, out, *ds.backward_args()[0][:3])
     value, mag, dtype, shape = reference_backward(s, l1_at_nan=-1.0 if chip else 0.0)
-    assert out.dtype == dtype, f"result dtype {out.dtype}, SPEC says {dtype}"
-    assert out.shape == shape, f"result shape {tuple(out.shape)}, SPEC says {tuple(shape)}"
+    assert_dtype_and_shape(out, dtype, shape, s.name)
     differs = _differs(value, reference_backward(s)[0]) if chip else None
-    assert_close_on_device(out, value, mag, msg=s.name, device=device, cpu=_cpu_result(_backward, s, device),
+    assert_close_on_device(out, value, mag, msg=s.name, device=device, cpu=cpu_result(Sample.run_backward, s, device),
                            chip_differs=differs)
 
 
@@ -99,7 +84,7 @@ SMOOTH_SAME_SHAPE = [
 def test_smooth_l1_backward_op_matches_aten(s, device):
     """The drop-in promise: same numbers as ATen's own smooth_l1_loss_backward (computed in float64 on the
     CPU)."""
-    ours = _backward(on_device(s, device))
+    ours = on_device(s, device).run_backward()
     args, _ = s.backward_args()
     g, x, t = (a.double() for a in args[:3])
     aten = torch.ops.aten.smooth_l1_loss_backward(g, x, t, s.reduction_enum, s.beta)
@@ -108,7 +93,7 @@ def test_smooth_l1_backward_op_matches_aten(s, device):
         # gradient there is 0); SPEC: sign(0) = 0.
         aten = torch.where(x == t, 0.0, aten)
     _, mag, _, _ = reference_backward(s)
-    assert_close_on_device(ours, aten, mag, msg=s.name, device=device, cpu=_cpu_result(_backward, s, device))
+    assert_close_on_device(ours, aten, mag, msg=s.name, device=device, cpu=cpu_result(Sample.run_backward, s, device))
 
 
 def _output_grad(s, out):
@@ -210,7 +195,7 @@ def test_functional_forward_opinfo(s, device):
     ours = call(ds)
     ref = getattr(F, s.loss)(s.self.double(), s.target.double(), **s.functional_kwargs())
     assert ours.dtype == s.self.dtype and ours.shape == ref.shape
-    assert_close_on_device(ours, ref, msg=s.name, device=device, cpu=_cpu_result(call, s, device))
+    assert_close_on_device(ours, ref, msg=s.name, device=device, cpu=cpu_result(call, s, device))
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -411,14 +396,14 @@ def _result_spec(s):
 def test_out_matches_functional(s, device):
     ds = on_device(s, device)
     dtype, shape = _result_spec(s)
-    expected = _backward(ds)
+    expected = ds.run_backward()
     out = torch.full(shape, math.nan, dtype=dtype, device=device)
     res = _call_out(ds, out)
     assert res is out
     assert torch.equal(out.cpu(), expected.cpu())
     if device != "cpu":
         value, mag, _, _ = reference_backward(s)
-        assert_close_on_device(out, value, mag, msg=f"{s.name} out=", device=device, cpu=_backward(s))
+        assert_close_on_device(out, value, mag, msg=f"{s.name} out=", device=device, cpu=s.run_backward())
 
 
 def _non_contiguous_cases():
@@ -434,7 +419,7 @@ def _non_contiguous_cases():
 def test_out_non_contiguous(s, layout, device):
     ds = on_device(s, device)
     dtype, shape = _result_spec(s)
-    expected = _backward(ds)
+    expected = ds.run_backward()
     if layout == "transposed":
         out = torch.full(tuple(shape[:-2]) + (shape[-1], shape[-2]), math.nan, dtype=dtype, device=device).mT
     else:
@@ -447,7 +432,7 @@ def test_out_non_contiguous(s, layout, device):
     # in the last bit: compare to rounding, and to the float64 reference.
     value, mag, _, _ = reference_backward(s)
     assert_close_on_device(out, value, mag, msg=f"{s.name} non-contiguous out=", device=device,
-                           cpu=_cpu_result(_backward, s, device))
+                           cpu=cpu_result(Sample.run_backward, s, device))
     assert_close(out.cpu(), expected.cpu(), mag, msg=f"{s.name} non-contiguous out= vs functional")
     if layout == "sliced":
         assert buf[..., ::2].cpu().isnan().all(), "wrote outside the out= view"
@@ -499,7 +484,7 @@ def test_out_exact_alias_of_an_input(s, which, device):
     if device != "cpu":
         value, mag, _, _ = reference_backward(s)
         assert_close_on_device(out, value, mag, msg=f"{s.name} out= aliasing argument {which}", device=device,
-                               cpu=_backward(s))
+                               cpu=s.run_backward())
 
 
 # ---------------------------------------------------------------------------------------------------

@@ -5,22 +5,8 @@ import pytest
 import torch
 
 import npu_loss_ops
-from reference import assert_close, assert_close_on_device, reference_backward, reference_forward
+from reference import assert_close, assert_close_on_device, cpu_result, reference_backward, reference_forward
 from samples import LOSSES, Sample, layout_kind, make_layout, make_sample
-
-
-def _forward(s, x, t):
-    args, kwargs = s.forward_args(x, t)
-    return s.forward_op()(*args, **kwargs)
-
-
-def _backward(s, g, x, t):
-    args, kwargs = s.backward_args(g, x, t)
-    return s.backward_op()(*args, **kwargs)
-
-
-def _cpu(fn, s, device):
-    return None if device == "cpu" else fn(s)
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
@@ -34,13 +20,13 @@ def test_elementwise_results_do_not_depend_on_layout(loss, layout, dtype, device
     assert not ds.self.is_contiguous()
     dense = [a.contiguous() for a in (ds.grad_output, ds.self, ds.target)]
     value, mag, _, _ = reference_forward(s)
-    strided_fwd, dense_fwd = _forward(ds, ds.self, ds.target), _forward(ds, *dense[1:])
-    cpu = _cpu(lambda c: _forward(c, c.self, c.target), s, device)
+    strided_fwd, dense_fwd = ds.run_forward(), ds.run_forward(*dense[1:])
+    cpu = cpu_result(Sample.run_forward, s, device)
     assert_close_on_device(strided_fwd, value, mag, msg="strided forward", device=device, cpu=cpu)
     assert_close(strided_fwd.cpu(), dense_fwd.cpu(), mag, msg="strided vs dense forward")
     value, mag, _, _ = reference_backward(s)
-    strided_bwd, dense_bwd = _backward(ds, ds.grad_output, ds.self, ds.target), _backward(ds, *dense)
-    cpu = _cpu(lambda c: _backward(c, c.grad_output, c.self, c.target), s, device)
+    strided_bwd, dense_bwd = ds.run_backward(), ds.run_backward(*dense)
+    cpu = cpu_result(Sample.run_backward, s, device)
     assert_close_on_device(strided_bwd, value, mag, msg="strided backward", device=device, cpu=cpu)
     assert_close(strided_bwd.cpu(), dense_bwd.cpu(), mag, msg="strided vs dense backward")
 
@@ -57,15 +43,15 @@ def test_eight_dims_permuted(loss, reduction, device):
     s2 = Sample(s.loss, x, s.target, s.grad_output, s.reduction, s.beta, s.log_target, name=s.name)
     d2 = s2.to(device)
     assert d2.self.stride() == x.stride()
-    out = _forward(d2, d2.self, d2.target)
+    out = d2.run_forward()
     value, mag, dtype, shape_ = reference_forward(s2)
     assert out.shape == shape_ and out.dtype == dtype
-    assert_close_on_device(out, value, mag, device=device, cpu=_cpu(lambda c: _forward(c, c.self, c.target), s2, device))
-    grad = _backward(d2, d2.grad_output, d2.self, d2.target)
+    assert_close_on_device(out, value, mag, device=device, cpu=cpu_result(Sample.run_forward, s2, device))
+    grad = d2.run_backward()
     value, mag, dtype, shape_ = reference_backward(s2)
     assert grad.shape == shape_
     assert_close_on_device(grad, value, mag, device=device,
-                           cpu=_cpu(lambda c: _backward(c, c.grad_output, c.self, c.target), s2, device))
+                           cpu=cpu_result(Sample.run_backward, s2, device))
 
 
 @pytest.mark.parametrize("loss", LOSSES)
@@ -74,15 +60,15 @@ def test_all_zero_dim(loss, device):
     for reduction in ("none", "mean", "sum"):
         s.reduction = reduction
         ds = s.to(device)
-        out = _forward(ds, ds.self, ds.target)
+        out = ds.run_forward()
         assert out.shape == ()
         value, mag, _, _ = reference_forward(s)
-        assert_close_on_device(out, value, mag, device=device, cpu=_cpu(lambda c: _forward(c, c.self, c.target), s, device))
-        grad = _backward(ds, ds.grad_output, ds.self, ds.target)
+        assert_close_on_device(out, value, mag, device=device, cpu=cpu_result(Sample.run_forward, s, device))
+        grad = ds.run_backward()
         value, mag, _, shape = reference_backward(s)
         assert grad.shape == shape == ()
         assert_close_on_device(grad, value, mag, device=device,
-                               cpu=_cpu(lambda c: _backward(c, c.grad_output, c.self, c.target), s, device))
+                               cpu=cpu_result(Sample.run_backward, s, device))
 
 
 def test_make_layout_really_changes_strides():

@@ -22,7 +22,7 @@ from torch.autograd import gradcheck, gradgradcheck
 from torch.utils import _pytree as pytree
 
 import npu_loss_ops
-from samples import BACKWARD_OP, LOSSES, REDUCTIONS
+from samples import BACKWARD_OP, LOSSES, REDUCTIONS, functional_kwargs
 
 pytestmark = [
     pytest.mark.filterwarnings("error:There is a performance drop"),
@@ -62,12 +62,7 @@ class Case:
     broadcast: bool = False
 
     def kwargs(self) -> dict:
-        kw = {"reduction": self.reduction}
-        if self.loss == "smooth_l1_loss":
-            kw["beta"] = self.beta
-        if self.loss == "kl_div":
-            kw["log_target"] = self.log_target
-        return kw
+        return functional_kwargs(self.loss, self.reduction, self.beta, self.log_target)
 
     @property
     def target_shape(self):

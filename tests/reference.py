@@ -8,7 +8,7 @@ import warnings
 import torch
 import torch.nn.functional as F
 
-from samples import Sample, lowest_precision as lowest  # noqa: F401  (re-exported)
+from samples import Sample
 
 # Relative tolerance by the dtype of the result being checked.
 RTOL = {

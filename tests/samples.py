@@ -276,11 +276,7 @@ def away_from_kinks(s: "Sample") -> bool:
     return _kinks_ok(s.loss, s.self, s.target, s.beta, s.log_target)
 
 
-def _round_trip(t: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
-    return t.to(dtype)
-
-
-def _grad_shape(shape_kind: str, reduction: str, bshape, self_shape, target_shape, loss: str):
+def _grad_shape(shape_kind: str, reduction: str, bshape, loss: str):
     if shape_kind == "scalar" or (shape_kind == "auto" and reduction != "none"):
         return ()
     if shape_kind == "auto":
@@ -321,7 +317,7 @@ def make_sample(
     target_dtype = target_dtype or dtype
     grad_dtype = grad_dtype or dtype
     bshape = torch.broadcast_shapes(torch.Size(self_shape), torch.Size(target_shape))
-    gshape = _grad_shape(grad_kind, reduction, bshape, self_shape, target_shape, loss)
+    gshape = _grad_shape(grad_kind, reduction, bshape, loss)
     key = (loss, self_shape, target_shape, str(dtype), reduction, beta, log_target, layout, grad_kind)
     target_kind = "signed" if loss != "kl_div" else ("logprob" if log_target else "prob")
     self_kind = "signed" if loss != "kl_div" else "logprob"
@@ -335,7 +331,8 @@ def make_sample(
         g = _values(gshape, gen, "signed")
         if zero_targets and t.numel():
             t.view(-1)[:: 3] = 0.0
-        x, t, g = _round_trip(x, dtype), _round_trip(t, target_dtype), _round_trip(g, grad_dtype)
+        # Rounded to the sample's dtypes before the kink check, so it sees the values the ops will see.
+        x, t, g = x.to(dtype), t.to(target_dtype), g.to(grad_dtype)
         if not wants_differentiable or _kinks_ok(loss, x, t, beta, log_target):
             break
     differentiable = wants_differentiable and _kinks_ok(loss, x, t, beta, log_target)

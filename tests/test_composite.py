@@ -7,8 +7,8 @@ import pytest
 import torch
 
 from helpers import RecordOps
-from reference import assert_close, assert_matches, lowest, reference_backward, reference_forward
-from samples import LOSSES, all_samples, params
+from reference import assert_close, assert_matches, reference_backward, reference_forward
+from samples import LOSSES, all_samples, lowest_precision, params
 
 COMPOSITE = torch._C.DispatchKey.CompositeExplicitAutograd
 
@@ -56,7 +56,7 @@ def test_composite_out(s):
         out = torch.full(shape, math.nan, dtype=out_dtype)
         res = s.out_op()._op_dk(COMPOSITE, *args, **{s.out_name: out})
         assert res.data_ptr() == out.data_ptr() if out.numel() else res.shape == out.shape
-        assert_close(out, value, mag, dtype=lowest(dtype, out_dtype), msg=s.name)
+        assert_close(out, value, mag, dtype=lowest_precision(dtype, out_dtype), msg=s.name)
 
 
 @pytest.mark.parametrize("loss", LOSSES)

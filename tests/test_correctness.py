@@ -20,7 +20,6 @@ from reference import (
     cpu_result,
     grad_magnitudes,
     l1_nan_gives_minus_grad,
-    lowest,
     on_device,
     reference_backward,
     reference_double_backward,
@@ -28,7 +27,7 @@ from reference import (
     reference_grads,
     smooth_l1_tbe_divisor,
 )
-from samples import LOSSES, Sample, all_samples, away_from_kinks, ids, opinfo_samples
+from samples import LOSSES, Sample, all_samples, away_from_kinks, ids, lowest_precision, opinfo_samples
 
 ALL = [s for loss in LOSSES for s in all_samples(loss)]
 OPINFO = [s for loss in LOSSES for s in opinfo_samples(loss)]
@@ -454,7 +453,7 @@ def test_out_other_float_dtype(s, device):
         if device != "cpu":
             cpu = torch.full(shape, math.nan, dtype=out_dtype)
             _call_out(s, cpu)
-        assert_close_on_device(out, value, mag, dtype=lowest(dtype, out_dtype), msg=f"{s.name} into {out_dtype}",
+        assert_close_on_device(out, value, mag, dtype=lowest_precision(dtype, out_dtype), msg=f"{s.name} into {out_dtype}",
                                device=device, cpu=cpu)
 
 

@@ -1,5 +1,10 @@
 """float64 references written from docs/semantics.md's Math section, result shapes/dtypes from its table, and the
-comparison every correctness test uses (per-dtype tolerance, relative to each element's magnitude)."""
+comparison every correctness test uses (per-dtype tolerance, relative to each element's magnitude).
+
+A reference that shares code or logic with what it checks cannot catch its bugs, so nothing here comes from
+npu_loss_ops: values are torch.nn.functional's or written from docs/semantics.md, result dtypes are PyTorch's
+own promotion (aten_result_type), shapes torch.broadcast_shapes'. The package is asked only which NPU chip
+and aclnn APIs it runs on (npu_soc, smooth_l1_tbe_divisor), to know which documented chip behaviour to expect."""
 from __future__ import annotations
 
 import math
@@ -19,13 +24,15 @@ RTOL = {
 }
 
 
-def result_type(*tensors: torch.Tensor) -> torch.dtype:
-    """at::result_type for floating tensors: 0-dim tensors promote only when no dimensioned one exists."""
-    pool = [t.dtype for t in tensors if t.dim() > 0] or [t.dtype for t in tensors]
-    dtype = pool[0]
-    for d in pool[1:]:
-        dtype = torch.promote_types(dtype, d)
-    return dtype
+def aten_result_type(*tensors: torch.Tensor) -> torch.dtype:
+    """at::result_type of two or three tensors (docs/semantics.md's result dtype), as PyTorch computes it, so
+    that no promotion rule is written out here a second time: torch.result_type for two; for three, the
+    dtype of an ATen ternary elementwise op, whose TensorIterator promotes all its inputs by
+    at::result_type (torch.addcmul, on stand-ins with each tensor's dtype and its 0-dim-ness)."""
+    if len(tensors) == 2:
+        return torch.result_type(*tensors)
+    a, b, c = (torch.zeros((1,) * min(t.dim(), 1), dtype=t.dtype) for t in tensors)
+    return torch.addcmul(a, b, c).dtype
 
 
 def sign(d: torch.Tensor) -> torch.Tensor:
@@ -77,7 +84,7 @@ def reference_forward(s: Sample):
     else:
         value, mag = v.mean(), mag.mean()
     shape = s.broadcast_shape if s.reduction == "none" else torch.Size([])
-    return value, mag, result_type(s.self, s.target), shape
+    return value, mag, aten_result_type(s.self, s.target), shape
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -116,7 +123,7 @@ def reference_backward(s: Sample, l1_at_nan: float = 0.0, smooth_l1_divisor: flo
         shape = torch.broadcast_shapes(g.shape, x.shape, t.shape)
         gs = g * _scale(s.reduction, shape.numel())  # the broadcast result's count
         value = (gs * l1_sign(x, t, l1_at_nan)).expand(shape)
-        return value, gs.abs().expand(shape), result_type(s.grad_output, s.self, s.target), shape
+        return value, gs.abs().expand(shape), aten_result_type(s.grad_output, s.self, s.target), shape
     bshape = torch.broadcast_shapes(x.shape, t.shape)
     gs = g * _scale(s.reduction, bshape.numel())
     if s.log_target:

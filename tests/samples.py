@@ -214,11 +214,23 @@ def _values(shape, gen: torch.Generator, kind: str) -> torch.Tensor:
 
 
 def make_layout(values: torch.Tensor, layout: str) -> torch.Tensor:
-    """`values` (contiguous) re-laid out: the same shape and values, different strides."""
+    """`values` (contiguous) re-laid out: the same shape and values, different strides. Every layout but
+    "contiguous" is a non-contiguous view wherever one exists (more than one element), so the kernels' strided
+    paths see it."""
     if layout == "contiguous" or values.dim() == 0 or values.numel() == 0:
         return values.clone()
     if layout == "transposed":
-        return values.mT.contiguous().mT if values.dim() >= 2 else values.flip(0).clone().flip(0)
+        if values.dim() >= 2:
+            view = values.mT.contiguous().mT
+            if not view.is_contiguous():
+                return view
+        # One dim of size > 1 (a 1-D tensor, or one like (5, 1)) has no dense layout but the contiguous one,
+        # and torch has no negative strides to reverse it: read it with stride 2 from the odd positions of a
+        # NaN buffer twice as long (a storage offset too, where "sliced" starts at 0).
+        buf = torch.full((2 * values.numel(),), float("nan"), dtype=values.dtype)
+        view = buf[1::2].view(values.shape)
+        view.copy_(values)
+        return view
     if layout == "sliced":
         # Every other element of a buffer twice as long in the last dim.
         shape = list(values.shape)
@@ -248,7 +260,8 @@ def to_device(t: torch.Tensor, device) -> torch.Tensor:
 
 
 def layout_kind(t: torch.Tensor) -> str:
-    """Which of make_layout's layouts `t` has (as far as its strides tell)."""
+    """Which of make_layout's layouts `t` has, as far as its strides tell (a "transposed" tensor with one
+    dim of size > 1 is a view with gaps, and reads as "sliced")."""
     if t.is_contiguous():
         return "contiguous"
     if any(st == 0 and n > 1 for st, n in zip(t.stride(), t.shape)):

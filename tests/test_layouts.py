@@ -6,7 +6,7 @@ import torch
 
 import npu_loss_ops  # noqa: F401  (registers the ops)
 from reference import assert_close, assert_close_on_device, cpu_result, reference_backward, reference_forward
-from samples import LOSSES, Sample, layout_kind, make_layout, make_sample
+from samples import LOSSES, Sample, all_samples, layout_kind, make_layout, make_sample
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
@@ -71,11 +71,28 @@ def test_all_zero_dim(loss, device):
                                cpu=cpu_result(Sample.run_backward, s, device))
 
 
-def test_make_layout_really_changes_strides():
-    v = torch.randn(6, 7)
+@pytest.mark.parametrize("shape", [(6, 7), (2, 3, 4), (6,), (5, 1), (1, 5), (2,)])
+def test_make_layout_really_changes_strides(shape):
+    """Every non-contiguous layout is really strided, 1-D tensors included (a 1-D "transposed" tensor is a
+    stride-2 view), so the samples built with it reach the kernels' strided paths."""
+    v = torch.randn(shape)
     for layout in ("transposed", "sliced", "expanded"):
+        if layout == "expanded" and shape[0] == 1:
+            continue  # nothing to expand along dim 0
         t = make_layout(v, layout)
-        assert t.shape == v.shape and not t.is_contiguous(), layout
+        assert t.shape == v.shape and not t.is_contiguous(), (layout, t.stride())
+        if layout != "expanded":  # expanded keeps the first row only
+            assert torch.equal(t, v), layout
+
+
+def test_strided_samples_are_non_contiguous():
+    """The shared grid's layout samples pass non-contiguous tensors wherever a tensor has more than one
+    element."""
+    for loss in LOSSES:
+        for s in all_samples(loss):
+            if s.name.endswith(("-transposed", "-sliced", "-expanded")):
+                for t in (s.self, s.target):
+                    assert t.numel() <= 1 or not t.is_contiguous(), (s.name, tuple(t.shape), t.stride())
 
 
 @pytest.mark.parametrize("layout", ["contiguous", "transposed", "sliced", "expanded"])

@@ -136,7 +136,7 @@ class Sample:
 
     @property
     def has_float64(self) -> bool:
-        """float64 anywhere: rejected on the NPU (TypeError, SPEC), so value tests skip it there."""
+        """float64 anywhere: rejected on the NPU (TypeError, docs/validation.md), so value tests skip it there."""
         return torch.float64 in (self.self.dtype, self.target.dtype, self.grad_output.dtype)
 
     @property
@@ -439,7 +439,7 @@ def samples(
         if loss != "kl_div":
             yield make_sample(loss, (4, 1), (1, 5), reduction=reduction, grad_kind="enlarging",
                               dtype=torch.float32, name=f"{loss}-genlarging-{reduction}")
-    # Mixed dtypes (result type is at::result_type; the backward op's dtype per SPEC's table).
+    # Mixed dtypes (result type is at::result_type; the backward op's dtype per docs/semantics.md's table).
     for reduction in reductions:
         yield make_sample(loss, (6, 7), (6, 7), dtype=torch.float32, target_dtype=torch.float16,
                           reduction=reduction, name=f"{loss}-f32xf16-{reduction}")

@@ -1,5 +1,5 @@
 """Values, shapes and dtypes of every op against float64 references (torch.nn.functional for the forwards
-and their autograd, SPEC.md's formulas for the backward ops), over the shared samples.
+and their autograd, docs/semantics.md's formulas for the backward ops), over the shared samples.
 
 Tests that take `device` run on each device of the run (conftest.py): off the CPU every result is also
 compared with the CPU kernels' result for the same inputs."""
@@ -89,7 +89,7 @@ def test_smooth_l1_backward_op_matches_aten(s, device):
     aten = torch.ops.aten.smooth_l1_loss_backward(g, x, t, s.reduction_enum, s.beta)
     if s.beta == 0:
         # ATen's backward kernel returns -g at d == 0 for beta == 0 (its forward takes the L1 path, whose
-        # gradient there is 0); SPEC: sign(0) = 0.
+        # gradient there is 0); docs/semantics.md: sign(0) = 0.
         aten = torch.where(x == t, 0.0, aten)
     _, mag, _, _ = reference_backward(s)
     assert_close_on_device(ours, aten, mag, msg=s.name, device=device, cpu=cpu_result(Sample.run_backward, s, device))
@@ -198,7 +198,7 @@ def test_functional_forward_opinfo(s, device):
 
 
 # ---------------------------------------------------------------------------------------------------
-# Exact values the SPEC singles out
+# Exact values docs/semantics.md singles out
 
 
 def _skip_float64_on_npu(dtype, device):
@@ -254,7 +254,7 @@ SPECIALS_T = [0.0, math.inf, 1.0, math.inf, math.nan, -math.inf, 1.0, 2.0, -math
 @pytest.mark.parametrize("reduction", ["none", "sum"])
 def test_nan_inf_like_pytorch(loss, beta, log_target, dtype, reduction, device):
     """NaN / inf inputs give what PyTorch's CPU kernels give (forward and gradients); on the TBE chips the
-    L1 gradient at a NaN is -grad (SPEC's one documented chip difference, asserted exactly there)."""
+    L1 gradient at a NaN is -grad (docs/semantics.md's one documented chip difference, asserted exactly there)."""
     _skip_float64_on_npu(dtype, device)
     x = torch.tensor(SPECIALS_X, dtype=dtype)
     t = torch.tensor(SPECIALS_T, dtype=dtype)
@@ -267,7 +267,7 @@ def test_nan_inf_like_pytorch(loss, beta, log_target, dtype, reduction, device):
     s = Sample(loss, x, t, g, reduction, beta, log_target, name=f"specials-{loss}")
     _forward_check(s, device)
     _backward_check(s, device)
-    # Against PyTorch's own autograd (KL's target gradient at target == 0 excepted, per SPEC).
+    # Against PyTorch's own autograd (KL's target gradient at target == 0 excepted, per docs/semantics.md).
     _autograd_check(s, getattr(npu_loss_ops, loss), device)
 
 
@@ -285,7 +285,7 @@ def test_kl_target_grad_at_inf_target_like_pytorch(dtype, device):
 
 
 def test_l1_grad_at_nan(device):
-    """0 at a NaN input, as PyTorch; -grad on the TBE chips (SPEC's one documented chip difference)."""
+    """0 at a NaN input, as PyTorch; -grad on the TBE chips (docs/semantics.md's one documented chip difference)."""
     x = torch.tensor([math.nan, 1.0, math.nan])
     t = torch.tensor([0.0, math.nan, math.nan])
     expected = torch.full((3,), -1.0 if l1_nan_gives_minus_grad(device, x, t) else 0.0)
@@ -453,8 +453,8 @@ def test_out_other_float_dtype(s, device):
         if device != "cpu":
             cpu = torch.full(shape, math.nan, dtype=out_dtype)
             _call_out(s, cpu)
-        assert_close_on_device(out, value, mag, dtype=lowest_precision(dtype, out_dtype), msg=f"{s.name} into {out_dtype}",
-                               device=device, cpu=cpu)
+        assert_close_on_device(out, value, mag, dtype=lowest_precision(dtype, out_dtype),
+                               msg=f"{s.name} into {out_dtype}", device=device, cpu=cpu)
 
 
 ALIAS_SAMPLES = [
@@ -487,7 +487,7 @@ def test_out_exact_alias_of_an_input(s, which, device):
 
 
 # ---------------------------------------------------------------------------------------------------
-# Reduced precision: computed in float32, rounded once (SPEC)
+# Reduced precision: computed in float32, rounded once (docs/semantics.md, "Reduced precision")
 
 COMPOSITE = torch._C.DispatchKey.CompositeExplicitAutograd
 
@@ -520,7 +520,7 @@ def test_reduced_precision_is_rounded_once(loss, log_target, dtype, reduction, l
         else:
             args, kwargs = ds.backward_args()
             out = call(ds.backward_op(), *args, **kwargs)
-            # the TBE chips' smooth L1 kernel divides by beta + 1e-6 (README): the value it rounds once
+            # the TBE chips' smooth L1 kernel divides by beta + 1e-6 (docs/npu_routing.md): the value it rounds once
             divisor = smooth_l1_tbe_divisor(device, s.beta, out, *args[:3]) if (
                 loss == "smooth_l1_loss" and path == "kernel") else None
             value = reference_backward(s, smooth_l1_divisor=divisor)[0]

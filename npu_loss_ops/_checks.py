@@ -1,7 +1,13 @@
-"""The validation rules of csrc/checks.cpp, in Python, for the fake (meta) kernels.
+"""The Python mirror of csrc/checks.cpp (and of kMaxDims in csrc/checks.h), for the fake (meta) kernels in
+_fake.py: the validation of every op, and its result's shape, dtype and memory format.
 
-Same rules, same order, same exception classes and messages as the C++ checks: a test runs the whole error
-matrix on real CPU tensors and on fake/meta tensors and compares the two.
+Same rules, in the same order, with the same exception classes and messages as the C++ checks
+(docs/validation.md lists them): a change to one is a change to the other. tests/test_errors.py keeps the
+two identical. It runs docs/validation.md's whole error matrix on real CPU tensors (the C++ checks) and on
+fake and meta tensors (these) and requires the same class and message from each, and it compares three
+rules one by one: the dimension limit (MAX_DIMS against kMaxDims), the accepted dtypes (every torch dtype)
+and float64 on the NPU (float64_allowed). tests/test_opcheck.py and tests/test_memory_format.py compare the
+results' shapes, dtypes and memory formats with the real kernels'.
 """
 from __future__ import annotations
 

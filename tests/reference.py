@@ -1,5 +1,10 @@
 """float64 references written from docs/semantics.md's Math section, result shapes/dtypes from its table, and the
-comparison every correctness test uses (per-dtype tolerance, relative to each element's magnitude)."""
+comparison every correctness test uses (per-dtype tolerance, relative to each element's magnitude).
+
+A reference that shares code or logic with what it checks cannot catch its bugs, so nothing here comes from
+npu_loss_ops: values are torch.nn.functional's or written from docs/semantics.md, result dtypes are PyTorch's
+own promotion (aten_result_type), shapes torch.broadcast_shapes'. The package is asked only which NPU chip
+and aclnn APIs it runs on (npu_soc, smooth_l1_tbe_divisor), to know which documented chip behaviour to expect."""
 from __future__ import annotations
 
 import math
@@ -8,9 +13,14 @@ import warnings
 import torch
 import torch.nn.functional as F
 
-from samples import Sample, lowest_precision as lowest  # noqa: F401  (re-exported)
+from samples import Sample
 
-# Relative tolerance by the dtype of the result being checked.
+# Relative tolerance by the dtype of the result being checked, against float64 references computed from the
+# very (rounded) inputs the op saw, relative to each element's magnitude. float16/bfloat16 results are
+# computed in float32 and rounded once (docs/semantics.md, "Reduced precision"), at most half an epsilon
+# off: 1e-3 and 1e-2 are about one epsilon (9.8e-4, 7.8e-3). float32 and float64 leave room for the kernels'
+# own math (float32 log/exp within 2 ulp, csrc/cpu/vec_math.h; the aclnn kernels on the NPU) and long sums:
+# 1e-5 is about 84 float32 epsilons, 1e-12 about 4500 float64 ones.
 RTOL = {
     torch.float64: 1e-12,
     torch.float32: 1e-5,
@@ -19,13 +29,15 @@ RTOL = {
 }
 
 
-def result_type(*tensors: torch.Tensor) -> torch.dtype:
-    """at::result_type for floating tensors: 0-dim tensors promote only when no dimensioned one exists."""
-    pool = [t.dtype for t in tensors if t.dim() > 0] or [t.dtype for t in tensors]
-    dtype = pool[0]
-    for d in pool[1:]:
-        dtype = torch.promote_types(dtype, d)
-    return dtype
+def aten_result_type(*tensors: torch.Tensor) -> torch.dtype:
+    """at::result_type of two or three tensors (docs/semantics.md's result dtype), as PyTorch computes it, so
+    that no promotion rule is written out here a second time: torch.result_type for two; for three, the
+    dtype of an ATen ternary elementwise op, whose TensorIterator promotes all its inputs by
+    at::result_type (torch.addcmul, on stand-ins with each tensor's dtype and its 0-dim-ness)."""
+    if len(tensors) == 2:
+        return torch.result_type(*tensors)
+    a, b, c = (torch.zeros((1,) * min(t.dim(), 1), dtype=t.dtype) for t in tensors)
+    return torch.addcmul(a, b, c).dtype
 
 
 def sign(d: torch.Tensor) -> torch.Tensor:
@@ -77,7 +89,7 @@ def reference_forward(s: Sample):
     else:
         value, mag = v.mean(), mag.mean()
     shape = s.broadcast_shape if s.reduction == "none" else torch.Size([])
-    return value, mag, result_type(s.self, s.target), shape
+    return value, mag, aten_result_type(s.self, s.target), shape
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -116,7 +128,7 @@ def reference_backward(s: Sample, l1_at_nan: float = 0.0, smooth_l1_divisor: flo
         shape = torch.broadcast_shapes(g.shape, x.shape, t.shape)
         gs = g * _scale(s.reduction, shape.numel())  # the broadcast result's count
         value = (gs * l1_sign(x, t, l1_at_nan)).expand(shape)
-        return value, gs.abs().expand(shape), result_type(s.grad_output, s.self, s.target), shape
+        return value, gs.abs().expand(shape), aten_result_type(s.grad_output, s.self, s.target), shape
     bshape = torch.broadcast_shapes(x.shape, t.shape)
     gs = g * _scale(s.reduction, bshape.numel())
     if s.log_target:
@@ -224,6 +236,20 @@ def assert_close(actual: torch.Tensor, expected: torch.Tensor, magnitude: torch.
         )
 
 
+def assert_matches(actual: torch.Tensor, reference, msg: str = "") -> None:
+    """`actual` has the dtype and shape of `reference` = (value, magnitude, dtype, shape), as
+    reference_forward and reference_backward return it, and values within tolerance of it."""
+    value, magnitude, dtype, shape = reference
+    assert_dtype_and_shape(actual, dtype, shape, msg)
+    assert_close(actual, value, magnitude, msg=msg)
+
+
+def assert_dtype_and_shape(actual: torch.Tensor, dtype: torch.dtype, shape, msg: str = "") -> None:
+    """The result dtype and shape docs/semantics.md's table gives (as a reference_* function returns them)."""
+    assert actual.dtype == dtype, f"{msg}: result dtype {actual.dtype}, docs/semantics.md says {dtype}"
+    assert actual.shape == shape, f"{msg}: result shape {tuple(actual.shape)}, docs/semantics.md says {tuple(shape)}"
+
+
 # ---------------------------------------------------------------------------------------------------
 # Double backward, from torch.nn.functional's autograd in float64
 
@@ -287,6 +313,12 @@ def skip_if_unsupported(s: Sample, device: str) -> None:
         pytest.skip("float64 is rejected on the NPU (TypeError; the error matrix checks it)")
 
 
+def cpu_result(fn, s: Sample, device: str):
+    """fn(s) on the CPU sample when the test runs on another device (the result the device's is compared
+    with, `cpu=` of assert_close_on_device); None on the CPU."""
+    return None if device == "cpu" else fn(s)
+
+
 def on_device(s: Sample, device: str) -> Sample:
     skip_if_unsupported(s, device)
     return s.to(device)
@@ -342,11 +374,26 @@ def l1_nan_gives_minus_grad(device: str, *tensors: torch.Tensor) -> bool:
     return _tbe_with_bf16(soc) or not any(t.dtype == torch.bfloat16 for t in tensors)
 
 
+# The TBE families' smooth L1 gradient divides by beta + TBE_BETA_BIAS, a relative error of about
+# TBE_BETA_BIAS / beta. TBE_BIAS_TOLERANCE is how much of it each result dtype tolerates before the NPU kernels
+# run the composite instead: docs/npu_routing.md's beta limits (float32 0.1, float16 1e-3, bfloat16 6.25e-5)
+# are 1e-6 divided by these. float16's is about its epsilon (9.8e-4), bfloat16's two epsilons (2 * 7.8e-3),
+# float32's its RTOL above. csrc/npu/smooth_l1_loss.cpp routes by the same numbers.
+TBE_BETA_BIAS = 1e-6
+TBE_BIAS_TOLERANCE = {torch.float32: 1e-5, torch.float16: 1e-3, torch.bfloat16: 1.6e-2}
+
+
+def tbe_bias_ok(beta: float, dtype: torch.dtype) -> bool:
+    """The TBE smooth L1 kernel's divisor bias is within `dtype`'s TBE_BIAS_TOLERANCE at this beta (beta == 0
+    divides by nothing)."""
+    tolerance = TBE_BIAS_TOLERANCE.get(dtype)
+    return tolerance is not None and (beta == 0 or TBE_BETA_BIAS / beta <= tolerance)
+
+
 def smooth_l1_tbe_divisor(device: str, beta: float, *tensors: torch.Tensor) -> float | None:
     """What the NPU's smooth L1 gradient divides by inside |d| < beta, when that is not beta itself: the TBE
     families' aclnn kernel divides by beta + 1e-6 (in float32), and the NPU kernels keep that kernel while
-    the bias 1e-6 / beta stays inside the result dtype's tolerance (float32 1e-5, float16 1e-3, bfloat16
-    1.6e-2) and the kernel serves the call (no bf16 on Ascend 910/310P; a CANN without the API): docs/npu_routing.md,
+    the bias 1e-6 / beta stays inside the result dtype's TBE_BIAS_TOLERANCE and the kernel serves the call (no bf16 on Ascend 910/310P; a CANN without the API): docs/npu_routing.md,
     "Which chips run which path" and "Deliberate differences from raw aclnn". None elsewhere. The bias is
     inside every tolerance, but it moves exact ties of low-precision products off the tie, so such results
     round differently from d/beta in a few per cent of float16/bfloat16 elements."""
@@ -359,11 +406,10 @@ def smooth_l1_tbe_divisor(device: str, beta: float, *tensors: torch.Tensor) -> f
     if bf16 and not _tbe_with_bf16(soc):
         return None
     result_dtype = tensors[0].dtype if tensors else torch.float32
-    tolerance = {torch.float32: 1e-5, torch.float16: 1e-3, torch.bfloat16: 1.6e-2}.get(result_dtype)
-    if tolerance is None or 1e-6 / beta > tolerance:
+    if not tbe_bias_ok(beta, result_dtype):
         return None
     import npu_loss_ops
 
     if not npu_loss_ops._C_npu.aclnn_api_available("aclnnSmoothL1LossBackward"):
         return None
-    return float(torch.tensor(beta, dtype=torch.float32) + torch.tensor(1e-6, dtype=torch.float32))
+    return float(torch.tensor(beta, dtype=torch.float32) + torch.tensor(TBE_BETA_BIAS, dtype=torch.float32))

@@ -79,6 +79,16 @@ class Sample:
     def forward_op(self):
         return getattr(torch.ops.npu_loss, self.loss).default
 
+    def run_forward(self, self_=None, target=None) -> torch.Tensor:
+        """torch.ops.npu_loss.<loss> on this sample (or on other self/target tensors)."""
+        args, kwargs = self.forward_args(self_, target)
+        return self.forward_op()(*args, **kwargs)
+
+    def run_backward(self, grad_output=None, self_=None, target=None) -> torch.Tensor:
+        """The loss's backward op on this sample (or on other grad_output/self/target tensors)."""
+        args, kwargs = self.backward_args(grad_output, self_, target)
+        return self.backward_op()(*args, **kwargs)
+
     def backward_op(self):
         return getattr(torch.ops.npu_loss, BACKWARD_OP[self.loss]).default
 
@@ -112,12 +122,7 @@ class Sample:
 
     def functional_kwargs(self) -> dict:
         """Keyword arguments for npu_loss_ops.<loss> and torch.nn.functional.<loss>."""
-        kwargs = {"reduction": self.reduction}
-        if self.loss == "smooth_l1_loss":
-            kwargs["beta"] = self.beta
-        if self.loss == "kl_div":
-            kwargs["log_target"] = self.log_target
-        return kwargs
+        return functional_kwargs(self.loss, self.reduction, self.beta, self.log_target)
 
     # ---- helpers ----
     def map_tensors(self, fn) -> "Sample":
@@ -131,7 +136,7 @@ class Sample:
 
     @property
     def has_float64(self) -> bool:
-        """float64 anywhere: rejected on the NPU (TypeError, SPEC), so value tests skip it there."""
+        """float64 anywhere: rejected on the NPU (TypeError, docs/validation.md), so value tests skip it there."""
         return torch.float64 in (self.self.dtype, self.target.dtype, self.grad_output.dtype)
 
     @property
@@ -174,6 +179,17 @@ class Sample:
         return f"Sample({self.name})"
 
 
+def functional_kwargs(loss: str, reduction: str, beta: float, log_target: bool) -> dict:
+    """Keyword arguments for npu_loss_ops.<loss> and torch.nn.functional.<loss>: the reduction, and beta
+    (smooth L1) or log_target (KL) where the loss has it."""
+    kwargs = {"reduction": reduction}
+    if loss == "smooth_l1_loss":
+        kwargs["beta"] = beta
+    if loss == "kl_div":
+        kwargs["log_target"] = log_target
+    return kwargs
+
+
 def lowest_precision(*dtypes: torch.dtype) -> torch.dtype:
     order = [torch.bfloat16, torch.float16, torch.float32, torch.float64]
     return min(dtypes, key=order.index)
@@ -198,11 +214,23 @@ def _values(shape, gen: torch.Generator, kind: str) -> torch.Tensor:
 
 
 def make_layout(values: torch.Tensor, layout: str) -> torch.Tensor:
-    """`values` (contiguous) re-laid out: the same shape and values, different strides."""
+    """`values` (contiguous) re-laid out: the same shape and values, different strides. Every layout but
+    "contiguous" is a non-contiguous view wherever one exists (more than one element), so the kernels' strided
+    paths see it."""
     if layout == "contiguous" or values.dim() == 0 or values.numel() == 0:
         return values.clone()
     if layout == "transposed":
-        return values.mT.contiguous().mT if values.dim() >= 2 else values.flip(0).clone().flip(0)
+        if values.dim() >= 2:
+            view = values.mT.contiguous().mT
+            if not view.is_contiguous():
+                return view
+        # One dim of size > 1 (a 1-D tensor, or one like (5, 1)) has no dense layout but the contiguous one,
+        # and torch has no negative strides to reverse it: read it with stride 2 from the odd positions of a
+        # NaN buffer twice as long (a storage offset too, where "sliced" starts at 0).
+        buf = torch.full((2 * values.numel(),), float("nan"), dtype=values.dtype)
+        view = buf[1::2].view(values.shape)
+        view.copy_(values)
+        return view
     if layout == "sliced":
         # Every other element of a buffer twice as long in the last dim.
         shape = list(values.shape)
@@ -232,7 +260,8 @@ def to_device(t: torch.Tensor, device) -> torch.Tensor:
 
 
 def layout_kind(t: torch.Tensor) -> str:
-    """Which of make_layout's layouts `t` has (as far as its strides tell)."""
+    """Which of make_layout's layouts `t` has, as far as its strides tell (a "transposed" tensor with one
+    dim of size > 1 is a view with gaps, and reads as "sliced")."""
     if t.is_contiguous():
         return "contiguous"
     if any(st == 0 and n > 1 for st, n in zip(t.stride(), t.shape)):
@@ -260,11 +289,7 @@ def away_from_kinks(s: "Sample") -> bool:
     return _kinks_ok(s.loss, s.self, s.target, s.beta, s.log_target)
 
 
-def _round_trip(t: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
-    return t.to(dtype)
-
-
-def _grad_shape(shape_kind: str, reduction: str, bshape, self_shape, target_shape, loss: str):
+def _grad_shape(shape_kind: str, reduction: str, bshape, loss: str):
     if shape_kind == "scalar" or (shape_kind == "auto" and reduction != "none"):
         return ()
     if shape_kind == "auto":
@@ -305,7 +330,7 @@ def make_sample(
     target_dtype = target_dtype or dtype
     grad_dtype = grad_dtype or dtype
     bshape = torch.broadcast_shapes(torch.Size(self_shape), torch.Size(target_shape))
-    gshape = _grad_shape(grad_kind, reduction, bshape, self_shape, target_shape, loss)
+    gshape = _grad_shape(grad_kind, reduction, bshape, loss)
     key = (loss, self_shape, target_shape, str(dtype), reduction, beta, log_target, layout, grad_kind)
     target_kind = "signed" if loss != "kl_div" else ("logprob" if log_target else "prob")
     self_kind = "signed" if loss != "kl_div" else "logprob"
@@ -319,7 +344,8 @@ def make_sample(
         g = _values(gshape, gen, "signed")
         if zero_targets and t.numel():
             t.view(-1)[:: 3] = 0.0
-        x, t, g = _round_trip(x, dtype), _round_trip(t, target_dtype), _round_trip(g, grad_dtype)
+        # Rounded to the sample's dtypes before the kink check, so it sees the values the ops will see.
+        x, t, g = x.to(dtype), t.to(target_dtype), g.to(grad_dtype)
         if not wants_differentiable or _kinks_ok(loss, x, t, beta, log_target):
             break
     differentiable = wants_differentiable and _kinks_ok(loss, x, t, beta, log_target)
@@ -413,7 +439,7 @@ def samples(
         if loss != "kl_div":
             yield make_sample(loss, (4, 1), (1, 5), reduction=reduction, grad_kind="enlarging",
                               dtype=torch.float32, name=f"{loss}-genlarging-{reduction}")
-    # Mixed dtypes (result type is at::result_type; the backward op's dtype per SPEC's table).
+    # Mixed dtypes (result type is at::result_type; the backward op's dtype per docs/semantics.md's table).
     for reduction in reductions:
         yield make_sample(loss, (6, 7), (6, 7), dtype=torch.float32, target_dtype=torch.float16,
                           reduction=reduction, name=f"{loss}-f32xf16-{reduction}")

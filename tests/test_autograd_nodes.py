@@ -8,10 +8,10 @@ import torch.nn.functional as F
 from torch.utils.checkpoint import checkpoint
 
 import npu_loss_ops
+from samples import BACKWARD_OP, LOSSES
 
 pytestmark = pytest.mark.filterwarnings("ignore:Using a target size")
 
-LOSSES = ("smooth_l1_loss", "l1_loss", "kl_div")
 NODE_NAMES = {
     "smooth_l1_loss": "NpuLossSmoothL1LossBackward0",
     "l1_loss": "NpuLossL1LossBackward0",
@@ -218,8 +218,7 @@ def test_vmap_batch_dims_anywhere_and_broadcast(loss):
 
 @pytest.mark.parametrize("loss", LOSSES)
 def test_vmap_backward_ops_with_batch_dims_anywhere(loss):
-    op = getattr(torch.ops.npu_loss, {"smooth_l1_loss": "smooth_l1_loss_backward", "l1_loss": "l1_loss_backward",
-                                      "kl_div": "kl_div_target_backward"}[loss])
+    op = getattr(torch.ops.npu_loss, BACKWARD_OP[loss])
     extra = {"smooth_l1_loss": (0.5,), "l1_loss": (), "kl_div": (False,)}[loss]
     g = torch.randn(6, dtype=torch.float64)
     x = torch.randn(3, 4, 6, dtype=torch.float64)

@@ -10,7 +10,7 @@ from torch._dynamo.backends.common import aot_autograd
 
 import npu_loss_ops
 from reference import assert_close
-from samples import LOSSES
+from samples import BACKWARD_OP, LOSSES
 
 
 @pytest.fixture(autouse=True)
@@ -42,8 +42,6 @@ LOSS_CONFIGS = {
     "l1_loss": [dict(reduction="mean"), dict(reduction="none")],
     "kl_div": [dict(reduction="batchmean"), dict(reduction="sum", log_target=True)],
 }
-BACKWARD_OPS = {"smooth_l1_loss": "smooth_l1_loss_backward", "l1_loss": "l1_loss_backward",
-                "kl_div": "kl_div_target_backward"}
 
 
 def _data(loss, dtype=torch.float32):
@@ -100,7 +98,7 @@ def test_compiled_training_step_matches_eager(loss, kwargs):
         assert_close(a, e, magnitude=e.abs().max().expand(e.shape))
     assert len(rec.forward) == 1 and len(rec.backward) == 1, "expected one graph each way (no graph break)"
     assert f"npu_loss.{loss}.default" in rec.forward[0]
-    assert f"npu_loss.{BACKWARD_OPS[loss]}.default" in rec.backward[0]
+    assert f"npu_loss.{BACKWARD_OP[loss]}.default" in rec.backward[0]
 
 
 def test_compiled_training_loop_inductor():
@@ -138,7 +136,7 @@ def test_compiled_out_overload_is_functionalized(loss):
     x = torch.randn(4, 5)
     t = torch.rand(4, 5) + 0.1
     g = torch.randn(4, 5)
-    op = getattr(torch.ops.npu_loss, BACKWARD_OPS[loss])
+    op = getattr(torch.ops.npu_loss, BACKWARD_OP[loss])
     if loss == "smooth_l1_loss":
         def f(g, x, t, buf):
             op.grad_input(g, x, t, 0, 0.5, grad_input=buf)

@@ -5,10 +5,10 @@ import math
 
 import pytest
 import torch
-from torch.utils._python_dispatch import TorchDispatchMode
 
-from reference import assert_close, lowest, reference_backward, reference_forward
-from samples import LOSSES, all_samples, params
+from helpers import RecordOps
+from reference import assert_close, assert_matches, reference_backward, reference_forward
+from samples import LOSSES, all_samples, lowest_precision, params
 
 COMPOSITE = torch._C.DispatchKey.CompositeExplicitAutograd
 
@@ -16,45 +16,35 @@ SAMPLES = [s for loss in LOSSES for s in all_samples(loss)
            if s.backward_shape.numel() <= 5000 and s.op_compatible][::2]
 
 
-class _AtenCalls(TorchDispatchMode):
-    def __init__(self):
-        super().__init__()
-        self.calls = []
-
-    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        self.calls.append(str(func))
-        return func(*args, **(kwargs or {}))
-
-
 def test_op_dk_really_reaches_the_composite_kernel():
     """The composite kernel is made of ATen ops; the CPU kernel is not: a dispatch mode tells them apart."""
     x, t = torch.randn(5), torch.randn(5)
-    with _AtenCalls() as composite:
+    with RecordOps() as composite:
         torch.ops.npu_loss.l1_loss.default._op_dk(COMPOSITE, x, t, 1)
-    with _AtenCalls() as cpu:
+    with RecordOps() as cpu:
         torch.ops.npu_loss.l1_loss.default(x, t, 1)
-    assert any("abs" in c for c in composite.calls), composite.calls
-    assert not any("abs" in c for c in cpu.calls), cpu.calls
+    assert any("abs" in c for c in composite.ops), composite.ops
+    assert not any("abs" in c for c in cpu.ops), cpu.ops
+
+
+def _check_composite(op, args, kwargs, cpu, reference, msg):
+    """op's composite kernel gives the reference's dtype, shape and values, and the CPU kernel's dtype and
+    shape."""
+    ours = op._op_dk(COMPOSITE, *args, **kwargs)
+    assert (ours.dtype, ours.shape) == (cpu.dtype, cpu.shape), f"{msg}: composite vs the CPU kernel"
+    assert_matches(ours, reference, msg)
 
 
 @pytest.mark.parametrize("s", params(SAMPLES))
 def test_composite_forward(s):
     args, kwargs = s.forward_args()
-    ours = s.forward_op()._op_dk(COMPOSITE, *args, **kwargs)
-    cpu = s.forward_op()(*args, **kwargs)
-    value, mag, dtype, shape = reference_forward(s)
-    assert ours.dtype == cpu.dtype == dtype and ours.shape == cpu.shape == shape
-    assert_close(ours, value, mag, msg=s.name)
+    _check_composite(s.forward_op(), args, kwargs, s.run_forward(), reference_forward(s), s.name)
 
 
 @pytest.mark.parametrize("s", params(SAMPLES))
 def test_composite_backward(s):
     args, kwargs = s.backward_args()
-    ours = s.backward_op()._op_dk(COMPOSITE, *args, **kwargs)
-    cpu = s.backward_op()(*args, **kwargs)
-    value, mag, dtype, shape = reference_backward(s)
-    assert ours.dtype == cpu.dtype == dtype and ours.shape == cpu.shape == shape
-    assert_close(ours, value, mag, msg=s.name)
+    _check_composite(s.backward_op(), args, kwargs, s.run_backward(), reference_backward(s), s.name)
 
 
 @pytest.mark.parametrize("s", params(SAMPLES[::3]))
@@ -66,7 +56,7 @@ def test_composite_out(s):
         out = torch.full(shape, math.nan, dtype=out_dtype)
         res = s.out_op()._op_dk(COMPOSITE, *args, **{s.out_name: out})
         assert res.data_ptr() == out.data_ptr() if out.numel() else res.shape == out.shape
-        assert_close(out, value, mag, dtype=lowest(dtype, out_dtype), msg=s.name)
+        assert_close(out, value, mag, dtype=lowest_precision(dtype, out_dtype), msg=s.name)
 
 
 @pytest.mark.parametrize("loss", LOSSES)

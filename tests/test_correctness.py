@@ -1,5 +1,5 @@
 """Values, shapes and dtypes of every op against float64 references (torch.nn.functional for the forwards
-and their autograd, SPEC.md's formulas for the backward ops), over the shared samples.
+and their autograd, docs/semantics.md's formulas for the backward ops), over the shared samples.
 
 Tests that take `device` run on each device of the run (conftest.py): off the CPU every result is also
 compared with the CPU kernels' result for the same inputs."""
@@ -16,9 +16,10 @@ from reference import (
     RTOL,
     assert_close,
     assert_close_on_device,
+    assert_dtype_and_shape,
+    cpu_result,
     grad_magnitudes,
     l1_nan_gives_minus_grad,
-    lowest,
     on_device,
     reference_backward,
     reference_double_backward,
@@ -26,34 +27,18 @@ from reference import (
     reference_grads,
     smooth_l1_tbe_divisor,
 )
-from samples import LOSSES, Sample, all_samples, away_from_kinks, ids, opinfo_samples
+from samples import LOSSES, Sample, all_samples, away_from_kinks, ids, lowest_precision, opinfo_samples
 
 ALL = [s for loss in LOSSES for s in all_samples(loss)]
 OPINFO = [s for loss in LOSSES for s in opinfo_samples(loss)]
 OPINFO_LOW = [s for loss in LOSSES for dt in (torch.float32, torch.bfloat16) for s in opinfo_samples(loss, dt)]
 
 
-def _forward(s):
-    args, kwargs = s.forward_args()
-    return s.forward_op()(*args, **kwargs)
-
-
-def _backward(s):
-    args, kwargs = s.backward_args()
-    return s.backward_op()(*args, **kwargs)
-
-
-def _cpu_result(fn, s, device):
-    """fn(s) on the CPU copy when the test runs elsewhere (the result the device is compared with)."""
-    return None if device == "cpu" else fn(s)
-
-
 def _forward_check(s, device):
-    out = _forward(on_device(s, device))
+    out = on_device(s, device).run_forward()
     value, mag, dtype, shape = reference_forward(s)
-    assert out.dtype == dtype, f"result dtype {out.dtype}, SPEC says {dtype}"
-    assert out.shape == shape, f"result shape {tuple(out.shape)}, SPEC says {tuple(shape)}"
-    assert_close_on_device(out, value, mag, msg=s.name, device=device, cpu=_cpu_result(_forward, s, device))
+    assert_dtype_and_shape(out, dtype, shape, s.name)
+    assert_close_on_device(out, value, mag, msg=s.name, device=device, cpu=cpu_result(Sample.run_forward, s, device))
 
 
 @pytest.mark.parametrize("s", ALL, ids=ids(ALL))
@@ -69,13 +54,12 @@ def test_forward_op_opinfo(s, device):
 
 def _backward_check(s, device):
     ds = on_device(s, device)
-    out = _backward(ds)
+    out = ds.run_backward()
     chip = s.loss == "l1_loss" and l1_nan_gives_minus_grad(device, out, *ds.backward_args()[0][:3])
     value, mag, dtype, shape = reference_backward(s, l1_at_nan=-1.0 if chip else 0.0)
-    assert out.dtype == dtype, f"result dtype {out.dtype}, SPEC says {dtype}"
-    assert out.shape == shape, f"result shape {tuple(out.shape)}, SPEC says {tuple(shape)}"
+    assert_dtype_and_shape(out, dtype, shape, s.name)
     differs = _differs(value, reference_backward(s)[0]) if chip else None
-    assert_close_on_device(out, value, mag, msg=s.name, device=device, cpu=_cpu_result(_backward, s, device),
+    assert_close_on_device(out, value, mag, msg=s.name, device=device, cpu=cpu_result(Sample.run_backward, s, device),
                            chip_differs=differs)
 
 
@@ -99,16 +83,16 @@ SMOOTH_SAME_SHAPE = [
 def test_smooth_l1_backward_op_matches_aten(s, device):
     """The drop-in promise: same numbers as ATen's own smooth_l1_loss_backward (computed in float64 on the
     CPU)."""
-    ours = _backward(on_device(s, device))
+    ours = on_device(s, device).run_backward()
     args, _ = s.backward_args()
     g, x, t = (a.double() for a in args[:3])
     aten = torch.ops.aten.smooth_l1_loss_backward(g, x, t, s.reduction_enum, s.beta)
     if s.beta == 0:
         # ATen's backward kernel returns -g at d == 0 for beta == 0 (its forward takes the L1 path, whose
-        # gradient there is 0); SPEC: sign(0) = 0.
+        # gradient there is 0); docs/semantics.md: sign(0) = 0.
         aten = torch.where(x == t, 0.0, aten)
     _, mag, _, _ = reference_backward(s)
-    assert_close_on_device(ours, aten, mag, msg=s.name, device=device, cpu=_cpu_result(_backward, s, device))
+    assert_close_on_device(ours, aten, mag, msg=s.name, device=device, cpu=cpu_result(Sample.run_backward, s, device))
 
 
 def _output_grad(s, out):
@@ -210,11 +194,11 @@ def test_functional_forward_opinfo(s, device):
     ours = call(ds)
     ref = getattr(F, s.loss)(s.self.double(), s.target.double(), **s.functional_kwargs())
     assert ours.dtype == s.self.dtype and ours.shape == ref.shape
-    assert_close_on_device(ours, ref, msg=s.name, device=device, cpu=_cpu_result(call, s, device))
+    assert_close_on_device(ours, ref, msg=s.name, device=device, cpu=cpu_result(call, s, device))
 
 
 # ---------------------------------------------------------------------------------------------------
-# Exact values the SPEC singles out
+# Exact values docs/semantics.md singles out
 
 
 def _skip_float64_on_npu(dtype, device):
@@ -270,7 +254,7 @@ SPECIALS_T = [0.0, math.inf, 1.0, math.inf, math.nan, -math.inf, 1.0, 2.0, -math
 @pytest.mark.parametrize("reduction", ["none", "sum"])
 def test_nan_inf_like_pytorch(loss, beta, log_target, dtype, reduction, device):
     """NaN / inf inputs give what PyTorch's CPU kernels give (forward and gradients); on the TBE chips the
-    L1 gradient at a NaN is -grad (SPEC's one documented chip difference, asserted exactly there)."""
+    L1 gradient at a NaN is -grad (docs/semantics.md's one documented chip difference, asserted exactly there)."""
     _skip_float64_on_npu(dtype, device)
     x = torch.tensor(SPECIALS_X, dtype=dtype)
     t = torch.tensor(SPECIALS_T, dtype=dtype)
@@ -283,7 +267,7 @@ def test_nan_inf_like_pytorch(loss, beta, log_target, dtype, reduction, device):
     s = Sample(loss, x, t, g, reduction, beta, log_target, name=f"specials-{loss}")
     _forward_check(s, device)
     _backward_check(s, device)
-    # Against PyTorch's own autograd (KL's target gradient at target == 0 excepted, per SPEC).
+    # Against PyTorch's own autograd (KL's target gradient at target == 0 excepted, per docs/semantics.md).
     _autograd_check(s, getattr(npu_loss_ops, loss), device)
 
 
@@ -301,7 +285,7 @@ def test_kl_target_grad_at_inf_target_like_pytorch(dtype, device):
 
 
 def test_l1_grad_at_nan(device):
-    """0 at a NaN input, as PyTorch; -grad on the TBE chips (SPEC's one documented chip difference)."""
+    """0 at a NaN input, as PyTorch; -grad on the TBE chips (docs/semantics.md's one documented chip difference)."""
     x = torch.tensor([math.nan, 1.0, math.nan])
     t = torch.tensor([0.0, math.nan, math.nan])
     expected = torch.full((3,), -1.0 if l1_nan_gives_minus_grad(device, x, t) else 0.0)
@@ -411,14 +395,14 @@ def _result_spec(s):
 def test_out_matches_functional(s, device):
     ds = on_device(s, device)
     dtype, shape = _result_spec(s)
-    expected = _backward(ds)
+    expected = ds.run_backward()
     out = torch.full(shape, math.nan, dtype=dtype, device=device)
     res = _call_out(ds, out)
     assert res is out
     assert torch.equal(out.cpu(), expected.cpu())
     if device != "cpu":
         value, mag, _, _ = reference_backward(s)
-        assert_close_on_device(out, value, mag, msg=f"{s.name} out=", device=device, cpu=_backward(s))
+        assert_close_on_device(out, value, mag, msg=f"{s.name} out=", device=device, cpu=s.run_backward())
 
 
 def _non_contiguous_cases():
@@ -434,7 +418,7 @@ def _non_contiguous_cases():
 def test_out_non_contiguous(s, layout, device):
     ds = on_device(s, device)
     dtype, shape = _result_spec(s)
-    expected = _backward(ds)
+    expected = ds.run_backward()
     if layout == "transposed":
         out = torch.full(tuple(shape[:-2]) + (shape[-1], shape[-2]), math.nan, dtype=dtype, device=device).mT
     else:
@@ -447,7 +431,7 @@ def test_out_non_contiguous(s, layout, device):
     # in the last bit: compare to rounding, and to the float64 reference.
     value, mag, _, _ = reference_backward(s)
     assert_close_on_device(out, value, mag, msg=f"{s.name} non-contiguous out=", device=device,
-                           cpu=_cpu_result(_backward, s, device))
+                           cpu=cpu_result(Sample.run_backward, s, device))
     assert_close(out.cpu(), expected.cpu(), mag, msg=f"{s.name} non-contiguous out= vs functional")
     if layout == "sliced":
         assert buf[..., ::2].cpu().isnan().all(), "wrote outside the out= view"
@@ -469,8 +453,8 @@ def test_out_other_float_dtype(s, device):
         if device != "cpu":
             cpu = torch.full(shape, math.nan, dtype=out_dtype)
             _call_out(s, cpu)
-        assert_close_on_device(out, value, mag, dtype=lowest(dtype, out_dtype), msg=f"{s.name} into {out_dtype}",
-                               device=device, cpu=cpu)
+        assert_close_on_device(out, value, mag, dtype=lowest_precision(dtype, out_dtype),
+                               msg=f"{s.name} into {out_dtype}", device=device, cpu=cpu)
 
 
 ALIAS_SAMPLES = [
@@ -499,11 +483,11 @@ def test_out_exact_alias_of_an_input(s, which, device):
     if device != "cpu":
         value, mag, _, _ = reference_backward(s)
         assert_close_on_device(out, value, mag, msg=f"{s.name} out= aliasing argument {which}", device=device,
-                               cpu=_backward(s))
+                               cpu=s.run_backward())
 
 
 # ---------------------------------------------------------------------------------------------------
-# Reduced precision: computed in float32, rounded once (SPEC)
+# Reduced precision: computed in float32, rounded once (docs/semantics.md, "Reduced precision")
 
 COMPOSITE = torch._C.DispatchKey.CompositeExplicitAutograd
 
@@ -536,7 +520,7 @@ def test_reduced_precision_is_rounded_once(loss, log_target, dtype, reduction, l
         else:
             args, kwargs = ds.backward_args()
             out = call(ds.backward_op(), *args, **kwargs)
-            # the TBE chips' smooth L1 kernel divides by beta + 1e-6 (README): the value it rounds once
+            # the TBE chips' smooth L1 kernel divides by beta + 1e-6 (docs/npu_routing.md): the value it rounds once
             divisor = smooth_l1_tbe_divisor(device, s.beta, out, *args[:3]) if (
                 loss == "smooth_l1_loss" and path == "kernel") else None
             value = reference_backward(s, smooth_l1_divisor=divisor)[0]

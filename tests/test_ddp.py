@@ -2,7 +2,6 @@
 its half of the global batch; DDP's averaged gradients must equal a single process's gradients on the
 whole batch (reduction "mean", equal halves)."""
 import os
-import socket
 import tempfile
 
 import pytest
@@ -11,8 +10,10 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 
 import npu_loss_ops
+from helpers import free_port
 
-LOSSES = [
+# (module class name, constructor kwargs) for each of the three losses.
+CRITERIA = [
     ("SmoothL1Loss", {"beta": 0.5}),
     ("L1Loss", {}),
     ("KLDivLoss", {"reduction": "mean"}),
@@ -47,7 +48,7 @@ def _worker(rank, world, port, result_dir):
         half = x.shape[0] // world
         rows = slice(rank * half, (rank + 1) * half)
         grads = {}
-        for kind, kwargs in LOSSES:
+        for kind, kwargs in CRITERIA:
             model = torch.nn.parallel.DistributedDataParallel(_model())
             _loss(kind, kwargs, model(x[rows]), y[rows]).backward()
             grads[kind] = [p.grad.clone() for p in model.module.parameters()]
@@ -57,20 +58,14 @@ def _worker(rank, world, port, result_dir):
         dist.destroy_process_group()
 
 
-def _free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 @pytest.mark.skipif(not dist.is_available() or not dist.is_gloo_available(), reason="torch.distributed gloo")
 def test_two_process_ddp_gradients_equal_single_process():
     with tempfile.TemporaryDirectory() as result_dir:
-        mp.start_processes(_worker, args=(2, _free_port(), result_dir), nprocs=2, join=True, start_method="spawn")
+        mp.start_processes(_worker, args=(2, free_port(), result_dir), nprocs=2, join=True, start_method="spawn")
         ddp = torch.load(os.path.join(result_dir, "ddp_grads.pt"))
     x, y = _batch()
     worst = 0.0
-    for kind, kwargs in LOSSES:
+    for kind, kwargs in CRITERIA:
         model = _model()
         _loss(kind, kwargs, model(x), y).backward()
         for got, expected in zip(ddp[kind], (p.grad for p in model.parameters())):

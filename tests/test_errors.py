@@ -7,12 +7,17 @@ On the NPU (the `device` runs, conftest.py) the same matrix runs on NPU tensors 
 NPU tensors — with the CPU's exception class and message (the device named, and the NPU's dtype list
 without float64), plus what only the NPU rejects: float64 (TypeError) and tensors mixed between the CPU
 and the NPU (RuntimeError). After each call a small NPU op checks that the device still works (a call
-aclnn rejected would leave torch_npu's task queue dead)."""
+aclnn rejected would leave torch_npu's task queue dead).
+
+Three rules are also compared between csrc/checks.cpp and its mirror npu_loss_ops/_checks.py one by one,
+on the CPU run: the dimension limit (8 accepted, 9 rejected, for every argument), every dtype torch has,
+and float64 on the NPU (the Python side, on a pretend NPU)."""
 from __future__ import annotations
 
 import dataclasses
 import logging
 import math
+import warnings
 from typing import Callable
 
 import pytest
@@ -288,32 +293,45 @@ def _assert_device_alive(device):
     assert torch.equal(probe, torch.tensor([1.0, 3.0, 5.0, 7.0])), f"{device} no longer computes: {probe}"
 
 
+def _run_on_device(dcall, device):
+    """run_cpu of a call already on `device`, then a check that the device still computes."""
+    try:
+        return run_cpu(dcall)
+    finally:
+        _assert_device_alive(device)
+
+
 def _check_on_device(call, device, expected):
     """The call on `device` and on fake `device` tensors raises `expected` = (class, message)."""
     dcall = _to_device(call, device)
-    try:
-        got = run_cpu(dcall)
-    finally:
-        _assert_device_alive(device)
+    got = _run_on_device(dcall, device)
     assert got == expected, f"{device} tensors: {got}, expected {expected}"
     assert run_fake(dcall) == expected, f"fake {device} tensors"
 
 
+def _assert_same_on_every_path(call, meta=True):
+    """The call (on CPU tensors) gives the same outcome, (class, message) or (None, None) when accepted, on
+    the C++ CPU kernel, on fake tensors (the Python checks), on the composite fallback, and, with `meta`, on
+    meta tensors through the fake kernel and through the composite fallback (there the message names meta
+    where it names cpu). Returns the C++ CPU kernel's outcome."""
+    expected = run_cpu(call)
+    assert run_fake(call) == expected, "fake tensors"
+    assert run_composite(call) == expected, "composite fallback on CPU"
+    if meta:
+        cls, msg = expected
+        on_meta = (cls, msg if msg is None else msg.replace(" on cpu", " on meta"))
+        assert run_meta(call) == on_meta, "meta tensors (the fake kernel)"
+        assert run_composite_meta(call) == on_meta, "composite fallback on meta"
+    return expected
+
+
 @pytest.mark.parametrize("overload,case", ALL_CASES)
 def test_rejection_identical_on_every_path(overload, case, device):
-    cls, msg = run_cpu(case.call)
+    cls, msg = _assert_same_on_every_path(case.call, meta=case.meta_ok)
     assert cls is case.exc, f"CPU raised {cls} ({msg}), docs/validation.md says {case.exc.__name__}"
     for word in case.words:
         assert word in msg, f"message {msg!r} lacks {word!r}"
     assert "\n" not in msg.strip(), f"message carries more than one line: {msg!r}"
-
-    assert run_fake(case.call) == (cls, msg), "fake tensors"
-    assert run_composite(case.call) == (cls, msg), "composite fallback on CPU"
-    if case.meta_ok:
-        meta = run_meta(case.call)
-        assert meta[0] is cls, f"meta raised {meta}"
-        assert meta[1] == msg.replace(" on cpu", " on meta"), "meta tensors"
-        assert run_composite_meta(case.call) == meta, "composite fallback on meta vs the fake kernel on meta"
     if device != "cpu":
         _check_on_device(case.call, device, (cls, _device_message(msg, device)))
 
@@ -354,10 +372,7 @@ def test_device_specific_rejections(overload, device):
         else:
             # the float64 cases start on the CPU: move them; the mixed ones are already placed
             dcall = call if "-on-cpu-" in case_id else _to_device(call, device)
-            try:
-                got = run_cpu(dcall)
-            finally:
-                _assert_device_alive(device)
+            got = _run_on_device(dcall, device)
             assert run_fake(dcall) == got, f"{case_id}: fake {device} tensors"
         if rule is None:
             assert got == (None, None), f"{case_id}: rejected {got}"
@@ -407,15 +422,115 @@ def _accepted_calls():
 @pytest.mark.parametrize("name,call", [pytest.param(n, c, id=n) for n, c in _accepted_calls()])
 def test_accepted_on_every_path(name, call, device):
     if device == "cpu":
-        for run in (run_cpu, run_fake, run_composite, run_meta, run_composite_meta):
-            assert run(call) == (None, None), f"{run.__name__} rejected {name}: {run(call)}"
+        assert _assert_same_on_every_path(call) == (None, None), f"rejected {name}"
         return
     if device == "npu" and "float64" in name:
         pytest.skip("float64 is rejected on the NPU (test_device_specific_rejections)")
     dcall = _to_device(call, device)
-    try:
-        got = run_cpu(dcall)
-    finally:
-        _assert_device_alive(device)
+    got = _run_on_device(dcall, device)
     assert got == (None, None), f"{device} rejected {name}: {got}"
     assert run_fake(dcall) == (None, None), f"fake {device} tensors rejected {name}"
+
+
+# ---------------------------------------------------------------------------------------------------
+# Rules whose C++ and Python forms are compared one by one: the dimension limit, every dtype, and float64
+# on the NPU (csrc/checks.cpp's kMaxDims, is_accepted_dtype and float64_allowed; npu_loss_ops/_checks.py's
+# MAX_DIMS, _is_accepted and float64_allowed)
+
+MAX_DIMS = 8  # docs/validation.md, rule 6
+
+
+def _with_dims(call: Call, ndim: int, names) -> Call:
+    """The call with each tensor argument in `names` given `ndim` dims (leading 1s before its 4 x 5)."""
+    return call.replaced(**{n: call.get(n).reshape((1,) * (ndim - 2) + (4, 5)) for n in names})
+
+
+@pytest.mark.parametrize("overload", OVERLOADS)
+def test_dimension_limit_same_in_cpp_and_python(overload):
+    """MAX_DIMS dims are accepted and MAX_DIMS + 1 rejected with the same RuntimeError and message by the
+    C++ kernels (CPU, composite) and the Python fake kernel (fake and meta tensors), for every argument."""
+    base = base_call(overload)
+    out = _out_name(base)
+    every = _tensor_args(base) + ([out] if out else [])
+    at_limit = _with_dims(base, MAX_DIMS, every)
+    assert _assert_same_on_every_path(at_limit) == (None, None), f"{MAX_DIMS} dims rejected"
+    for name in _tensor_args(base):
+        over = _with_dims(at_limit, MAX_DIMS + 1, [name])
+        expected = (RuntimeError, f"{_op_name(overload)}: {name} has {MAX_DIMS + 1} dimensions, but at most "
+                                  f"{MAX_DIMS} are supported")
+        assert _assert_same_on_every_path(over) == expected, name
+
+
+ALL_DTYPES = sorted({v for v in vars(torch).values() if isinstance(v, torch.dtype)}, key=str)
+ACCEPTED_ON_CPU = {torch.float32, torch.float64, torch.float16, torch.bfloat16}  # docs/validation.md, rule 3
+
+
+def _empty(shape, dtype, device="cpu"):
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # complex32 is "experimental", the quantized dtypes are deprecated
+        return torch.empty(shape, dtype=dtype, device=device)
+
+
+@pytest.mark.parametrize("dtype", ALL_DTYPES, ids=[str(d).removeprefix("torch.") for d in ALL_DTYPES])
+def test_every_dtype_accepted_or_rejected_alike_in_cpp_and_python(dtype):
+    """Every dtype torch has, in every tensor argument and out= tensor of every overload: accepted exactly
+    where docs/validation.md says (float32, float64, float16, bfloat16 on the CPU; grad_target only in
+    target's dtype), and otherwise the same TypeError and message from the C++ kernels (CPU, composite) as
+    from the Python fake kernel on meta tensors and on fake tensors (which cannot hold quantized tensors:
+    those are compared on meta tensors only)."""
+    for overload in OVERLOADS:
+        base = base_call(overload)
+        on_meta = _map(base, lambda t: t.to("meta"))
+        out = _out_name(base)
+        for name in _tensor_args(base) + ([out] if out else []):
+            # grad_target follows target's dtype (rule 10 is not the rule under test)
+            names = [name, out] if (name, out) == ("target", "grad_target") else [name]
+            shape = base.get(name).shape
+            call = base.replaced(**{n: _empty(shape, dtype) for n in names})
+            meta_call = on_meta.replaced(**{n: _empty(shape, dtype, "meta") for n in names})
+            where = f"{overload}, {name} of {dtype}"
+            got = run_cpu(call)
+            if name == "grad_target":
+                accepted = dtype == base.get("target").dtype
+            else:
+                accepted = dtype in ACCEPTED_ON_CPU
+            assert (got == (None, None)) is accepted, f"{where}: {got}"
+            if not accepted:
+                assert got[0] is TypeError and f"got {str(dtype).removeprefix('torch.')}" in got[1], f"{where}: {got}"
+            assert run_composite(call) == got, f"{where}: composite fallback"
+            msg_on_meta = got[1] if got[1] is None else got[1].replace(" on cpu", " on meta")
+            assert run_cpu(meta_call) == (got[0], msg_on_meta), f"{where}: meta tensors (the fake kernel)"
+            assert run_composite(meta_call) == (got[0], msg_on_meta), f"{where}: composite fallback on meta"
+            if not call.get(name).is_quantized:
+                assert run_fake(call) == got, f"{where}: fake tensors"
+
+
+def test_float64_rejected_only_on_the_npu_in_python(monkeypatch):
+    """docs/validation.md, rule 3: float64 is rejected on the NPU (PrivateUse1) only. The Python side of that
+    rule is `_checks.float64_allowed`, which compares a tensor's device type with `_checks._npu_type()`. A
+    CPU-only run has no NPU tensors, so this points the rule at the meta device (`_npu_type` returns "meta")
+    and requires the fake kernel to reject float64 meta tensors, in every tensor argument and grad_input,
+    with the C++ message for the NPU: the C++ CPU message for the same position with the dtype list
+    without float64 and the device named (as `_device_message` rewrites it for device="npu").
+    The C++ side of the rule, and the two sides compared on real against fake NPU tensors, run in the
+    emulated NPU suite (scripts/run_npu_emulated.sh: test_device_specific_rejections and
+    test_rejection_identical_on_every_path on device="npu")."""
+    from npu_loss_ops import _checks
+
+    meta64 = torch.empty(2, dtype=torch.float64, device="meta")
+    assert _checks.float64_allowed(meta64), "meta is not the NPU: float64 allowed there"
+    monkeypatch.setattr(_checks, "_npu_type", lambda: "meta")
+    assert not _checks.float64_allowed(meta64)
+    assert _checks.float64_allowed(torch.empty(2, dtype=torch.float64))  # the CPU keeps float64
+    for overload in OVERLOADS:
+        base = base_call(overload)
+        on_meta = _map(base, lambda t: t.to("meta"))
+        assert run_cpu(on_meta) == (None, None), f"{overload}: float32 rejected on the pretend NPU"
+        out = _out_name(base)
+        for name in _tensor_args(base) + ([out] if out == "grad_input" else []):
+            cls, cpu_msg = run_cpu(base.replaced(**{name: base.get(name).to(torch.int64)}))
+            listed = "float32, float64, float16 or bfloat16 on cpu, got int64"
+            assert cls is TypeError and listed in cpu_msg, cpu_msg
+            expected = (TypeError, cpu_msg.replace(listed, "float32, float16 or bfloat16 on meta, got float64"))
+            got = run_cpu(on_meta.replaced(**{name: on_meta.get(name).double()}))
+            assert got == expected, f"{overload}, {name}"

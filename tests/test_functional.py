@@ -9,7 +9,9 @@ import torch
 import torch.nn.functional as F
 
 import npu_loss_ops
+from helpers import RecordOps
 from reference import assert_close
+from samples import BACKWARD_OP
 
 FUNCS = {
     "smooth_l1_loss": ["input", "target", "size_average", "reduce", "reduction", "beta"],
@@ -207,23 +209,11 @@ def test_module_equals_functional(name, cls, kwargs):
 
 def test_api_calls_the_npu_loss_ops():
     """The API really runs torch.ops.npu_loss (forward and gradient), not ATen's losses."""
-    from torch.utils._python_dispatch import TorchDispatchMode
-
-    class Record(TorchDispatchMode):
-        def __init__(self):
-            super().__init__()
-            self.ops = []
-
-        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-            self.ops.append(str(func))
-            return func(*args, **(kwargs or {}))
-
-    for name, backward in [("smooth_l1_loss", "smooth_l1_loss_backward"), ("l1_loss", "l1_loss_backward"),
-                           ("kl_div", "kl_div_target_backward")]:
+    for name, backward in BACKWARD_OP.items():
         x, t = _pair(name)
         x.requires_grad_(True)
         t.requires_grad_(True)
-        with Record() as rec:
+        with RecordOps() as rec:
             getattr(npu_loss_ops, name)(x, t).backward()
         assert f"npu_loss.{name}.default" in rec.ops, rec.ops
         assert f"npu_loss.{backward}.default" in rec.ops, rec.ops

@@ -4,23 +4,9 @@ also compared with the CPU kernels')."""
 import pytest
 import torch
 
-import npu_loss_ops
-from reference import assert_close, assert_close_on_device, reference_backward, reference_forward
-from samples import LOSSES, Sample, layout_kind, make_layout, make_sample
-
-
-def _forward(s, x, t):
-    args, kwargs = s.forward_args(x, t)
-    return s.forward_op()(*args, **kwargs)
-
-
-def _backward(s, g, x, t):
-    args, kwargs = s.backward_args(g, x, t)
-    return s.backward_op()(*args, **kwargs)
-
-
-def _cpu(fn, s, device):
-    return None if device == "cpu" else fn(s)
+import npu_loss_ops  # noqa: F401  (registers the ops)
+from reference import assert_close, assert_close_on_device, cpu_result, reference_backward, reference_forward
+from samples import LOSSES, Sample, all_samples, layout_kind, make_layout, make_sample
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
@@ -34,13 +20,13 @@ def test_elementwise_results_do_not_depend_on_layout(loss, layout, dtype, device
     assert not ds.self.is_contiguous()
     dense = [a.contiguous() for a in (ds.grad_output, ds.self, ds.target)]
     value, mag, _, _ = reference_forward(s)
-    strided_fwd, dense_fwd = _forward(ds, ds.self, ds.target), _forward(ds, *dense[1:])
-    cpu = _cpu(lambda c: _forward(c, c.self, c.target), s, device)
+    strided_fwd, dense_fwd = ds.run_forward(), ds.run_forward(*dense[1:])
+    cpu = cpu_result(Sample.run_forward, s, device)
     assert_close_on_device(strided_fwd, value, mag, msg="strided forward", device=device, cpu=cpu)
     assert_close(strided_fwd.cpu(), dense_fwd.cpu(), mag, msg="strided vs dense forward")
     value, mag, _, _ = reference_backward(s)
-    strided_bwd, dense_bwd = _backward(ds, ds.grad_output, ds.self, ds.target), _backward(ds, *dense)
-    cpu = _cpu(lambda c: _backward(c, c.grad_output, c.self, c.target), s, device)
+    strided_bwd, dense_bwd = ds.run_backward(), ds.run_backward(*dense)
+    cpu = cpu_result(Sample.run_backward, s, device)
     assert_close_on_device(strided_bwd, value, mag, msg="strided backward", device=device, cpu=cpu)
     assert_close(strided_bwd.cpu(), dense_bwd.cpu(), mag, msg="strided vs dense backward")
 
@@ -57,15 +43,15 @@ def test_eight_dims_permuted(loss, reduction, device):
     s2 = Sample(s.loss, x, s.target, s.grad_output, s.reduction, s.beta, s.log_target, name=s.name)
     d2 = s2.to(device)
     assert d2.self.stride() == x.stride()
-    out = _forward(d2, d2.self, d2.target)
+    out = d2.run_forward()
     value, mag, dtype, shape_ = reference_forward(s2)
     assert out.shape == shape_ and out.dtype == dtype
-    assert_close_on_device(out, value, mag, device=device, cpu=_cpu(lambda c: _forward(c, c.self, c.target), s2, device))
-    grad = _backward(d2, d2.grad_output, d2.self, d2.target)
+    assert_close_on_device(out, value, mag, device=device, cpu=cpu_result(Sample.run_forward, s2, device))
+    grad = d2.run_backward()
     value, mag, dtype, shape_ = reference_backward(s2)
     assert grad.shape == shape_
     assert_close_on_device(grad, value, mag, device=device,
-                           cpu=_cpu(lambda c: _backward(c, c.grad_output, c.self, c.target), s2, device))
+                           cpu=cpu_result(Sample.run_backward, s2, device))
 
 
 @pytest.mark.parametrize("loss", LOSSES)
@@ -74,22 +60,39 @@ def test_all_zero_dim(loss, device):
     for reduction in ("none", "mean", "sum"):
         s.reduction = reduction
         ds = s.to(device)
-        out = _forward(ds, ds.self, ds.target)
+        out = ds.run_forward()
         assert out.shape == ()
         value, mag, _, _ = reference_forward(s)
-        assert_close_on_device(out, value, mag, device=device, cpu=_cpu(lambda c: _forward(c, c.self, c.target), s, device))
-        grad = _backward(ds, ds.grad_output, ds.self, ds.target)
+        assert_close_on_device(out, value, mag, device=device, cpu=cpu_result(Sample.run_forward, s, device))
+        grad = ds.run_backward()
         value, mag, _, shape = reference_backward(s)
         assert grad.shape == shape == ()
         assert_close_on_device(grad, value, mag, device=device,
-                               cpu=_cpu(lambda c: _backward(c, c.grad_output, c.self, c.target), s, device))
+                               cpu=cpu_result(Sample.run_backward, s, device))
 
 
-def test_make_layout_really_changes_strides():
-    v = torch.randn(6, 7)
+@pytest.mark.parametrize("shape", [(6, 7), (2, 3, 4), (6,), (5, 1), (1, 5), (2,)])
+def test_make_layout_really_changes_strides(shape):
+    """Every non-contiguous layout is really strided, 1-D tensors included (a 1-D "transposed" tensor is a
+    stride-2 view), so the samples built with it reach the kernels' strided paths."""
+    v = torch.randn(shape)
     for layout in ("transposed", "sliced", "expanded"):
+        if layout == "expanded" and shape[0] == 1:
+            continue  # nothing to expand along dim 0
         t = make_layout(v, layout)
-        assert t.shape == v.shape and not t.is_contiguous(), layout
+        assert t.shape == v.shape and not t.is_contiguous(), (layout, t.stride())
+        if layout != "expanded":  # expanded keeps the first row only
+            assert torch.equal(t, v), layout
+
+
+def test_strided_samples_are_non_contiguous():
+    """The shared grid's layout samples pass non-contiguous tensors wherever a tensor has more than one
+    element."""
+    for loss in LOSSES:
+        for s in all_samples(loss):
+            if s.name.endswith(("-transposed", "-sliced", "-expanded")):
+                for t in (s.self, s.target):
+                    assert t.numel() <= 1 or not t.is_contiguous(), (s.name, tuple(t.shape), t.stride())
 
 
 @pytest.mark.parametrize("layout", ["contiguous", "transposed", "sliced", "expanded"])
@@ -103,7 +106,3 @@ def test_sample_on_device_keeps_its_layout(layout, device):
         assert layout_kind(b) == layout_kind(a)
         assert torch.equal(b.cpu(), a)
     assert layout_kind(ds.self) == layout
-
-
-def test_npu_marker_reflects_availability():
-    assert isinstance(getattr(npu_loss_ops, "npu_kernels_available", lambda: False)(), bool)

@@ -24,7 +24,8 @@ FORMATS = list(SHAPES)
 # (self, target) layouts: "fmt" = the tested channels-last format at full shape, "contig" = contiguous at
 # full shape, "bcast" = a contiguous (1, C, 1, 1[, 1]) tensor broadcast against the other operand.
 PAIRS = [("fmt", "fmt"), ("fmt", "contig"), ("contig", "fmt"), ("fmt", "bcast"), ("bcast", "fmt")]
-LOSSES = ["smooth_l1_loss", "l1_loss", "kl_div", "kl_div[log]"]
+# The three losses, KL twice: "kl_div[log]" is kl_div with log_target=True.
+LOSS_VARIANTS = ["smooth_l1_loss", "l1_loss", "kl_div", "kl_div[log]"]
 
 
 def _make(kind, fmt, device, dtype, positive, seed):
@@ -111,7 +112,7 @@ PATHS = ["kernel", "composite"]
 @pytest.mark.parametrize("path", PATHS)
 @pytest.mark.parametrize("pair", PAIRS, ids="-".join)
 @pytest.mark.parametrize("fmt", FORMATS, ids=str)
-@pytest.mark.parametrize("loss", LOSSES)
+@pytest.mark.parametrize("loss", LOSS_VARIANTS)
 def test_forward_none_follows_inputs(device, loss, fmt, pair, path):
     x, t, _ = _inputs(loss, pair, fmt, device)
     result = _forward(loss, path, x, t, NONE)
@@ -125,7 +126,7 @@ def test_forward_none_follows_inputs(device, loss, fmt, pair, path):
 @pytest.mark.parametrize("path", PATHS)
 @pytest.mark.parametrize("pair", PAIRS, ids="-".join)
 @pytest.mark.parametrize("fmt", FORMATS, ids=str)
-@pytest.mark.parametrize("loss", LOSSES)
+@pytest.mark.parametrize("loss", LOSS_VARIANTS)
 def test_backward_op_follows_inputs(device, loss, fmt, pair, path, reduction):
     x, t, kl = _inputs(loss, pair, fmt, device)
     # 'none' takes a full-size contiguous gradient (it is not the priority operand here), the others a
@@ -146,7 +147,7 @@ def test_backward_op_follows_inputs(device, loss, fmt, pair, path, reduction):
 @pytest.mark.parametrize("out_format", ["same", "contiguous"])
 @pytest.mark.parametrize("path", PATHS)
 @pytest.mark.parametrize("fmt", FORMATS, ids=str)
-@pytest.mark.parametrize("loss", LOSSES)
+@pytest.mark.parametrize("loss", LOSS_VARIANTS)
 def test_backward_out_keeps_its_layout(device, loss, fmt, path, out_format):
     """out= is written in its own layout, whatever the inputs' layout, with the same values."""
     pair = ("fmt", "fmt") if out_format == "contiguous" else ("contig", "contig")
@@ -167,7 +168,7 @@ def test_backward_out_keeps_its_layout(device, loss, fmt, path, out_format):
 @pytest.mark.parametrize("reduction", ["none", "mean"])
 @pytest.mark.parametrize("pair", PAIRS, ids="-".join)
 @pytest.mark.parametrize("fmt", FORMATS, ids=str)
-@pytest.mark.parametrize("loss", LOSSES)
+@pytest.mark.parametrize("loss", LOSS_VARIANTS)
 def test_autograd_gradients_follow_their_inputs(device, loss, fmt, pair, reduction):
     """Through the public API: each gradient has its input's layout (no layout copy when accumulated into
     .grad) and torch.nn.functional's values (computed on the CPU); with reduction='none' the loss follows
@@ -202,7 +203,7 @@ def test_dense_channels_last_matches_contiguous_bitwise(fmt):
         t = _make("fmt", fmt, "cpu", dtype, positive=True, seed=4)
         g = torch.randn(x.shape).to(dtype).contiguous(memory_format=fmt)
         xc, tc, gc = _contiguous(x, t, g)
-        for loss in LOSSES:
+        for loss in LOSS_VARIANTS:
             assert torch.equal(_forward(loss, "kernel", x, t, NONE), _forward(loss, "kernel", xc, tc, NONE))
             assert torch.equal(_backward(loss, "kernel", g, x, t, NONE), _backward(loss, "kernel", gc, xc, tc, NONE))
 

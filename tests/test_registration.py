@@ -45,6 +45,19 @@ def test_kernels_registered(schema):
         assert has("Autograd") or has("AutogradCPU"), "functional ops are differentiable"
 
 
+@pytest.mark.parametrize("schema", SCHEMAS, ids=[s.split("(")[0] for s in SCHEMAS])
+def test_npu_kernels_available_says_whether_the_aclnn_kernels_are_registered(schema):
+    """npu_kernels_available() and build_info() tell the truth: True exactly when every op and overload has
+    its aclnn kernel registered for the NPU (PrivateUse1); otherwise the reason says why not."""
+    available = npu_loss_ops.npu_kernels_available()
+    info = npu_loss_ops.build_info()
+    assert available is info["npu_kernels"]
+    qualname = schema.split("(")[0]
+    assert torch._C._dispatch_has_kernel_for_dispatch_key(qualname, "PrivateUse1") is available
+    if not available:
+        assert info["npu_reason"] and info["npu_reason"] != "aclnn kernels registered for the NPU", info
+
+
 def test_a_torch_other_than_the_build_one_is_a_clear_rebuild_error():
     npu_loss_ops._check_torch_version(torch.__version__, torch.__version__)  # the normal case passes
     with pytest.raises(ImportError, match=r"built against torch 2\.12\.0, but torch .* Rebuild"):

@@ -1,7 +1,6 @@
 """Short training runs: each npu_loss_ops module gives the same loss curve and parameters as its torch.nn
 twin, plain and inside DistributedDataParallel (one gloo process)."""
 import copy
-import socket
 import warnings
 
 import pytest
@@ -9,6 +8,7 @@ import torch
 import torch.distributed as dist
 
 import npu_loss_ops
+from helpers import free_port
 
 CASES = [
     ("SmoothL1Loss", {"beta": 0.5}),
@@ -65,19 +65,13 @@ def test_training_matches_torch_nn(kind, kwargs):
         torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-5)
 
 
-def _free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 @pytest.fixture
 def single_process_group():
     if not dist.is_available():
         pytest.skip("reason: torch.distributed is not available in this build")
     if dist.is_initialized():
         pytest.skip("reason: a process group already exists")
-    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{_free_port()}", rank=0, world_size=1)
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{free_port()}", rank=0, world_size=1)
     yield
     dist.destroy_process_group()
 

@@ -22,7 +22,7 @@ from torch.autograd import gradcheck, gradgradcheck
 from torch.utils import _pytree as pytree
 
 import npu_loss_ops
-from npu_loss_ops._reduction import REDUCTION_ENUMS as REDUCTIONS
+from samples import BACKWARD_OP, LOSSES, REDUCTIONS, functional_kwargs
 
 pytestmark = [
     pytest.mark.filterwarnings("error:There is a performance drop"),
@@ -33,11 +33,6 @@ pytestmark = [
 SHAPE = (3, 4)
 BROADCAST_TARGET_SHAPE = (4,)
 BATCH = 3
-BACKWARD_OP = {
-    "smooth_l1_loss": "smooth_l1_loss_backward",
-    "l1_loss": "l1_loss_backward",
-    "kl_div": "kl_div_target_backward",
-}
 
 
 FALLBACK_WARNING = "There is a performance drop"
@@ -67,12 +62,7 @@ class Case:
     broadcast: bool = False
 
     def kwargs(self) -> dict:
-        kw = {"reduction": self.reduction}
-        if self.loss == "smooth_l1_loss":
-            kw["beta"] = self.beta
-        if self.loss == "kl_div":
-            kw["log_target"] = self.log_target
-        return kw
+        return functional_kwargs(self.loss, self.reduction, self.beta, self.log_target)
 
     @property
     def target_shape(self):
@@ -464,5 +454,5 @@ def test_vmap_fallback_warning_is_detected(capfd, recwarn):
 
 
 def test_every_op_has_a_batching_rule():
-    for op in ("smooth_l1_loss", "l1_loss", "kl_div", *BACKWARD_OP.values()):
+    for op in (*LOSSES, *BACKWARD_OP.values()):
         assert torch._C._dispatch_has_kernel_for_dispatch_key(f"npu_loss::{op}", "FuncTorchBatched"), op

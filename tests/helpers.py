@@ -1,0 +1,28 @@
+"""Small helpers several test modules share that are neither samples (samples.py) nor references
+(reference.py): a free TCP port for torch.distributed, and a dispatch mode that records the ops a call
+runs."""
+from __future__ import annotations
+
+import socket
+
+from torch.utils._python_dispatch import TorchDispatchMode
+
+
+def free_port() -> int:
+    """A TCP port on the loopback interface that nothing listens on right now (for a gloo process group)."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class RecordOps(TorchDispatchMode):
+    """Records the name of every op that reaches the dispatcher inside the `with` block, e.g.
+    "npu_loss.l1_loss.default" or "aten.abs.default", in `.ops`, and runs it unchanged."""
+
+    def __init__(self):
+        super().__init__()
+        self.ops: list[str] = []
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        self.ops.append(str(func))
+        return func(*args, **(kwargs or {}))

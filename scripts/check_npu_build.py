@@ -25,8 +25,18 @@ import sysconfig
 import tempfile
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-sys.path.insert(0, ROOT)
-from build_config import torch_npu_include_dirs  # noqa: E402  (the directories setup.py uses)
+
+
+def _load_build_config():
+    """build_config.py (the include directories setup.py uses), loaded by path: putting the repository on
+    sys.path would make the source tree shadow the installed npu_loss_ops this script checks."""
+    spec = importlib.util.spec_from_file_location("build_config", os.path.join(ROOT, "build_config.py"))
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+torch_npu_include_dirs = _load_build_config().torch_npu_include_dirs
 GUARD_MESSAGE = "arguments do not match the prototype of"
 MISMATCHES = ["MISMATCH_DOUBLE_BETA", "MISMATCH_INT_REDUCTION", "MISMATCH_INT_LOG_TARGET", "MISMATCH_MISSING_ARGUMENT"]
 

@@ -314,4 +314,34 @@ void check_out(
   }
 }
 
+ResultSpec check_smooth_l1_loss_backward_out(
+    const at::Tensor& grad_output, const at::Tensor& self, const at::Tensor& target, int64_t reduction,
+    double beta, const at::Tensor& grad_input) {
+  auto spec = check_smooth_l1_loss_backward(grad_output, self, target, reduction, beta);
+  check_out(
+      "smooth_l1_loss_backward", "grad_input", grad_input, spec, OutDtype::AnyFloating,
+      {{"grad_output", &grad_output}, {"self", &self}, {"target", &target}});
+  return spec;
+}
+
+ResultSpec check_l1_loss_backward_out(
+    const at::Tensor& grad_output, const at::Tensor& self, const at::Tensor& target, int64_t reduction,
+    const at::Tensor& grad_input) {
+  auto spec = check_l1_loss_backward(grad_output, self, target, reduction);
+  check_out(
+      "l1_loss_backward", "grad_input", grad_input, spec, OutDtype::AnyFloating,
+      {{"grad_output", &grad_output}, {"self", &self}, {"target", &target}});
+  return spec;
+}
+
+ResultSpec check_kl_div_target_backward_out(
+    const at::Tensor& grad_output, const at::Tensor& self, const at::Tensor& target, int64_t reduction,
+    const at::Tensor& grad_target) {
+  auto spec = check_kl_div_target_backward(grad_output, self, target, reduction);
+  check_out(
+      "kl_div_target_backward", "grad_target", grad_target, spec, OutDtype::EqualsResult,
+      {{"grad_output", &grad_output}, {"self", &self}, {"target", &target}});
+  return spec;
+}
+
 }  // namespace npu_loss

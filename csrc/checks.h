@@ -76,6 +76,18 @@ at::Tensor empty_result(const ResultSpec& spec, const at::TensorOptions& options
 // NPU's restriction to the contiguous format).
 at::Tensor with_memory_format(const at::Tensor& t, c10::MemoryFormat format);
 
+// The checks of an out= overload: its op's checks, then check_out on the out tensor. Every backend's out=
+// kernel starts with one of these.
+ResultSpec check_smooth_l1_loss_backward_out(
+    const at::Tensor& grad_output, const at::Tensor& self, const at::Tensor& target, int64_t reduction,
+    double beta, const at::Tensor& grad_input);
+ResultSpec check_l1_loss_backward_out(
+    const at::Tensor& grad_output, const at::Tensor& self, const at::Tensor& target, int64_t reduction,
+    const at::Tensor& grad_input);
+ResultSpec check_kl_div_target_backward_out(
+    const at::Tensor& grad_output, const at::Tensor& self, const at::Tensor& target, int64_t reduction,
+    const at::Tensor& grad_target);
+
 // float64 runs on CPU and the fallback, never on the NPU.
 bool float64_allowed(const at::Tensor& t);
 

@@ -14,30 +14,21 @@ namespace {
 at::Tensor& smooth_l1_loss_backward_out_composite(
     const at::Tensor& grad_output, const at::Tensor& self, const at::Tensor& target, int64_t reduction,
     double beta, at::Tensor& grad_input) {
-  const auto spec = check_smooth_l1_loss_backward(grad_output, self, target, reduction, beta);
-  check_out(
-      "smooth_l1_loss_backward", "grad_input", grad_input, spec, OutDtype::AnyFloating,
-      {{"grad_output", &grad_output}, {"self", &self}, {"target", &target}});
+  check_smooth_l1_loss_backward_out(grad_output, self, target, reduction, beta, grad_input);
   return grad_input.copy_(composite::smooth_l1_loss_backward(grad_output, self, target, reduction, beta));
 }
 
 at::Tensor& l1_loss_backward_out_composite(
     const at::Tensor& grad_output, const at::Tensor& self, const at::Tensor& target, int64_t reduction,
     at::Tensor& grad_input) {
-  const auto spec = check_l1_loss_backward(grad_output, self, target, reduction);
-  check_out(
-      "l1_loss_backward", "grad_input", grad_input, spec, OutDtype::AnyFloating,
-      {{"grad_output", &grad_output}, {"self", &self}, {"target", &target}});
+  check_l1_loss_backward_out(grad_output, self, target, reduction, grad_input);
   return grad_input.copy_(composite::l1_loss_backward(grad_output, self, target, reduction));
 }
 
 at::Tensor& kl_div_target_backward_out_composite(
     const at::Tensor& grad_output, const at::Tensor& self, const at::Tensor& target, int64_t reduction,
     bool log_target, at::Tensor& grad_target) {
-  const auto spec = check_kl_div_target_backward(grad_output, self, target, reduction);
-  check_out(
-      "kl_div_target_backward", "grad_target", grad_target, spec, OutDtype::EqualsResult,
-      {{"grad_output", &grad_output}, {"self", &self}, {"target", &target}});
+  check_kl_div_target_backward_out(grad_output, self, target, reduction, grad_target);
   return grad_target.copy_(composite::kl_div_target_backward(grad_output, self, target, reduction, log_target));
 }
 

@@ -197,10 +197,7 @@ at::Tensor kl_div_target_backward_cpu(
 at::Tensor& kl_div_target_backward_out_cpu(
     const at::Tensor& grad_output, const at::Tensor& self, const at::Tensor& target, int64_t reduction,
     bool log_target, at::Tensor& grad_target) {
-  const auto spec = check_kl_div_target_backward(grad_output, self, target, reduction);
-  check_out(
-      "kl_div_target_backward", "grad_target", grad_target, spec, OutDtype::EqualsResult,
-      {{"grad_output", &grad_output}, {"self", &self}, {"target", &target}});
+  const auto spec = check_kl_div_target_backward_out(grad_output, self, target, reduction, grad_target);
   kl_div_target_backward_dispatch(grad_target, grad_output, self, target, reduction, log_target, spec);
   return grad_target;
 }

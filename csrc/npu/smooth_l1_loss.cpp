@@ -127,10 +127,7 @@ at::Tensor& smooth_l1_loss_backward_out_npu(
     const at::Tensor& grad_output, const at::Tensor& self, const at::Tensor& target, int64_t reduction,
     double beta, at::Tensor& grad_input) {
   const c10::OptionalDeviceGuard guard(at::device_of(self));
-  const auto spec = check_smooth_l1_loss_backward(grad_output, self, target, reduction, beta);
-  check_out(
-      "smooth_l1_loss_backward", "grad_input", grad_input, spec, OutDtype::AnyFloating,
-      {{"grad_output", &grad_output}, {"self", &self}, {"target", &target}});
+  check_smooth_l1_loss_backward_out(grad_output, self, target, reduction, beta, grad_input);
   smooth_l1_loss_backward_into(grad_input, grad_output, self, target, reduction, beta);
   return grad_input;
 }

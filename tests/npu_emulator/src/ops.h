@@ -16,6 +16,7 @@
 #include <c10/core/impl/LocalDispatchKeySet.h>
 
 #include <functional>
+#include <initializer_list>
 #include <string>
 #include <utility>
 #include <vector>
@@ -83,6 +84,13 @@ std::string shape_str(at::IntArrayRef s);
 // Result dtype of ATen-style promotion between tensors (0-dim ones do not promote dimensioned ones of the
 // same category) — what CANN calls 互推导关系 for aclnn element-wise operators.
 at::ScalarType promote(const std::vector<const TensorDesc*>& ts);
+
+// True when a defined tensor among `ts` is empty: aclnn launches nothing then.
+inline bool any_empty(std::initializer_list<const TensorDesc*> ts) {
+  for (auto* t : ts)
+    if (t->defined && t->numel() == 0) return true;
+  return false;
+}
 
 }  // namespace emu
 

@@ -410,16 +410,7 @@ EMU_API void npu_emu_trace_reset() { npuemu_trace_reset(); }
 using emu::S;
 using emu::T;
 using emu::TensorDesc;
-
-namespace {
-
-bool any_empty(std::initializer_list<const TensorDesc*> ts) {
-  for (auto* t : ts)
-    if (t->defined && t->numel() == 0) return true;
-  return false;
-}
-
-}  // namespace
+using emu::any_empty;
 
 // ---------------------------------------------------------------------------------------------------------
 // Macros for the common shapes of prototypes. EXPR sees `x` (self), `y` (other tensor) or `s` (scalar).

@@ -64,14 +64,9 @@ using emu::IA;
 using emu::S;
 using emu::T;
 using emu::TensorDesc;
+using emu::any_empty;
 
 namespace {
-
-bool any_empty(std::initializer_list<const TensorDesc*> ts) {
-  for (auto* t : ts)
-    if (t->defined && t->numel() == 0) return true;
-  return false;
-}
 
 // Writes a data-dependent result into the front of `o` (allocated at the largest possible size,
 // contiguous) and rewrites the caller's aclTensor shape, which torch_npu reads back with aclGetViewShape.

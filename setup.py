@@ -69,9 +69,12 @@ def compiler_supports(flag):
 
 
 def cpu_flags():
-    """Flags chosen by platform: no host-specific -march; the ISA is picked at load time (target_clones)."""
+    """Flags chosen by platform: no host-specific -march; the CPU kernels are built for each instruction set
+    and one is picked at import (docs/cpu_kernels.md)."""
     # The C++ standard is BuildExtension's default (C++20, which torch 2.13's headers are written for).
-    flags = ["-fvisibility=hidden"]
+    # -ffp-contract=off: the kernels write every fused multiply-add they want as fma(); a multiply and add
+    # the compiler fused in one loop and not in another would make an element's bits depend on its position.
+    flags = ["-fvisibility=hidden", "-ffp-contract=off"]
     if DEBUG:
         flags += ["-O0", "-g"]
         link = []

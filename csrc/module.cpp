@@ -2,26 +2,39 @@
 #include <torch/extension.h>
 
 #include <string>
+#include <vector>
+
+#include "cpu/isa.h"
 
 namespace {
 
-// The ISA the target_clones kernels run at on this CPU (the resolver picks the same one).
-std::string cpu_kernel_isa() {
-#if defined(__x86_64__)
-  __builtin_cpu_init();
-  if (__builtin_cpu_supports("x86-64-v4")) return "x86-64-v4 (AVX512)";
-  if (__builtin_cpu_supports("x86-64-v3")) return "x86-64-v3 (AVX2)";
-  return "x86-64 baseline (SSE2)";
-#elif defined(__aarch64__)
-  return "aarch64 (NEON)";
-#else
-  return "generic";
-#endif
+// The instruction sets this CPU and build run, baseline first.
+std::vector<std::string> available_isas() {
+  std::vector<std::string> names;
+  for (int i = 0; i <= static_cast<int>(npu_loss::cpu::best_isa()); ++i) {
+    names.emplace_back(npu_loss::cpu::isa_name(static_cast<npu_loss::cpu::Isa>(i)));
+  }
+  return names;
+}
+
+// The KL kernels' float log or exp of a float32 tensor, computed by one instruction set's kernels: lets the
+// tests check their accuracy on every instruction set this CPU has.
+at::Tensor vec_math(const std::string& fn, const at::Tensor& x, const std::string& isa) {
+  TORCH_CHECK(fn == "log" || fn == "exp", "_vec_math: fn must be 'log' or 'exp', got '", fn, "'");
+  TORCH_CHECK(x.scalar_type() == at::kFloat && x.device().is_cpu(), "_vec_math: x must be a float32 CPU tensor");
+  const auto& kernels = npu_loss::cpu::kernels_for(npu_loss::cpu::parse_isa(isa.c_str(), "isa"));
+  const at::Tensor in = x.contiguous();
+  at::Tensor out = at::empty_like(in);
+  (fn == "log" ? kernels.log : kernels.exp)(in.const_data_ptr<float>(), out.mutable_data_ptr<float>(), in.numel());
+  return out;
 }
 
 pybind11::dict build_info() {
   pybind11::dict info;
-  info["cpu_kernel_isa"] = cpu_kernel_isa();
+  const auto isa = npu_loss::cpu::selected_isa();
+  info["cpu_kernel_isa"] = npu_loss::cpu::isa_description(isa);
+  info["cpu_isa"] = npu_loss::cpu::isa_name(isa);
+  info["cpu_isas_available"] = available_isas();
 #if defined(_OPENMP)
   info["openmp"] = true;
 #else
@@ -35,5 +48,8 @@ pybind11::dict build_info() {
 
 PYBIND11_MODULE(_C, m) {
   m.doc() = "npu_loss_ops: operator registrations and CPU kernels";
+  // Read NPU_LOSS_OPS_CPU_ISA now, so that a bad value fails the import (ImportError) with its message.
+  npu_loss::cpu::selected_isa();
   m.def("build_info", &build_info, "What this build of _C contains and which CPU kernels it runs.");
+  m.def("_vec_math", &vec_math, "The CPU kernels' float log or exp, on one instruction set (for tests).");
 }

@@ -1,93 +1,20 @@
 // KL divergence on CPU: forward and gradient w.r.t. target.
 #include <torch/library.h>
 
-#include <limits>
-
 #include "../checks.h"
 #include "loops.h"
-#include "vec_math.h"
 
 namespace npu_loss::cpu {
 namespace {
 
-// target * (log(target) - self), with 0 where target == 0 (xlogy's rule).
-template <typename A>
-struct KlDiv {
-  NPU_LOSS_INLINE A operator()(A x, A t) const {
-    const A t_log_t = t == A(0) ? A(0) : t * vec_log(t);
-    return t_log_t - t * x;
-  }
-};
-
-// exp(target) * (target - self) for a log-space target.
-template <typename A>
-struct KlDivLog {
-  NPU_LOSS_INLINE A operator()(A x, A t) const { return vec_exp(t) * (t - x); }
-};
-
-// g * (log(target) + 1 - self), exactly 0 where target == 0 (a zero probability gets no gradient), and NaN
-// where target == +inf, as PyTorch's autograd (xlogy's t / t) and aclnn give.
-template <typename A>
-struct KlTargetGrad {
-  NPU_LOSS_INLINE A operator()(A g, A x, A t) const {
-    const A v = g * (vec_log(t) + A(1) - x);
-    const A finite = t == std::numeric_limits<A>::infinity() ? std::numeric_limits<A>::quiet_NaN() : v;
-    return t == A(0) ? A(0) : finite;
-  }
-};
-
-// g * exp(target) * (target + 1 - self) for a log-space target.
-template <typename A>
-struct KlTargetGradLog {
-  NPU_LOSS_INLINE A operator()(A g, A x, A t) const { return g * vec_exp(t) * (t + A(1) - x); }
-};
-
-NPU_LOSS_DEFINE_DENSE_ENTRIES(kl_div, KlDiv, KlTargetGrad)
-NPU_LOSS_DEFINE_DENSE_ENTRIES(kl_div_log, KlDivLog, KlTargetGradLog)
-
-template <bool LogTarget>
-struct KlKernels {
-  template <typename A>
-  using Fwd = std::conditional_t<LogTarget, KlDivLog<A>, KlDiv<A>>;
-  template <typename A>
-  using Bwd = std::conditional_t<LogTarget, KlTargetGradLog<A>, KlTargetGrad<A>>;
-
-  template <typename T>
-  void forward_dense(const T* x, const T* t, T* out, int64_t n) const {
-    if constexpr (LogTarget) {
-      kl_div_log_forward(x, t, out, n, Fwd<acc_t<T>>{});
-    } else {
-      kl_div_forward(x, t, out, n, Fwd<acc_t<T>>{});
-    }
-  }
-  template <typename T>
-  acc_t<T> sum_dense(const T* x, const T* t, int64_t n) const {
-    if constexpr (LogTarget) {
-      return kl_div_log_sum(x, t, n, Fwd<acc_t<T>>{});
-    } else {
-      return kl_div_sum(x, t, n, Fwd<acc_t<T>>{});
-    }
-  }
-  template <typename T>
-  void backward_dense(const T* g, bool g_scalar, const T* x, const T* t, T* out, int64_t n, acc_t<T> scale) const {
-    if constexpr (LogTarget) {
-      kl_div_log_backward(g, g_scalar, x, t, out, n, scale, Bwd<acc_t<T>>{});
-    } else {
-      kl_div_backward(g, g_scalar, x, t, out, n, scale, Bwd<acc_t<T>>{});
-    }
-  }
-  auto op() const {
-    return [](auto x, auto t) { return Fwd<decltype(x)>{}(x, t); };
-  }
-  auto grad() const {
-    return [](auto g, auto x, auto t) { return Bwd<decltype(x)>{}(g, x, t); };
-  }
-};
+// The math is dense_kernels.h's KlDiv/KlTargetGrad and, for a log-space target, KlDivLog/KlTargetGradLog.
+LossParams kl_div(bool log_target) {
+  return {log_target ? LossKind::KlDivLogTarget : LossKind::KlDiv};
+}
 
 at::Tensor kl_div_cpu(const at::Tensor& self, const at::Tensor& target, int64_t reduction, bool log_target) {
   const auto spec = check_kl_div(self, target, reduction);
-  return log_target ? loss_forward(self, target, reduction, spec, KlKernels<true>{})
-                    : loss_forward(self, target, reduction, spec, KlKernels<false>{});
+  return loss_forward(self, target, reduction, spec, kl_div(log_target));
 }
 
 // Sums `values` (contiguous, viewed as rows x cols) along each row into `sums` (contiguous, `rows` long).
@@ -122,10 +49,9 @@ void sum_rows(const at::Tensor& values, int64_t rows, int64_t cols, const at::Te
 // The gradient over broadcast(self, target), summed back to target's shape. The broadcast values go into
 // one opmath temporary laid out with target's dims first and the summed dims last, so each output element
 // is the sum of one contiguous row.
-template <typename Kernels>
 void kl_div_target_backward_reduced(
     const at::Tensor& out, const at::Tensor& grad_output, const at::Tensor& self, const at::Tensor& target,
-    const ResultSpec& spec, double scale, const Kernels& kernels) {
+    const ResultSpec& spec, double scale, const LossParams& loss) {
   const auto& b = spec.broadcast_shape;
   const int64_t ndim = static_cast<int64_t>(b.size());
   const int64_t lead = ndim - target.dim();
@@ -143,11 +69,7 @@ void kl_div_target_backward_reduced(
 
   const auto acc_dtype = acc_dtype_of(common_input_dtype({&grad_output, &self, &target}));
   at::Tensor values = at::empty(permuted_shape, self.options().dtype(acc_dtype));
-  const auto op = kernels.grad();
-  pointwise_strided(
-      values.permute(inverse),
-      [op, scale](auto gv, auto xv, auto tv) { return op(gv * static_cast<decltype(gv)>(scale), xv, tv); },
-      grad_output, self, target);
+  loss_pointwise_backward(values.permute(inverse), grad_output, self, target, scale, loss);
 
   const int64_t rows = target.numel();
   const int64_t cols = values.numel() / rows;
@@ -156,10 +78,9 @@ void kl_div_target_backward_reduced(
   out.copy_(sums);
 }
 
-template <typename Kernels>
 void kl_div_target_backward_into(
     const at::Tensor& out, const at::Tensor& grad_output, const at::Tensor& self, const at::Tensor& target,
-    int64_t reduction, const ResultSpec& spec, const Kernels& kernels) {
+    int64_t reduction, bool log_target, const ResultSpec& spec) {
   if (out.numel() == 0) return;
   const int64_t n = shape_numel(spec.broadcast_shape);
   if (n == 0) {
@@ -169,19 +90,9 @@ void kl_div_target_backward_into(
   }
   const double scale = reduction_scale(reduction, n);
   if (target.sizes() == c10::IntArrayRef(spec.broadcast_shape)) {
-    loss_backward_into(out, grad_output, self, target, scale, kernels);
+    loss_backward_into(out, grad_output, self, target, scale, kl_div(log_target));
   } else {
-    kl_div_target_backward_reduced(out, grad_output, self, target, spec, scale, kernels);
-  }
-}
-
-void kl_div_target_backward_dispatch(
-    const at::Tensor& out, const at::Tensor& grad_output, const at::Tensor& self, const at::Tensor& target,
-    int64_t reduction, bool log_target, const ResultSpec& spec) {
-  if (log_target) {
-    kl_div_target_backward_into(out, grad_output, self, target, reduction, spec, KlKernels<true>{});
-  } else {
-    kl_div_target_backward_into(out, grad_output, self, target, reduction, spec, KlKernels<false>{});
+    kl_div_target_backward_reduced(out, grad_output, self, target, spec, scale, kl_div(log_target));
   }
 }
 
@@ -190,7 +101,7 @@ at::Tensor kl_div_target_backward_cpu(
     bool log_target) {
   const auto spec = check_kl_div_target_backward(grad_output, self, target, reduction);
   at::Tensor grad_target = empty_result(spec, target.options());
-  kl_div_target_backward_dispatch(grad_target, grad_output, self, target, reduction, log_target, spec);
+  kl_div_target_backward_into(grad_target, grad_output, self, target, reduction, log_target, spec);
   return grad_target;
 }
 
@@ -198,7 +109,7 @@ at::Tensor& kl_div_target_backward_out_cpu(
     const at::Tensor& grad_output, const at::Tensor& self, const at::Tensor& target, int64_t reduction,
     bool log_target, at::Tensor& grad_target) {
   const auto spec = check_kl_div_target_backward_out(grad_output, self, target, reduction, grad_target);
-  kl_div_target_backward_dispatch(grad_target, grad_output, self, target, reduction, log_target, spec);
+  kl_div_target_backward_into(grad_target, grad_output, self, target, reduction, log_target, spec);
   return grad_target;
 }
 

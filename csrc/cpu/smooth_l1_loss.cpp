@@ -7,59 +7,14 @@
 namespace npu_loss::cpu {
 namespace {
 
-template <typename A>
-struct SmoothL1 {
-  A beta;
-  NPU_LOSS_INLINE A operator()(A x, A t) const {
-    const A d = x - t;
-    const A ad = std::abs(d);
-    return ad < beta ? A(0.5) * d * d / beta : ad - A(0.5) * beta;
-  }
-};
-
-template <typename A>
-struct SmoothL1Grad {
-  A beta;
-  // beta == 0 is the pure L1 gradient: sign(d), with sign(0) = sign(NaN) = 0 and no division by zero.
-  bool l1;
-  NPU_LOSS_INLINE A operator()(A g, A x, A t) const {
-    const A d = x - t;
-    const A slope = (std::abs(d) >= beta || l1) ? sign_of<A>(d) : d / beta;
-    return g * slope;
-  }
-};
-
-NPU_LOSS_DEFINE_DENSE_ENTRIES(smooth_l1, SmoothL1, SmoothL1Grad)
-
-struct SmoothL1Kernels {
-  double beta;
-  template <typename T>
-  void forward_dense(const T* x, const T* t, T* out, int64_t n) const {
-    smooth_l1_forward(x, t, out, n, SmoothL1<acc_t<T>>{static_cast<acc_t<T>>(beta)});
-  }
-  template <typename T>
-  acc_t<T> sum_dense(const T* x, const T* t, int64_t n) const {
-    return smooth_l1_sum(x, t, n, SmoothL1<acc_t<T>>{static_cast<acc_t<T>>(beta)});
-  }
-  template <typename T>
-  void backward_dense(const T* g, bool g_scalar, const T* x, const T* t, T* out, int64_t n, acc_t<T> scale) const {
-    smooth_l1_backward(g, g_scalar, x, t, out, n, scale, SmoothL1Grad<acc_t<T>>{static_cast<acc_t<T>>(beta), beta == 0});
-  }
-  auto op() const {
-    const double b = beta;
-    return [b](auto x, auto t) { return SmoothL1<decltype(x)>{static_cast<decltype(x)>(b)}(x, t); };
-  }
-  auto grad() const {
-    const double b = beta;
-    return [b](auto g, auto x, auto t) {
-      return SmoothL1Grad<decltype(x)>{static_cast<decltype(x)>(b), b == 0}(g, x, t);
-    };
-  }
-};
+// The math is dense_kernels.h's SmoothL1 and SmoothL1Grad.
+LossParams smooth_l1(double beta) {
+  return {LossKind::SmoothL1, beta};
+}
 
 at::Tensor smooth_l1_loss_cpu(const at::Tensor& self, const at::Tensor& target, int64_t reduction, double beta) {
   const auto spec = check_smooth_l1_loss(self, target, reduction, beta);
-  return loss_forward(self, target, reduction, spec, SmoothL1Kernels{beta});
+  return loss_forward(self, target, reduction, spec, smooth_l1(beta));
 }
 
 // "mean" divides by self.numel(), as ATen and both Ascend kernels do.
@@ -67,7 +22,7 @@ void smooth_l1_loss_backward_into(
     const at::Tensor& out, const at::Tensor& grad_output, const at::Tensor& self, const at::Tensor& target,
     int64_t reduction, double beta) {
   loss_backward_into(
-      out, grad_output, self, target, reduction_scale(reduction, self.numel()), SmoothL1Kernels{beta});
+      out, grad_output, self, target, reduction_scale(reduction, self.numel()), smooth_l1(beta));
 }
 
 at::Tensor smooth_l1_loss_backward_cpu(

@@ -1,100 +1,106 @@
-// log and exp for float that the compiler can vectorize: no branches and no libm calls, only arithmetic,
-// bit moves and selects (glibc's vector logf/expf are declared only under -ffast-math, which would change
-// NaN and inf semantics everywhere). The classic Cephes polynomials: within 2 ulp of the correctly rounded
-// result on normal inputs, with IEEE special cases (log: 0 -> -inf, x < 0 -> NaN, +inf -> +inf, NaN ->
-// NaN, denormals handled; exp: overflow -> +inf, underflow -> 0, NaN -> NaN). float64 uses std::log/exp.
+// log and exp on the vector type of simd.h, for the KL kernels. Only arithmetic, bit moves and selects: no
+// libm (glibc's vector logf/expf exist only under -ffast-math, which would change NaN and inf handling).
+//
+// Each has a fast path for the inputs that matter (log: positive normal floats; exp: |x| <= 86, where the
+// result is a normal float) and, only when some lane of a vector is outside it, a slow path that also
+// handles zero, negatives, denormals, infinities, NaN and the overflow/underflow of exp. On the lanes the
+// fast path covers, the slow path computes the same bits, so an element's result never depends on its
+// neighbours. Accuracy (tests/test_vec_math.py checks it against float64 over the whole float range):
+// within 2 ulp of the correctly rounded result, denormal results included. float64 uses std::log/exp
+// (dense_kernels.h).
 #pragma once
 
-#include <cmath>
-#include <cstdint>
-#include <cstring>
-#include <limits>
+#include "simd.h"
 
-namespace npu_loss::cpu {
+namespace npu_loss::cpu::NPU_LOSS_ISA {
+namespace {
 
-#define NPU_LOSS_MATH_INLINE inline __attribute__((always_inline))
+constexpr float kInf = __builtin_inff();
+constexpr float kNaN = __builtin_nanf("");
+constexpr float kFloatMin = 1.17549435082228750797e-38f;  // the smallest normal float, 2^-126
+constexpr float kFloatMax = 3.40282346638528859812e+38f;
 
-NPU_LOSS_MATH_INLINE uint32_t float_bits(float f) {
-  uint32_t u;
-  std::memcpy(&u, &f, sizeof(u));
-  return u;
+// log(x) for positive normal x: x = 2^k * m with m in [sqrt(1/2), sqrt(2)), found by subtracting the bits
+// of sqrt(1/2) so that one arithmetic shift gives k; then log(x) = k ln 2 + log1p(f), f = m - 1 in
+// [-0.29, 0.41], with Cephes' logf polynomial (ln 2 in two parts so that k ln 2 adds no error).
+// The slow path passes the denormals it has scaled by 2^23 with Scaled = true and `scaled` true on their
+// lanes, and 23 is subtracted from their k (k - 0 = k exactly on the other lanes, so they get the fast
+// path's bits).
+template <bool Scaled>
+NPU_LOSS_SIMD_INLINE F log_normal(F x, M scaled) {
+  const I ix = bits(x);
+  const I k = shift_right_arith<23>(ix - splat_i(0x3F3504F3));
+  const F f = from_bits(ix - shift_left<23>(k)) - splat(1.0f);
+  F e = to_float(k);
+  if constexpr (Scaled) e = e - select(scaled, splat(23.0f), splat(0.0f));
+  // log1p(f) = f - f^2 / 2 + f^3 P(f), P of degree 8 evaluated by Estrin's scheme (a dependency chain of
+  // four multiply-adds instead of eight), and the small terms summed before f.
+  const F f2 = f * f;
+  const F f4 = f2 * f2;
+  const F p01 = fma(splat(-2.4999993993e-1f), f, splat(3.3333331174e-1f));
+  const F p23 = fma(splat(-1.6668057665e-1f), f, splat(2.0000714765e-1f));
+  const F p45 = fma(splat(-1.2420140846e-1f), f, splat(1.4249322787e-1f));
+  const F p67 = fma(splat(-1.1514610310e-1f), f, splat(1.1676998740e-1f));
+  const F p03 = fma(p23, f2, p01);
+  const F p47 = fma(p67, f2, p45);
+  const F p = fma(fma(splat(7.0376836292e-2f), f4, p47), f4, p03);
+  const F small = fma(f2, splat(-0.5f), e * splat(-2.12194440e-4f));
+  const F r = f + fma(f * f2, p, small);
+  return fma(e, splat(0.693359375f), r);
 }
 
-NPU_LOSS_MATH_INLINE float bits_float(uint32_t u) {
-  float f;
-  std::memcpy(&f, &u, sizeof(f));
-  return f;
+// log(x) with IEEE special cases: 0 -> -inf, x < 0 -> NaN, +inf -> +inf, NaN -> NaN, denormals exact to
+// 2 ulp. `special` says whether any lane needed the slow path (callers use it to skip their own fix-ups).
+NPU_LOSS_SIMD_INLINE F log(F x, bool& special) {
+  const M normal = (x >= splat(kFloatMin)) & (x <= splat(kFloatMax));
+  special = !kVector || !all(normal);
+  if (!special) return log_normal<false>(x, M{});
+  const M denormal = x < splat(kFloatMin);
+  F r = log_normal<true>(select(denormal, x * splat(8388608.0f), x), denormal);  // 2^23
+  r = select(x == splat(kInf), splat(kInf), r);
+  r = select(x == splat(0.0f), splat(-kInf), r);
+  return select((x < splat(0.0f)) | is_nan(x), splat(kNaN), r);
 }
 
-NPU_LOSS_MATH_INLINE float vec_log(float x) {
-  // Scale denormals into the normal range first (and remember the exponent shift).
-  const bool denormal = x < std::numeric_limits<float>::min();
-  const float xs = denormal ? x * 8388608.0f : x;  // 2^23
-  const uint32_t bits = float_bits(xs);
-  int32_t e = static_cast<int32_t>((bits >> 23) & 0xFF) - 126 - (denormal ? 23 : 0);
-  // Mantissa in [0.5, 1).
-  float m = bits_float((bits & 0x007FFFFFu) | 0x3F000000u);
-  const bool small = m < 0.70710678118654752440f;
-  e -= small ? 1 : 0;
-  m = small ? m + m - 1.0f : m - 1.0f;
-  const float fe = static_cast<float>(e);
-  const float z = m * m;
-  float p = 7.0376836292e-2f;
-  p = p * m - 1.1514610310e-1f;
-  p = p * m + 1.1676998740e-1f;
-  p = p * m - 1.2420140846e-1f;
-  p = p * m + 1.4249322787e-1f;
-  p = p * m - 1.6668057665e-1f;
-  p = p * m + 2.0000714765e-1f;
-  p = p * m - 2.4999993993e-1f;
-  p = p * m + 3.3333331174e-1f;
-  float y = m * z * p;
-  y += -2.12194440e-4f * fe;
-  y += -0.5f * z;
-  float r = m + y;
-  r += 0.693359375f * fe;
-  r = x == std::numeric_limits<float>::infinity() ? x : r;
-  r = x == 0.0f ? -std::numeric_limits<float>::infinity() : r;
-  r = (x < 0.0f || x != x) ? std::numeric_limits<float>::quiet_NaN() : r;
-  return r;
+NPU_LOSS_SIMD_INLINE F log(F x) {
+  bool special;
+  return log(x, special);
 }
 
-NPU_LOSS_MATH_INLINE float vec_exp(float x) {
+// exp(x) = 2^n exp(r), n = round(x / ln 2), r = x - n ln 2 in [-ln 2 / 2, ln 2 / 2] (ln 2 in two parts),
+// exp(r) by Cephes' expf polynomial. n comes out of the rounding trick's bits: x / ln 2 + 1.5 * 2^23 has
+// ulp 1, so its low bits hold n.
+NPU_LOSS_SIMD_INLINE F exp(F x) {
+  constexpr float kRound = 12582912.0f;  // 1.5 * 2^23
   constexpr float kMax = 88.72283935546875f;  // exp overflows float above this
   constexpr float kMin = -103.97208404541015625f;  // and is 0 below this
-  const float xc = (x < kMin ? kMin : (x > kMax ? kMax : x));
-  // n = round(x / ln 2) by the 1.5 * 2^23 trick (round to nearest even, no libm call); r = x - n ln 2 in
-  // two parts for precision.
-  constexpr float kRound = 12582912.0f;
-  const float n = (xc * 1.44269504088896341f + kRound) - kRound;
-  float r = xc - n * 0.693359375f;
-  r = r - n * -2.12194440e-4f;
-  float p = 1.9875691500e-4f;
-  p = p * r + 1.3981999507e-3f;
-  p = p * r + 8.3334519073e-3f;
-  p = p * r + 4.1665795894e-2f;
-  p = p * r + 1.6666665459e-1f;
-  p = p * r + 5.0000001201e-1f;
-  const float y = p * r * r + r + 1.0f;
-  // 2^n as two normal factors: the clamp keeps n in [-150, 128], and the results below 2^-126 round
-  // into float's denormals.
-  const int32_t ni = static_cast<int32_t>(n);
-  const int32_t half = ni >> 1;  // floor(n / 2): both halves stay normal
-  const float scale1 = bits_float(static_cast<uint32_t>(half + 127) << 23);
-  const float scale2 = bits_float(static_cast<uint32_t>(ni - half + 127) << 23);
-  float result = y * scale1 * scale2;
-  result = x > kMax ? std::numeric_limits<float>::infinity() : result;
-  result = x < kMin ? 0.0f : result;
-  result = x != x ? x : result;
-  return result;
+  const M fast = abs(x) <= splat(86.0f);  // n in [-125, 125]: 2^n exp(r) is normal (false on NaN)
+  const bool special = !kVector || !all(fast);
+  // Clamped only on the slow path (it leaves every fast lane unchanged).
+  const F xc = special ? select(x < splat(kMin), splat(kMin), select(x > splat(kMax), splat(kMax), x)) : x;
+  const F shifted = fma(xc, splat(1.44269504088896341f), splat(kRound));
+  const F n = shifted - splat(kRound);
+  F r = fma(n, splat(-0.693359375f), xc);
+  r = fma(n, splat(2.12194440e-4f), r);
+  // exp(r) = 1 + r + r^2 P(r), P of degree 5 by Estrin's scheme.
+  const F r2 = r * r;
+  const F p01 = fma(splat(1.6666665459e-1f), r, splat(5.0000001201e-1f));
+  const F p23 = fma(splat(8.3334519073e-3f), r, splat(4.1665795894e-2f));
+  const F p45 = fma(splat(1.9875691500e-4f), r, splat(1.3981999507e-3f));
+  const F p = fma(fma(p45, r2, p23), r2, p01);
+  const F y = fma(p, r2, r) + splat(1.0f);
+  const I ni = bits(shifted) - bits(splat(kRound));
+  if (!special) return from_bits(bits(y) + shift_left<23>(ni));
+  // 2^n as two normal factors (n in [-150, 128] after the clamp): results below 2^-126 round once, into
+  // float's denormals; on the fast lanes both products are exact, so the bits equal the fast path's.
+  const I half = shift_right_arith<1>(ni);
+  const F scale1 = from_bits(shift_left<23>(half + splat_i(127)));
+  const F scale2 = from_bits(shift_left<23>(ni - half + splat_i(127)));
+  F result = y * scale1 * scale2;
+  result = select(x > splat(kMax), splat(kInf), result);
+  result = select(x < splat(kMin), splat(0.0f), result);
+  return select(is_nan(x), x, result);
 }
 
-NPU_LOSS_MATH_INLINE double vec_log(double x) {
-  return std::log(x);
-}
-
-NPU_LOSS_MATH_INLINE double vec_exp(double x) {
-  return std::exp(x);
-}
-
-}  // namespace npu_loss::cpu
+}  // namespace
+}  // namespace npu_loss::cpu::NPU_LOSS_ISA

@@ -1,0 +1,396 @@
+// The losses' elementwise math and the dense loops, written once on simd.h's vector type and compiled once
+// per instruction set by the isa_*.cpp files, each in its own namespace NPU_LOSS_ISA. The formulas and
+// their special cases are those of docs/semantics.md; every element is computed by the same vector code
+// whatever its position (a tail shorter than a vector goes through a zero-padded vector), so results do not
+// depend on alignment, layout or thread count. float64 runs in the baseline only, with std::log/exp.
+#pragma once
+
+#include <cstring>
+
+#include "isa.h"
+#include "vec_math.h"
+
+#ifdef NPU_LOSS_ISA_BASELINE
+#include <cmath>
+#endif
+
+namespace npu_loss::cpu::NPU_LOSS_ISA {
+namespace {
+
+// Constants and helpers the loss functors use on either value type (F, or D for float64).
+template <class V>
+NPU_LOSS_SIMD_INLINE V cst(double c) {
+  return splat(static_cast<float>(c));
+}
+
+#ifdef NPU_LOSS_ISA_BASELINE
+// float64, one lane.
+struct D { double v; };
+struct DM { bool v; };
+template <>
+NPU_LOSS_SIMD_INLINE D cst<D>(double c) { return {c}; }
+NPU_LOSS_SIMD_INLINE D operator+(D a, D b) { return {a.v + b.v}; }
+NPU_LOSS_SIMD_INLINE D operator-(D a, D b) { return {a.v - b.v}; }
+NPU_LOSS_SIMD_INLINE D operator*(D a, D b) { return {a.v * b.v}; }
+NPU_LOSS_SIMD_INLINE D operator/(D a, D b) { return {a.v / b.v}; }
+NPU_LOSS_SIMD_INLINE D abs(D a) { return {std::fabs(a.v)}; }
+NPU_LOSS_SIMD_INLINE DM operator<(D a, D b) { return {a.v < b.v}; }
+NPU_LOSS_SIMD_INLINE DM operator>(D a, D b) { return {a.v > b.v}; }
+NPU_LOSS_SIMD_INLINE DM operator>=(D a, D b) { return {a.v >= b.v}; }
+NPU_LOSS_SIMD_INLINE DM operator==(D a, D b) { return {a.v == b.v}; }
+NPU_LOSS_SIMD_INLINE DM operator|(DM a, DM b) { return {a.v || b.v}; }
+NPU_LOSS_SIMD_INLINE D select(DM m, D yes, D no) { return {m.v ? yes.v : no.v}; }
+NPU_LOSS_SIMD_INLINE D log(D x, bool& special) {
+  special = true;
+  return {std::log(x.v)};
+}
+NPU_LOSS_SIMD_INLINE D exp(D x) { return {std::exp(x.v)}; }
+#endif
+
+template <class V>
+NPU_LOSS_SIMD_INLINE V sign_of(V v) {
+  // NaN -> 0, as PyTorch's sgn on CPU.
+  return select(v > cst<V>(0), cst<V>(1), cst<V>(0)) - select(v < cst<V>(0), cst<V>(1), cst<V>(0));
+}
+
+// Smooth L1: |d| < beta ? 0.5 d^2 / beta : |d| - 0.5 beta, d = x - t.
+template <class V>
+struct SmoothL1 {
+  V beta, half_beta;
+  explicit SmoothL1(const LossParams& p) : beta(cst<V>(p.beta)), half_beta(cst<V>(0.5) * beta) {}
+  NPU_LOSS_SIMD_INLINE V operator()(V x, V t) const {
+    const V d = x - t;
+    const V ad = abs(d);
+    return select(ad < beta, cst<V>(0.5) * d * d / beta, ad - half_beta);
+  }
+};
+
+// Its gradient: g * (|d| >= beta ? sign(d) : d / beta); beta == 0 is the pure L1 gradient, sign(d), with
+// sign(0) = sign(NaN) = 0 and no division by zero.
+template <class V>
+struct SmoothL1Grad {
+  V beta;
+  bool l1;
+  explicit SmoothL1Grad(const LossParams& p) : beta(cst<V>(p.beta)), l1(p.beta == 0) {}
+  NPU_LOSS_SIMD_INLINE V operator()(V g, V x, V t) const {
+    const V d = x - t;
+    if (l1) return g * sign_of(d);
+    return g * select(abs(d) >= beta, sign_of(d), d / beta);
+  }
+};
+
+template <class V>
+struct L1 {
+  explicit L1(const LossParams&) {}
+  NPU_LOSS_SIMD_INLINE V operator()(V x, V t) const { return abs(x - t); }
+};
+
+template <class V>
+struct L1Grad {
+  explicit L1Grad(const LossParams&) {}
+  NPU_LOSS_SIMD_INLINE V operator()(V g, V x, V t) const { return g * sign_of(x - t); }
+};
+
+// target * (log(target) - self), with 0 for target * log(target) where target == 0 (xlogy's rule).
+template <class V>
+struct KlDiv {
+  explicit KlDiv(const LossParams&) {}
+  NPU_LOSS_SIMD_INLINE V operator()(V x, V t) const {
+    bool special;
+    V t_log_t = t * log(t, special);
+    if (special) t_log_t = select(t == cst<V>(0), cst<V>(0), t_log_t);
+    return t_log_t - t * x;
+  }
+};
+
+// exp(target) * (target - self) for a log-space target.
+template <class V>
+struct KlDivLog {
+  explicit KlDivLog(const LossParams&) {}
+  NPU_LOSS_SIMD_INLINE V operator()(V x, V t) const { return exp(t) * (t - x); }
+};
+
+// g * (log(target) + 1 - self), exactly 0 where target == 0 (a zero probability gets no gradient), and NaN
+// where target == +inf, as PyTorch's autograd (xlogy's t / t) and aclnn give.
+template <class V>
+struct KlTargetGrad {
+  explicit KlTargetGrad(const LossParams&) {}
+  NPU_LOSS_SIMD_INLINE V operator()(V g, V x, V t) const {
+    bool special;
+    V v = g * (log(t, special) + cst<V>(1) - x);
+    if (special) {
+      v = select(t == cst<V>(__builtin_inf()), cst<V>(__builtin_nan("")), v);
+      v = select(t == cst<V>(0), cst<V>(0), v);
+    }
+    return v;
+  }
+};
+
+// g * exp(target) * (target + 1 - self) for a log-space target.
+template <class V>
+struct KlTargetGradLog {
+  explicit KlTargetGradLog(const LossParams&) {}
+  NPU_LOSS_SIMD_INLINE V operator()(V g, V x, V t) const { return g * exp(t) * (t + cst<V>(1) - x); }
+};
+
+// Loads and stores of one vector of each storage type.
+template <DType>
+struct Io;
+
+template <>
+struct Io<DType::Float> {
+  using T = float;
+  using V = F;
+  static constexpr int kLanes = ::npu_loss::cpu::NPU_LOSS_ISA::kLanes;
+  static NPU_LOSS_SIMD_INLINE F load(const T* p) { return ::npu_loss::cpu::NPU_LOSS_ISA::load(p); }
+  static NPU_LOSS_SIMD_INLINE void store(T* p, F v) { ::npu_loss::cpu::NPU_LOSS_ISA::store(p, v); }
+};
+
+template <>
+struct Io<DType::BFloat16> {
+  using T = uint16_t;
+  using V = F;
+  static constexpr int kLanes = ::npu_loss::cpu::NPU_LOSS_ISA::kLanes;
+  static NPU_LOSS_SIMD_INLINE F load(const T* p) { return load_bf16(p); }
+  // Round to nearest even on the bits: the carry out of the low half rounds the exponent up correctly, and
+  // to inf past the largest bfloat16. A NaN stays a NaN without a check of its own: every NaN these
+  // kernels produce has zero low 16 bits (a NaN operand's payload comes from bfloat16 data, the invalid
+  // operations give the default NaN, vec_math.h's fix-ups a quiet NaN), so nothing carries out of them.
+  static NPU_LOSS_SIMD_INLINE void store(T* p, F v) {
+    const I b = bits(v);
+    store_narrow(p, shift_right<16>(b + splat_i(0x7FFF) + (shift_right<16>(b) & splat_i(1))));
+  }
+};
+
+template <>
+struct Io<DType::Half> {
+  using T = uint16_t;
+  using V = F;
+  static constexpr int kLanes = ::npu_loss::cpu::NPU_LOSS_ISA::kLanes;
+  static NPU_LOSS_SIMD_INLINE F load(const T* p) { return load_half(p); }
+  static NPU_LOSS_SIMD_INLINE void store(T* p, F v) { store_half(p, v); }
+};
+
+#ifdef NPU_LOSS_ISA_BASELINE
+template <>
+struct Io<DType::Double> {
+  using T = double;
+  using V = D;
+  static constexpr int kLanes = 1;
+  static NPU_LOSS_SIMD_INLINE D load(const T* p) { return {*p}; }
+  static NPU_LOSS_SIMD_INLINE void store(T* p, D v) { *p = v.v; }
+};
+#endif
+
+// A tail of n < kLanes elements, copied into a zero-padded vector's worth of storage.
+template <class IoT>
+struct Tail {
+  typename IoT::T data[IoT::kLanes];
+  Tail(const void* src, int64_t offset, int64_t n) {
+    std::memset(data, 0, sizeof(data));
+    std::memcpy(data, static_cast<const typename IoT::T*>(src) + offset, n * sizeof(typename IoT::T));
+  }
+  NPU_LOSS_SIMD_INLINE typename IoT::V load() const { return IoT::load(data); }
+};
+
+// Software prefetch this many elements ahead in every input stream (about 1 KB of float): with log or exp
+// in the loop, the hardware prefetcher alone leaves float32 short of the memory bandwidth.
+constexpr int kPrefetch = 256;
+
+// out[i] = op(g * scale, x[i], t[i]), g one value or g[i].
+template <class IoT, class Op>
+NPU_LOSS_SIMD_INLINE void backward_loop(
+    const Op& op, const void* gv, bool g_scalar, const void* xv, const void* tv, void* outv, int64_t n,
+    double scale_d) {
+  using T = typename IoT::T;
+  using V = typename IoT::V;
+  constexpr int W = IoT::kLanes;
+  const T* g = static_cast<const T*>(gv);
+  const T* x = static_cast<const T*>(xv);
+  const T* t = static_cast<const T*>(tv);
+  T* out = static_cast<T*>(outv);
+  const V scale = cst<V>(scale_d);
+  int64_t i = 0;
+  V gs = scale;
+  if (g_scalar) {
+    T gb[W];
+    for (int k = 0; k < W; ++k) gb[k] = g[0];
+    gs = IoT::load(gb) * scale;
+    for (; i + W <= n; i += W) {
+      __builtin_prefetch(x + i + kPrefetch);
+      __builtin_prefetch(t + i + kPrefetch);
+      IoT::store(out + i, op(gs, IoT::load(x + i), IoT::load(t + i)));
+    }
+  } else if (scale_d == 1.0) {  // 'none': g itself (g * 1 has g's bits)
+    for (; i + W <= n; i += W) {
+      __builtin_prefetch(g + i + kPrefetch);
+      __builtin_prefetch(x + i + kPrefetch);
+      __builtin_prefetch(t + i + kPrefetch);
+      IoT::store(out + i, op(IoT::load(g + i), IoT::load(x + i), IoT::load(t + i)));
+    }
+  } else {
+    for (; i + W <= n; i += W) {
+      __builtin_prefetch(g + i + kPrefetch);
+      __builtin_prefetch(x + i + kPrefetch);
+      __builtin_prefetch(t + i + kPrefetch);
+      IoT::store(out + i, op(IoT::load(g + i) * scale, IoT::load(x + i), IoT::load(t + i)));
+    }
+  }
+  if (i < n) {
+    const V gt = g_scalar ? gs : Tail<IoT>(g, i, n - i).load() * scale;
+    T ob[W];
+    IoT::store(ob, op(gt, Tail<IoT>(x, i, n - i).load(), Tail<IoT>(t, i, n - i).load()));
+    std::memcpy(out + i, ob, (n - i) * sizeof(T));
+  }
+}
+
+// out[i] = op(x[i], t[i]).
+template <class IoT, class Op>
+NPU_LOSS_SIMD_INLINE void forward_loop(const Op& op, const void* xv, const void* tv, void* outv, int64_t n) {
+  using T = typename IoT::T;
+  constexpr int W = IoT::kLanes;
+  const T* x = static_cast<const T*>(xv);
+  const T* t = static_cast<const T*>(tv);
+  T* out = static_cast<T*>(outv);
+  int64_t i = 0;
+  for (; i + W <= n; i += W) {
+    __builtin_prefetch(x + i + kPrefetch);
+    __builtin_prefetch(t + i + kPrefetch);
+    IoT::store(out + i, op(IoT::load(x + i), IoT::load(t + i)));
+  }
+  if (i < n) {
+    T ob[W];
+    IoT::store(ob, op(Tail<IoT>(x, i, n - i).load(), Tail<IoT>(t, i, n - i).load()));
+    std::memcpy(out + i, ob, (n - i) * sizeof(T));
+  }
+}
+
+// The sum of op(x[i], t[i]) in the opmath type: one accumulator per lane, then reduce_add's fixed order.
+template <class IoT, class Op>
+NPU_LOSS_SIMD_INLINE double sum_loop(const Op& op, const void* xv, const void* tv, int64_t n) {
+  using T = typename IoT::T;
+  using V = typename IoT::V;
+  constexpr int W = IoT::kLanes;
+  const T* x = static_cast<const T*>(xv);
+  const T* t = static_cast<const T*>(tv);
+  if constexpr (W == 1) {
+    decltype(V{}.v) acc = 0;
+    NPU_LOSS_SIMD_SUM(acc)
+    for (int64_t i = 0; i < n; ++i) acc += op(IoT::load(x + i), IoT::load(t + i)).v;
+    return acc;
+  } else {
+    V acc = cst<V>(0);
+    int64_t i = 0;
+    for (; i + W <= n; i += W) {
+      __builtin_prefetch(x + i + kPrefetch);
+      __builtin_prefetch(t + i + kPrefetch);
+      acc = acc + op(IoT::load(x + i), IoT::load(t + i));
+    }
+    // The tail's zero padding adds nothing: every loss is exactly +0 at x = t = 0.
+    if (i < n) acc = acc + op(Tail<IoT>(x, i, n - i).load(), Tail<IoT>(t, i, n - i).load());
+    return reduce_add(acc);
+  }
+}
+
+// Calls fn(IoT) for the storage type; float64 runs in the baseline's table.
+template <class Fn>
+NPU_LOSS_SIMD_INLINE void with_io(DType dtype, const Fn& fn) {
+  switch (dtype) {
+    case DType::Float:
+      fn(Io<DType::Float>{});
+      break;
+    case DType::BFloat16:
+      fn(Io<DType::BFloat16>{});
+      break;
+    case DType::Half:
+      fn(Io<DType::Half>{});
+      break;
+    case DType::Double:
+#ifdef NPU_LOSS_ISA_BASELINE
+      fn(Io<DType::Double>{});
+#endif
+      break;
+  }
+}
+
+// Calls fn(forward functor, gradient functor) for the loss, on value type V.
+template <class V, class Fn>
+NPU_LOSS_SIMD_INLINE void with_loss(const LossParams& p, const Fn& fn) {
+  switch (p.kind) {
+    case LossKind::SmoothL1:
+      fn(SmoothL1<V>(p), SmoothL1Grad<V>(p));
+      break;
+    case LossKind::L1:
+      fn(L1<V>(p), L1Grad<V>(p));
+      break;
+    case LossKind::KlDiv:
+      fn(KlDiv<V>(p), KlTargetGrad<V>(p));
+      break;
+    case LossKind::KlDivLogTarget:
+      fn(KlDivLog<V>(p), KlTargetGradLog<V>(p));
+      break;
+  }
+}
+
+void backward(const LossParams& p, DType dtype, const void* g, bool g_scalar, const void* x, const void* t,
+              void* out, int64_t n, double scale) {
+#ifndef NPU_LOSS_ISA_BASELINE
+  if (dtype == DType::Double) return baseline::kKernels.backward(p, dtype, g, g_scalar, x, t, out, n, scale);
+#endif
+  with_io(dtype, [&](auto io) {
+    using IoT = decltype(io);
+    with_loss<typename IoT::V>(p, [&](const auto&, const auto& grad) {
+      backward_loop<IoT>(grad, g, g_scalar, x, t, out, n, scale);
+    });
+  });
+}
+
+void forward(const LossParams& p, DType dtype, const void* x, const void* t, void* out, int64_t n) {
+#ifndef NPU_LOSS_ISA_BASELINE
+  if (dtype == DType::Double) return baseline::kKernels.forward(p, dtype, x, t, out, n);
+#endif
+  with_io(dtype, [&](auto io) {
+    using IoT = decltype(io);
+    with_loss<typename IoT::V>(p, [&](const auto& fwd, const auto&) { forward_loop<IoT>(fwd, x, t, out, n); });
+  });
+}
+
+double sum(const LossParams& p, DType dtype, const void* x, const void* t, int64_t n) {
+#ifndef NPU_LOSS_ISA_BASELINE
+  if (dtype == DType::Double) return baseline::kKernels.sum(p, dtype, x, t, n);
+#endif
+  double total = 0;
+  with_io(dtype, [&](auto io) {
+    using IoT = decltype(io);
+    with_loss<typename IoT::V>(p, [&](const auto& fwd, const auto&) { total = sum_loop<IoT>(fwd, x, t, n); });
+  });
+  return total;
+}
+
+// The KL kernels' float log and exp over a buffer, for tests.
+template <class Fn>
+NPU_LOSS_SIMD_INLINE void map_float(const float* x, float* out, int64_t n, const Fn& fn) {
+  using IoT = Io<DType::Float>;
+  int64_t i = 0;
+  for (; i + kLanes <= n; i += kLanes) store(out + i, fn(load(x + i)));
+  if (i < n) {
+    float ob[kLanes];
+    store(ob, fn(Tail<IoT>(x, i, n - i).load()));
+    std::memcpy(out + i, ob, (n - i) * sizeof(float));
+  }
+}
+
+void log_buffer(const float* x, float* out, int64_t n) {
+  map_float(x, out, n, [](F v) { return log(v); });
+}
+
+void exp_buffer(const float* x, float* out, int64_t n) {
+  map_float(x, out, n, [](F v) { return exp(v); });
+}
+
+}  // namespace
+}  // namespace npu_loss::cpu::NPU_LOSS_ISA
+
+namespace npu_loss::cpu::NPU_LOSS_ISA {
+const DenseKernels kKernels = {&backward, &forward, &sum, &log_buffer, &exp_buffer};
+}  // namespace npu_loss::cpu::NPU_LOSS_ISA

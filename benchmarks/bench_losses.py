@@ -17,6 +17,7 @@ timing anything.
     python benchmarks/bench_losses.py --quick    # 4K, 256K, 16M, 2 threads, fewer rounds: about two minutes
     python benchmarks/bench_losses.py --sizes 16M --dtypes float32 --threads 2 --ops smooth_l1_loss_backward
     python benchmarks/bench_losses.py --from-csv benchmarks/results/bench_losses.csv --out benchmarks/results
+    python benchmarks/bench_losses.py --isa avx2 # on an AVX-512 CPU: ours and ATen both at AVX2
 """
 from __future__ import annotations
 
@@ -26,9 +27,24 @@ import sys
 import time
 import warnings
 
-import torch
+ISAS = {"avx512": "avx512", "avx2": "avx2", "baseline": "default"}  # ours -> ATEN_CPU_CAPABILITY
 
-from bench_common import HERE, REPO, load_average
+
+def _force_isa_from_argv() -> None:
+    """--isa must act before torch and npu_loss_ops are imported: both pick their kernels once, at import."""
+    for i, arg in enumerate(sys.argv):
+        value = arg.split("=", 1)[1] if arg.startswith("--isa=") else \
+            sys.argv[i + 1] if arg == "--isa" and i + 1 < len(sys.argv) else None
+        if value in ISAS:
+            os.environ["NPU_LOSS_OPS_CPU_ISA"] = value
+            os.environ["ATEN_CPU_CAPABILITY"] = ISAS[value]
+
+
+_force_isa_from_argv()
+
+import torch  # noqa: E402
+
+from bench_common import HERE  # noqa: E402, REPO, load_average
 from loss_bench.common import ALL_OPS, DTYPES, FULL_SIZES, QUICK_SIZES, REDUCTIONS, TARGET_THREADS, format_size, \
     parse_size
 from loss_bench.figures import write_figures
@@ -78,6 +94,9 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--name", help="output file stem (default bench_losses[_quick|_custom]; with --from-csv "
                                        "the CSV's)")
     parser.add_argument("--table", help="where to write the markdown target table (default <out>/<name>.md)")
+    parser.add_argument("--isa", choices=list(ISAS),
+                        help="run our CPU kernels and ATen's at this instruction set (NPU_LOSS_OPS_CPU_ISA and "
+                             "ATEN_CPU_CAPABILITY), e.g. avx2 on an AVX-512 CPU; default: the best the CPU runs")
     parser.add_argument("--from-csv", metavar="PATH",
                         help="time nothing: print the tables and write the table and figures from this CSV")
     args = parser.parse_args()

@@ -108,12 +108,12 @@ def compare(rows: list[dict], dtypes: list[str], reductions: list[str]) -> tuple
         return forward_roofline(red), "functional"
 
     # The targets, in the order of the table.
-    g1 = "16M: backward out= <= 1.15x preallocated roofline"
+    g1 = "16M: backward out= <= 1.10x preallocated roofline"
     for op in BACKWARD_OPS:
-        add(ROOFLINE, (op, "ours_out"), "roofline out=", roof("out"), big, group=g1, label=f"{op} out=", limit=1.15)
-    g2 = "16M: backward allocating <= 1.15x allocating roofline"
+        add(ROOFLINE, (op, "ours_out"), "roofline out=", roof("out"), big, group=g1, label=f"{op} out=", limit=1.10)
+    g2 = "16M: backward allocating <= 1.10x allocating roofline"
     for op in BACKWARD_OPS:
-        add(ROOFLINE, (op, "ours"), "roofline", roof("functional"), big, group=g2, label=op, limit=1.15)
+        add(ROOFLINE, (op, "ours"), "roofline", roof("functional"), big, group=g2, label=op, limit=1.10)
     add(BASELINE_PANEL, ("smooth_l1_loss_backward", "ours_out"), "aten out=",
         lambda d, red: ("smooth_l1_loss_backward", "aten_out"), big,
         group="16M: >= 2x faster than ATen's out= form", label="smooth_l1_loss_backward out=", limit=2.0,

@@ -117,7 +117,7 @@ struct KlTargetGrad {
   explicit KlTargetGrad(const LossParams&) {}
   NPU_LOSS_SIMD_INLINE V operator()(V g, V x, V t) const {
     bool special;
-    V v = g * (log(t, special) + cst<V>(1) - x);
+    V v = g * (log(t, special) + (cst<V>(1) - x));
     if (special) {
       v = select(t == cst<V>(__builtin_inf()), cst<V>(__builtin_nan("")), v);
       v = select(t == cst<V>(0), cst<V>(0), v);

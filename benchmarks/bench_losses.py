@@ -44,7 +44,7 @@ _force_isa_from_argv()
 
 import torch  # noqa: E402
 
-from bench_common import HERE  # noqa: E402, REPO, load_average
+from bench_common import HERE, REPO, load_average  # noqa: E402
 from loss_bench.common import ALL_OPS, DTYPES, FULL_SIZES, QUICK_SIZES, REDUCTIONS, TARGET_THREADS, format_size, \
     parse_size
 from loss_bench.figures import write_figures

@@ -2,6 +2,7 @@
 // the choice of instruction set for the process (docs/cpu_kernels.md).
 #include <cstdlib>
 #include <cstring>
+#include <iterator>
 #include <stdexcept>
 #include <string>
 
@@ -13,34 +14,34 @@
 
 namespace npu_loss::cpu {
 
+namespace {
+
+struct IsaInfo {
+  const char* name;
+  const char* description;
+};
+
+// Indexed by Isa.
+constexpr IsaInfo kIsaInfo[] = {
+#if defined(__x86_64__)
+    {"baseline", "x86-64 baseline (SSE2)"},
+#elif defined(__aarch64__)
+    {"baseline", "aarch64 baseline (NEON)"},
+#else
+    {"baseline", "baseline"},
+#endif
+    {"avx2", "x86-64-v3 (AVX2)"},
+    {"avx512", "x86-64-v4 (AVX512)"},
+};
+
+}  // namespace
+
 const char* isa_name(Isa isa) {
-  switch (isa) {
-    case Isa::Avx512:
-      return "avx512";
-    case Isa::Avx2:
-      return "avx2";
-    case Isa::Baseline:
-      break;
-  }
-  return "baseline";
+  return kIsaInfo[static_cast<int>(isa)].name;
 }
 
 const char* isa_description(Isa isa) {
-  switch (isa) {
-    case Isa::Avx512:
-      return "x86-64-v4 (AVX512)";
-    case Isa::Avx2:
-      return "x86-64-v3 (AVX2)";
-    case Isa::Baseline:
-      break;
-  }
-#if defined(__x86_64__)
-  return "x86-64 baseline (SSE2)";
-#elif defined(__aarch64__)
-  return "aarch64 baseline (NEON)";
-#else
-  return "baseline";
-#endif
+  return kIsaInfo[static_cast<int>(isa)].description;
 }
 
 Isa best_isa() {
@@ -53,17 +54,15 @@ Isa best_isa() {
 }
 
 Isa parse_isa(const char* name, const char* source) {
-  Isa isa;
-  if (std::strcmp(name, "avx512") == 0) {
-    isa = Isa::Avx512;
-  } else if (std::strcmp(name, "avx2") == 0) {
-    isa = Isa::Avx2;
-  } else if (std::strcmp(name, "baseline") == 0) {
-    isa = Isa::Baseline;
-  } else {
+  int found = -1;
+  for (int i = 0; i < static_cast<int>(std::size(kIsaInfo)); ++i) {
+    if (std::strcmp(name, kIsaInfo[i].name) == 0) found = i;
+  }
+  if (found < 0) {
     throw std::invalid_argument(std::string(source) + "='" + name +
                                 "' is not an instruction set: use avx512, avx2 or baseline");
   }
+  const Isa isa = static_cast<Isa>(found);
   if (static_cast<int>(isa) > static_cast<int>(best_isa())) {
     throw std::invalid_argument(std::string(source) + "='" + name + "': this CPU (or build) runs at most '" +
                                 isa_name(best_isa()) + "'");

@@ -106,10 +106,12 @@ def test_isas_agree_with_each_other(results):
                 assert (a != a and b != b) or abs(a - b) <= rel * (1 + abs(a)), (isa, key, a, b)
 
 
-def test_default_is_the_best_the_cpu_runs():
+def test_default_is_the_best_the_cpu_runs_up_to_avx2():
+    """AVX-512 runs only when asked for by name until it has been verified on an AVX-512 CPU
+    (docs/cpu_kernels.md)."""
     proc = run(None, "import npu_loss_ops; print(npu_loss_ops.build_info()['cpu_isa'])")
     assert proc.returncode == 0, proc.stderr
-    assert proc.stdout.strip() == ISAS[-1]
+    assert proc.stdout.strip() == [isa for isa in ISAS if isa != "avx512"][-1]
     assert INFO["cpu_kernel_isa"]  # a description for bug reports
 
 

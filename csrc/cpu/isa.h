@@ -2,7 +2,7 @@
 //
 // csrc/cpu/dense_kernels.h is compiled three times on x86-64, by isa_avx512.cpp, isa_avx2.cpp and
 // isa_baseline.cpp, each for its instruction set; elsewhere only the baseline exists. selected_isa() picks
-// one table for the process: the best the CPU runs, or the one NPU_LOSS_OPS_CPU_ISA names. No torch types
+// one table for the process: default_isa(), or the one NPU_LOSS_OPS_CPU_ISA names. No torch types
 // here: the vector translation units must not include torch headers.
 #pragma once
 
@@ -62,7 +62,9 @@ const char* isa_name(Isa isa);
 const char* isa_description(Isa isa);
 // The best instruction set this CPU runs and this build has.
 Isa best_isa();
-// best_isa(), or NPU_LOSS_OPS_CPU_ISA's choice; read once. Throws std::invalid_argument for an unknown
+// What runs when NPU_LOSS_OPS_CPU_ISA is unset: best_isa(), but at most AVX2 (docs/cpu_kernels.md).
+Isa default_isa();
+// default_isa(), or NPU_LOSS_OPS_CPU_ISA's choice; read once. Throws std::invalid_argument for an unknown
 // name or an instruction set this CPU or build lacks.
 Isa selected_isa();
 // Parses a name; throws std::invalid_argument as selected_isa() does.

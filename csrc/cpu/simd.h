@@ -1,8 +1,8 @@
 // A small vector type per instruction set, for the dense kernels (dense_kernels.h). Each isa_*.cpp compiles
 // the kernels once, for one instruction set, and this header picks the matching type from the macros that
 // translation unit enables: two registers of 16 floats for AVX-512 (x86-64-v4), two of 8 for AVX2
-// (x86-64-v3, with FMA and F16C), and one float elsewhere (the baseline: plain C++ that the compiler may still vectorize, the only
-// kernels on non-x86 CPUs). The translation unit says which by defining NPU_LOSS_ISA_AVX512 or
+// (x86-64-v3, with FMA and F16C), and one float elsewhere (the baseline: plain C++ that the compiler may
+// still vectorize, and the only kernels on non-x86 CPUs). The translation unit says which by defining NPU_LOSS_ISA_AVX512 or
 // NPU_LOSS_ISA_AVX2 (GCC's `#pragma GCC target` does not define __AVX2__ and friends in C++). The kernels
 // are written once against this interface:
 //
@@ -77,7 +77,6 @@ template <int P>
 NPU_LOSS_SIMD_INLINE M1 compare(F1 a, F1 b) { return {_mm512_cmp_ps_mask(a.v, b.v, P)}; }
 NPU_LOSS_SIMD_INLINE M1 operator&(M1 a, M1 b) { return {static_cast<__mmask16>(a.v & b.v)}; }
 NPU_LOSS_SIMD_INLINE M1 operator|(M1 a, M1 b) { return {static_cast<__mmask16>(a.v | b.v)}; }
-NPU_LOSS_SIMD_INLINE bool any1(M1 a) { return a.v != 0; }
 NPU_LOSS_SIMD_INLINE bool all1(M1 a) { return a.v == 0xFFFF; }
 NPU_LOSS_SIMD_INLINE F1 select(M1 m, F1 yes, F1 no) { return {_mm512_mask_blend_ps(m.v, no.v, yes.v)}; }
 NPU_LOSS_SIMD_INLINE I1 select(M1 m, I1 yes, I1 no) { return {_mm512_mask_blend_epi32(m.v, no.v, yes.v)}; }
@@ -140,7 +139,6 @@ template <int P>
 NPU_LOSS_SIMD_INLINE M1 compare(F1 a, F1 b) { return {_mm256_cmp_ps(a.v, b.v, P)}; }
 NPU_LOSS_SIMD_INLINE M1 operator&(M1 a, M1 b) { return {_mm256_and_ps(a.v, b.v)}; }
 NPU_LOSS_SIMD_INLINE M1 operator|(M1 a, M1 b) { return {_mm256_or_ps(a.v, b.v)}; }
-NPU_LOSS_SIMD_INLINE bool any1(M1 a) { return _mm256_movemask_ps(a.v) != 0; }
 NPU_LOSS_SIMD_INLINE bool all1(M1 a) { return _mm256_movemask_ps(a.v) == 0xFF; }
 NPU_LOSS_SIMD_INLINE F1 select(M1 m, F1 yes, F1 no) { return {_mm256_blendv_ps(no.v, yes.v, m.v)}; }
 NPU_LOSS_SIMD_INLINE I1 select(M1 m, I1 yes, I1 no) {

@@ -1,109 +1,86 @@
 """NPU_LOSS_OPS_CPU_ISA picks the CPU kernels' instruction set (docs/cpu_kernels.md): every instruction set
-this CPU runs gives PyTorch's numbers, the instruction sets agree with each other, and a bad value stops the
-import (ImportError) with a message that names the variable. Each case runs in a fresh interpreter: the choice is made
-once per process."""
-import json
+this CPU runs gives the float64 references' numbers on the shared samples, the instruction sets agree with
+each other, and a bad value stops the import (ImportError) with a message that names the variable. Each
+case runs in a fresh interpreter: the choice is made once per process."""
 import os
 import subprocess
 import sys
 
 import pytest
+import torch
 
 import npu_loss_ops
+from reference import RTOL, assert_close, reference_backward, reference_forward
+from samples import LOSSES, all_samples
 
 INFO = npu_loss_ops.build_info()
 ISAS = INFO["cpu_isas_available"]
+HERE = os.path.dirname(os.path.abspath(__file__))
 
-# Every op on contiguous, strided and broadcast inputs of each floating dtype, compared with float64
-# PyTorch; prints the results as JSON so that the instruction sets can be compared with each other.
+# Runs every shared sample's forward and backward (tests/samples.py) and saves the results, in order, to
+# the file named by argv[1].
 SCRIPT = r"""
-import json, sys, torch, torch.nn.functional as F
+import sys, torch
+sys.path.insert(0, sys.argv[2])
 import npu_loss_ops
-torch.manual_seed(0)
-out = {"isa": npu_loss_ops.build_info()["cpu_isa"], "results": {}, "errors": {}}
-TOL = {torch.float32: 1e-5, torch.float64: 1e-12, torch.bfloat16: 1.6e-2, torch.float16: 2e-3}
-
-def ref_grad(name, g, x, t, reduction, log_target=False):
-    g, x, t = g.double(), x.double(), t.double()
-    with torch.enable_grad():
-        if name == "kl_div":
-            t = t.requires_grad_()
-            loss = F.kl_div(x, t, reduction=reduction, log_target=log_target)
-            return torch.autograd.grad(loss, t, g)[0]
-        x = x.requires_grad_()
-        loss = F.smooth_l1_loss(x, t, reduction=reduction, beta=0.5) if name == "smooth_l1_loss" else \
-            F.l1_loss(x, t, reduction=reduction)
-        return torch.autograd.grad(loss, x, g)[0]
-
-for dtype in (torch.float32, torch.float64, torch.bfloat16, torch.float16):
-    for layout in ("contiguous", "strided", "broadcast"):
-        x = torch.randn(37, 29, dtype=dtype)
-        t = torch.rand(37, 29, dtype=dtype) + 0.05
-        if layout == "strided":
-            x, t = torch.randn(29, 37, dtype=dtype).t(), (torch.rand(29, 37, dtype=dtype) + 0.05).t()
-        elif layout == "broadcast":
-            t = t[:1]
-        for name in ("smooth_l1_loss", "l1_loss", "kl_div", "kl_div[log]"):
-            base = name.split("[")[0]
-            log_target = name.endswith("[log]")
-            tt = t.log() if log_target else t
-            for red, r in (("none", 0), ("mean", 1), ("sum", 2)):
-                kw = {"log_target": log_target} if base == "kl_div" else {}
-                args = (0.5,) if base == "smooth_l1_loss" else ()
-                fwd = getattr(torch.ops.npu_loss, base)(x, tt, r, *args, **kw)
-                g = torch.randn(fwd.shape, dtype=dtype) if red == "none" else torch.tensor(1.5, dtype=dtype)
-                bwd_op = getattr(torch.ops.npu_loss, base + ("_target" if base == "kl_div" else "") + "_backward")
-                bwd = bwd_op(g, x, tt, r, *args) if base != "kl_div" else bwd_op(g, x, tt, r, log_target)
-                ref_fwd = (F.kl_div(x.double(), tt.double(), reduction=red, log_target=log_target) if base == "kl_div"
-                           else getattr(F, base)(x.double(), tt.double(), reduction=red, **({"beta": 0.5} if args else {})))
-                ref_bwd = ref_grad(base, g, x, tt, red, log_target)
-                key = f"{dtype}-{layout}-{name}-{red}"
-                for part, ours, ref in (("fwd", fwd, ref_fwd), ("bwd", bwd, ref_bwd)):
-                    err = ((ours.double() - ref).abs() / (1 + ref.abs())).max().item()
-                    out["errors"][key + "-" + part] = err / TOL[dtype]
-                    out["results"][key + "-" + part] = ours.double().flatten().tolist()
-print(json.dumps(out))
+from samples import LOSSES, all_samples
+results = [(s.run_forward(), s.run_backward()) for loss in LOSSES for s in all_samples(loss)]
+torch.save({"isa": npu_loss_ops.build_info()["cpu_isa"], "results": results}, sys.argv[1])
 """
 
 
-def run(isa=None, script=SCRIPT):
+def run(isa=None, script="", *args):
     env = dict(os.environ)
     env.pop("NPU_LOSS_OPS_CPU_ISA", None)
     if isa is not None:
         env["NPU_LOSS_OPS_CPU_ISA"] = isa
-    return subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True, timeout=600)
+    return subprocess.run([sys.executable, "-c", script, *args], env=env, capture_output=True, text=True,
+                          timeout=600)
 
 
 @pytest.fixture(scope="module")
-def results():
+def results(tmp_path_factory):
     out = {}
     for isa in ISAS:
-        proc = run(isa)
+        path = str(tmp_path_factory.mktemp(isa) / "results.pt")
+        proc = run(isa, SCRIPT, path, HERE)
         assert proc.returncode == 0, proc.stderr[-3000:]
-        out[isa] = json.loads(proc.stdout)
+        out[isa] = torch.load(path)
     return out
+
+
+SAMPLES = [s for loss in LOSSES for s in all_samples(loss)]
 
 
 @pytest.mark.parametrize("isa", ISAS)
 def test_every_isa_matches_pytorch(results, isa):
+    """Every sample's forward and backward on this instruction set, against the float64 references."""
     r = results[isa]
     assert r["isa"] == isa
-    worst = max(r["errors"].items(), key=lambda kv: kv[1])
-    assert worst[1] <= 1.0, f"{isa}: {worst[0]} is {worst[1]:.2f}x its dtype's tolerance"
-    assert len(r["errors"]) == 4 * 3 * 4 * 3 * 2
+    assert len(r["results"]) == len(SAMPLES)
+    for s, (fwd, bwd) in zip(SAMPLES, r["results"]):
+        value, mag, _, _ = reference_forward(s)
+        assert_close(fwd, value, mag, msg=f"{isa}: {s.name} forward")
+        value, mag, _, _ = reference_backward(s)
+        assert_close(bwd, value, mag, msg=f"{isa}: {s.name} backward")
 
 
+@pytest.mark.skipif(len(ISAS) < 2, reason="this CPU runs one instruction set: nothing to compare")
 def test_isas_agree_with_each_other(results):
-    """Two instruction sets differ only by rounding: a few float32 ulp, one bfloat16/float16 rounding."""
+    """float64 runs the baseline's code on every instruction set: the same bits. float32 differs by
+    rounding (a few ulp of the result's magnitude), the 16-bit types by at most their own tolerance."""
     first = results[ISAS[0]]["results"]
     for isa in ISAS[1:]:
-        other = results[isa]["results"]
-        for key, values in first.items():
-            rel = 3e-6 if ("float32" in key or "float64" in key) else 8e-3
-            if "bfloat16" in key:
-                rel = 1.6e-2
-            for a, b in zip(values, other[key]):
-                assert (a != a and b != b) or abs(a - b) <= rel * (1 + abs(a)), (isa, key, a, b)
+        for s, ours, theirs in zip(SAMPLES, first, results[isa]["results"]):
+            for part, a, b, ref in (("forward", ours[0], theirs[0], reference_forward),
+                                    ("backward", ours[1], theirs[1], reference_backward)):
+                msg = f"{ISAS[0]} vs {isa}: {s.name} {part}"
+                if a.dtype == torch.float64:
+                    assert torch.equal(a.nan_to_num(), b.nan_to_num()) and torch.equal(a.isnan(), b.isnan()), msg
+                else:
+                    _, mag, _, _ = ref(s)
+                    rtol = 1e-6 if a.dtype == torch.float32 else RTOL[a.dtype]
+                    assert_close(b, a.double(), mag, msg=msg, rtol=rtol)
 
 
 def test_default_is_the_best_the_cpu_runs_up_to_avx2():

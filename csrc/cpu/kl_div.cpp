@@ -67,7 +67,7 @@ void kl_div_target_backward_reduced(
   std::vector<int64_t> inverse(ndim);
   for (int64_t i = 0; i < ndim; ++i) inverse[perm[i]] = i;
 
-  const auto acc_dtype = acc_dtype_of(common_input_dtype({&grad_output, &self, &target}));
+  const auto acc_dtype = acc_dtype_of(common_input_dtype({grad_output, self, target}));
   at::Tensor values = at::empty(permuted_shape, self.options().dtype(acc_dtype));
   loss_pointwise_backward(values.permute(inverse), grad_output, self, target, scale, loss);
 

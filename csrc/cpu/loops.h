@@ -17,6 +17,7 @@
 #include <ATen/OpMathType.h>
 #include <ATen/Parallel.h>
 #include <ATen/TensorIterator.h>
+#include <c10/core/DynamicCast.h>
 #include <ATen/core/Tensor.h>
 
 #include "../checks.h"
@@ -88,21 +89,20 @@ inline bool dense_fast_path(
 }
 
 // The dtype the inputs are read in on the strided route: theirs when they agree, else the promotion.
-inline c10::ScalarType common_input_dtype(std::initializer_list<const at::Tensor*> tensors) {
-  c10::ScalarType dtype = (*tensors.begin())->scalar_type();
-  for (const auto* t : tensors) dtype = c10::promoteTypes(dtype, t->scalar_type());
+inline c10::ScalarType common_input_dtype(c10::ArrayRef<at::Tensor> tensors) {
+  c10::ScalarType dtype = tensors[0].scalar_type();
+  for (const auto& t : tensors) dtype = c10::promoteTypes(dtype, t.scalar_type());
   return dtype;
 }
 
 // The strided route: out = dense(inputs...) elementwise with broadcasting and any strides. The inputs are
-// read in their common dtype (cast first only when they differ) and gathered, kStridedBlock elements at a
-// time, into buffers of its opmath type (float or double); dense(acc, inputs, result, n) computes those with
+// gathered, kStridedBlock elements at a time, into buffers of their common dtype's opmath type (float or
+// double), each read in its own dtype (no converted copy); dense(acc, inputs, result, n) computes those with
 // the dense kernels; the results are stored directly when out has the inputs' dtype or the opmath dtype
 // (then nothing is rounded twice), else through one temporary.
 template <size_t N, typename Dense>
 void pointwise_strided(const at::Tensor& out, const Dense& dense, const std::array<at::Tensor, N>& inputs) {
-  c10::ScalarType in_dtype = inputs[0].scalar_type();
-  for (const auto& t : inputs) in_dtype = c10::promoteTypes(in_dtype, t.scalar_type());  // as common_input_dtype
+  const c10::ScalarType in_dtype = common_input_dtype(inputs);
   AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, in_dtype, "npu_loss_pointwise", [&] {
     using A = at::opmath_type<scalar_t>;
     const c10::ScalarType acc_dtype = c10::CppTypeToScalarType<A>::value;
@@ -111,10 +111,10 @@ void pointwise_strided(const at::Tensor& out, const Dense& dense, const std::arr
     const bool store_acc = dst.scalar_type() == acc_dtype;
     at::TensorIteratorConfig config;
     config.check_all_same_dtype(false).add_output(dst);
-    std::array<at::Tensor, N> cast;
+    std::array<c10::ScalarType, N> dtypes;
     for (size_t k = 0; k < N; ++k) {
-      cast[k] = inputs[k].scalar_type() == in_dtype ? inputs[k] : inputs[k].to(in_dtype);
-      config.add_const_input(cast[k]);
+      config.add_const_input(inputs[k]);
+      dtypes[k] = inputs[k].scalar_type();
     }
     auto iter = config.build();
     const DType acc = dense_dtype(acc_dtype);
@@ -128,8 +128,12 @@ void pointwise_strided(const at::Tensor& out, const Dense& dense, const std::arr
         const int64_t m = std::min(kStridedBlock, n - base);
         for (size_t k = 0; k < N; ++k) {
           const char* src = data[k + 1] + base * strides[k + 1];
-          for (int64_t i = 0; i < m; ++i) {
-            in[k][i] = static_cast<A>(*reinterpret_cast<const scalar_t*>(src + i * strides[k + 1]));
+          if (dtypes[k] == in_dtype) {
+            for (int64_t i = 0; i < m; ++i) {
+              in[k][i] = static_cast<A>(*reinterpret_cast<const scalar_t*>(src + i * strides[k + 1]));
+            }
+          } else {  // a narrower floating dtype: widening to A is exact, as through in_dtype
+            for (int64_t i = 0; i < m; ++i) in[k][i] = c10::fetch_and_cast<A>(dtypes[k], src + i * strides[k + 1]);
           }
         }
         dense(acc, in_ptrs, result, m);

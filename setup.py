@@ -118,9 +118,8 @@ def npu_extension(root, flags, link):
     major, minor = torch.__version__.split(".")[:2]
     return CppExtension(
         "npu_loss_ops._C_npu",
-        # The aclnn kernels, and their own copy of the shared checks and of the composite math they fall
-        # back to (each extension is a separate library; the composite's registrations stay in _C).
-        sorted(glob.glob("csrc/npu/*.cpp")) + ["csrc/checks.cpp", "csrc/composite.cpp"],
+        # The aclnn kernels; the checks and the composite math they fall back to come from the static core.
+        sorted(glob.glob("csrc/npu/*.cpp")),
         include_dirs=torch_npu_include_dirs(root),
         library_dirs=[os.path.join(root, "lib")],
         libraries=["torch_npu"],
@@ -133,9 +132,7 @@ def npu_extension(root, flags, link):
 def extensions():
     flags, link = cpu_flags()
     sources = [
-        "csrc/registration.cpp",
-        "csrc/checks.cpp",
-        "csrc/composite.cpp",
+        "csrc/schema.cpp",
         "csrc/composite_kernels.cpp",
         "csrc/autocast.cpp",
         "csrc/module.cpp",
@@ -158,15 +155,40 @@ def extensions():
     return exts
 
 
+CORE_SOURCES = ["csrc/core/checks.cpp", "csrc/core/composite.cpp"]
+
+
+def core_library():
+    """The static core both extensions link: the checks (every rule once) and the composite math, compiled
+    once per build (setuptools' build_clib; build_ext then links libnpu_loss_core.a into _C and _C_npu)."""
+    import torch
+    from torch.utils.cpp_extension import include_paths
+
+    flags, _ = cpu_flags()
+    abi = int(torch._C._GLIBCXX_USE_CXX11_ABI)
+    return (
+        "npu_loss_core",
+        {
+            "sources": CORE_SOURCES,
+            "include_dirs": include_paths(),
+            # The flags BuildExtension gives the extensions' own files, so the core's inline torch code is the
+            # same code (-fPIC: it is linked into shared objects).
+            "cflags": flags + ["-std=c++20", "-fPIC", f"-D_GLIBCXX_USE_CXX11_ABI={abi}"],
+        },
+    )
+
+
 class BuildExt(BuildExtension.with_options(use_ninja=True)):
-    """BuildExtension (ninja) that also records the torch it builds against, next to the sources (editable
-    and in-place builds) and in the build tree (wheels)."""
+    """BuildExtension (ninja) that builds the static core first and records the torch it builds against,
+    next to the sources (editable and in-place builds) and in the build tree (wheels)."""
 
     def run(self):
         dirs = [os.path.join(ROOT, "npu_loss_ops")]
         if not self.inplace:
             dirs.append(os.path.join(self.build_lib, "npu_loss_ops"))
         record_torch_version(dirs)
+        # An editable install runs build_ext alone; the core must exist before the extensions link it.
+        self.run_command("build_clib")
         super().run()
 
 
@@ -176,6 +198,7 @@ setup(
     packages=find_packages(include=["npu_loss_ops", "npu_loss_ops.*"]),
     # The package's inline types are its public typing (PEP 561).
     package_data={"npu_loss_ops": ["py.typed"]},
+    libraries=[core_library()],
     ext_modules=extensions(),
     cmdclass={"build_ext": BuildExt},
     install_requires=[f"torch=={TORCH_VERSION}"],

@@ -4,8 +4,8 @@
 #include <ATen/ATen.h>
 #include <torch/library.h>
 
-#include "checks.h"
-#include "composite.h"
+#include "core/checks.h"
+#include "core/composite.h"
 #include "ops.h"
 
 namespace npu_loss {

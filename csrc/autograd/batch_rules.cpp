@@ -25,7 +25,7 @@
 #include <optional>
 #include <vector>
 
-#include "../checks.h"
+#include "../core/checks.h"
 #include "../ops.h"
 
 namespace npu_loss::batching {

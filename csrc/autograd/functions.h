@@ -19,7 +19,7 @@
 #include <array>
 #include <string>
 
-#include "../checks.h"
+#include "../core/checks.h"
 
 namespace npu_loss::autograd {
 

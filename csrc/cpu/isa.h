@@ -1,7 +1,7 @@
 // The CPU kernels' instruction sets and the dense kernel table each one provides (docs/cpu_kernels.md).
 //
 // csrc/cpu/dense_kernels.h is compiled three times on x86-64, by isa_avx512.cpp, isa_avx2.cpp and
-// isa_baseline.cpp, each for its instruction set; elsewhere only the baseline exists. selected_isa() picks
+// isa_baseline.cpp, each for its instruction set; elsewhere only the baseline exists. selected_isa() (isa.cpp) picks
 // one table for the process: default_isa(), or the one NPU_LOSS_OPS_CPU_ISA names. No torch types
 // here: the vector translation units must not include torch headers.
 #pragma once

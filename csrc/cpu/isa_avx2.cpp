@@ -1,4 +1,4 @@
-// The dense kernels for x86-64-v3: AVX2, FMA, F16C (dense_kernels.h; selection in isa_baseline.cpp).
+// The dense kernels for x86-64-v3: AVX2, FMA, F16C (dense_kernels.h; selection in isa.cpp).
 // The pragma comes before every include, so all of this translation unit is built for that level; it
 // includes no torch header and all its functions are internal, so none of its code is shared with callers
 // built for the baseline.

@@ -1,4 +1,4 @@
-// The dense kernels for x86-64-v4: AVX-512 F, BW, DQ, VL (dense_kernels.h; selection in isa_baseline.cpp).
+// The dense kernels for x86-64-v4: AVX-512 F, BW, DQ, VL (dense_kernels.h; selection in isa.cpp).
 // Built as isa_avx2.cpp is: the pragma first, no torch header, internal functions only.
 #include "isa.h"
 

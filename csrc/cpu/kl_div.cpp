@@ -1,7 +1,7 @@
 // KL divergence on CPU: forward and gradient w.r.t. target.
 #include <torch/library.h>
 
-#include "../checks.h"
+#include "../core/checks.h"
 #include "loops.h"
 
 namespace npu_loss::cpu {
@@ -82,7 +82,7 @@ void kl_div_target_backward_into(
     const at::Tensor& out, const at::Tensor& grad_output, const at::Tensor& self, const at::Tensor& target,
     int64_t reduction, bool log_target, const ResultSpec& spec) {
   if (out.numel() == 0) return;
-  const int64_t n = shape_numel(spec.broadcast_shape);
+  const int64_t n = numel_of(spec.broadcast_shape);
   if (n == 0) {
     // Empty self with a non-empty target: the sum over nothing is zero.
     out.zero_();

@@ -20,7 +20,7 @@
 #include <c10/core/DynamicCast.h>
 #include <ATen/core/Tensor.h>
 
-#include "../checks.h"
+#include "../core/checks.h"
 #include "isa.h"
 
 #include <algorithm>
@@ -188,9 +188,9 @@ inline const char* offset(const at::Tensor& t, int64_t i) {
 inline at::Tensor loss_forward(
     const at::Tensor& x, const at::Tensor& t, int64_t reduction, const ResultSpec& spec, const LossParams& loss) {
   const auto& shape = spec.broadcast_shape;
-  const int64_t n = shape_numel(shape);
+  const int64_t n = numel_of(shape);
   const DenseKernels& kernels = dense_kernels();
-  if (reduction == static_cast<int64_t>(Reduction::None)) {
+  if (reduction == kNone) {
     at::Tensor out = empty_result(spec, x.options());
     if (n == 0) return out;
     if (dense_fast_path(shape, spec.dtype, {&out, &x, &t})) {
@@ -221,7 +221,7 @@ inline at::Tensor loss_forward(
     total = sum_contiguous(values);
   }
   // An empty mean is 0 / 0 = NaN, as in PyTorch.
-  const double value = reduction == static_cast<int64_t>(Reduction::Mean) ? total / static_cast<double>(n) : total;
+  const double value = is_mean(reduction) ? total / static_cast<double>(n) : total;
   return at::scalar_tensor(value, x.options().dtype(spec.dtype));
 }
 

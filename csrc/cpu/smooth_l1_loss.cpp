@@ -1,7 +1,7 @@
 // Smooth L1 loss on CPU: forward and gradient w.r.t. self.
 #include <torch/library.h>
 
-#include "../checks.h"
+#include "../core/checks.h"
 #include "loops.h"
 
 namespace npu_loss::cpu {

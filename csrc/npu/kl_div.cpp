@@ -1,8 +1,8 @@
 // KL divergence on the NPU: aclnnKlDiv and aclnnKlDivTargetBackward.
 #include <torch/library.h>
 
-#include "../checks.h"
-#include "../composite.h"
+#include "../core/checks.h"
+#include "../core/composite.h"
 #include "aclnn_api.h"
 #include "npu_common.h"
 
@@ -13,7 +13,7 @@ void kl_div_target_backward_into(
     at::Tensor& out, const at::Tensor& grad_output, const at::Tensor& self, const at::Tensor& target,
     int64_t reduction, bool log_target, const ResultSpec& spec) {
   if (out.numel() == 0) return;
-  const int64_t n = shape_numel(spec.broadcast_shape);
+  const int64_t n = numel_of(spec.broadcast_shape);
   if (n == 0) {
     // An empty self makes aclnn return early and leave grad_target unwritten; the sum over nothing is 0.
     out.zero_();
@@ -52,7 +52,7 @@ void kl_div_target_backward_into(
 at::Tensor kl_div_npu(const at::Tensor& self, const at::Tensor& target, int64_t reduction, bool log_target) {
   const c10::OptionalDeviceGuard guard(at::device_of(self));
   const auto spec = check_kl_div(self, target, reduction);
-  if (shape_numel(spec.broadcast_shape) == 0) return empty_forward(spec, reduction, self.options());
+  if (numel_of(spec.broadcast_shape) == 0) return empty_forward(spec, reduction, self.options());
   // Only the Ascend 950 kernel is documented to give 0 at target == 0 (the others' formula gives NaN), and
   // Ascend 910/310P lack bf16: those calls run the composite fallback.
   const Chip chip = current_chip();

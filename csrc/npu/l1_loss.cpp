@@ -1,8 +1,8 @@
 // L1 loss on the NPU: aclnnL1Loss and aclnnL1LossBackward.
 #include <torch/library.h>
 
-#include "../checks.h"
-#include "../composite.h"
+#include "../core/checks.h"
+#include "../core/composite.h"
 #include "aclnn_api.h"
 #include "npu_common.h"
 
@@ -36,7 +36,7 @@ void l1_loss_backward_into(
 at::Tensor l1_loss_npu(const at::Tensor& self, const at::Tensor& target, int64_t reduction) {
   const c10::OptionalDeviceGuard guard(at::device_of(self));
   const auto spec = check_l1_loss(self, target, reduction);
-  if (shape_numel(spec.broadcast_shape) == 0) return empty_forward(spec, reduction, self.options());
+  if (numel_of(spec.broadcast_shape) == 0) return empty_forward(spec, reduction, self.options());
   if (!aclnn_serves(NPU_LOSS_HAS_ACLNN(aclnnL1Loss), {&self, &target})) return composite::l1_loss(self, target, reduction);
   at::Tensor out = empty_result(spec, self.options());
   at::Tensor self_nd = base_format(self), target_nd = base_format(target);

@@ -10,7 +10,7 @@
 #include <limits>
 #include <string>
 
-#include "../checks.h"
+#include "../core/checks.h"
 
 namespace npu_loss::npu {
 
@@ -66,15 +66,15 @@ struct ScaledGrad {
 };
 
 inline ScaledGrad mean_as_scaled_sum(const at::Tensor& grad_output, int64_t reduction, int64_t divisor) {
-  if (reduction != static_cast<int64_t>(Reduction::Mean)) return {grad_output, reduction};
-  return {grad_output.to(at::kFloat) * (1.0 / static_cast<double>(divisor)), static_cast<int64_t>(Reduction::Sum)};
+  if (!is_mean(reduction)) return {grad_output, reduction};
+  return {grad_output.to(at::kFloat) * (1.0 / static_cast<double>(divisor)), kSum};
 }
 
 // Forward "sum"/"mean" of an empty broadcast shape, which aclnn returns early on: 0 and NaN, as in PyTorch.
 inline at::Tensor empty_forward(const ResultSpec& spec, int64_t reduction, const at::TensorOptions& options) {
   at::Tensor out = empty_result(spec, options);
-  if (reduction == static_cast<int64_t>(Reduction::Sum)) out.zero_();
-  if (reduction == static_cast<int64_t>(Reduction::Mean)) out.fill_(std::numeric_limits<double>::quiet_NaN());
+  if (reduction == kSum) out.zero_();
+  if (is_mean(reduction)) out.fill_(std::numeric_limits<double>::quiet_NaN());
   return out;
 }
 

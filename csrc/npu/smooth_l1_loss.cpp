@@ -3,8 +3,8 @@
 
 #include <cmath>
 
-#include "../checks.h"
-#include "../composite.h"
+#include "../core/checks.h"
+#include "../core/composite.h"
 #include "aclnn_api.h"
 #include "npu_common.h"
 
@@ -104,7 +104,7 @@ bool forward_on_aclnn(Chip chip, const at::Tensor& self, const at::Tensor& targe
 at::Tensor smooth_l1_loss_npu(const at::Tensor& self, const at::Tensor& target, int64_t reduction, double beta) {
   const c10::OptionalDeviceGuard guard(at::device_of(self));
   const auto spec = check_smooth_l1_loss(self, target, reduction, beta);
-  if (shape_numel(spec.broadcast_shape) == 0) return empty_forward(spec, reduction, self.options());
+  if (numel_of(spec.broadcast_shape) == 0) return empty_forward(spec, reduction, self.options());
   if (!forward_on_aclnn(current_chip(), self, target)) return composite::smooth_l1_loss(self, target, reduction, beta);
   at::Tensor out = empty_result(spec, self.options());
   const float beta_f = static_cast<float>(beta);

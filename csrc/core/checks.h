@@ -12,10 +12,9 @@
 #include <initializer_list>
 #include <utility>
 
-namespace npu_loss {
+#include "reduction.h"
 
-// Same numbering as at::Reduction and the aclnn kernels.
-enum class Reduction : int64_t { None = 0, Mean = 1, Sum = 2 };
+namespace npu_loss {
 
 constexpr int64_t kMaxDims = 8;
 
@@ -90,11 +89,5 @@ ResultSpec check_kl_div_target_backward_out(
 
 // float64 runs on CPU and the fallback, never on the NPU.
 bool float64_allowed(const at::Tensor& t);
-
-// 1 / count for "mean", 1 otherwise (count == 0 gives inf, as 1 / 0 does in PyTorch).
-double reduction_scale(int64_t reduction, int64_t count);
-
-// The element count of a shape.
-int64_t shape_numel(c10::IntArrayRef shape);
 
 }  // namespace npu_loss

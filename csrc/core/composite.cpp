@@ -39,16 +39,10 @@ at::Tensor sign_nan_zero(const at::Tensor& d) {
   return (d > 0).to(d.scalar_type()) - (d < 0).to(d.scalar_type());
 }
 
-at::Tensor reduce_loss(const at::Tensor& values, int64_t reduction, const ResultSpec& spec) {
-  switch (static_cast<Reduction>(reduction)) {
-    case Reduction::None:
-      return with_memory_format(values.to(spec.dtype), spec.memory_format);
-    case Reduction::Mean:
-      return values.mean().to(spec.dtype);
-    case Reduction::Sum:
-      break;
-  }
-  return values.sum().to(spec.dtype);
+// The loss from its float32/float64 elementwise values: reduced, in the result's dtype and layout.
+at::Tensor loss_result(const at::Tensor& values, int64_t reduction, const ResultSpec& spec) {
+  if (reduction == kNone) return with_memory_format(values.to(spec.dtype), spec.memory_format);
+  return reduce_values(values, reduction).to(spec.dtype);
 }
 
 }  // namespace
@@ -61,7 +55,7 @@ at::Tensor smooth_l1_loss(const at::Tensor& self, const at::Tensor& target, int6
   const auto d = operand(self, c) - operand(target, c);
   const auto ad = d.abs();
   const auto values = at::where(ad < beta, d * d * (0.5 / beta), ad - 0.5 * beta);
-  return reduce_loss(values, reduction, spec);
+  return loss_result(values, reduction, spec);
 }
 
 at::Tensor smooth_l1_loss_backward(
@@ -79,14 +73,14 @@ at::Tensor smooth_l1_loss_backward(
 at::Tensor l1_loss(const at::Tensor& self, const at::Tensor& target, int64_t reduction) {
   const auto spec = check_l1_loss(self, target, reduction);
   const auto c = compute_dtype({&self, &target});
-  return reduce_loss((operand(self, c) - operand(target, c)).abs(), reduction, spec);
+  return loss_result((operand(self, c) - operand(target, c)).abs(), reduction, spec);
 }
 
 at::Tensor l1_loss_backward(
     const at::Tensor& grad_output, const at::Tensor& self, const at::Tensor& target, int64_t reduction) {
   const auto spec = check_l1_loss_backward(grad_output, self, target, reduction);
   const auto c = compute_dtype({&grad_output, &self, &target});
-  const auto g = operand(grad_output, c) * reduction_scale(reduction, shape_numel(spec.shape));
+  const auto g = operand(grad_output, c) * reduction_scale(reduction, numel_of(spec.shape));
   const auto values = g * sign_nan_zero(operand(self, c) - operand(target, c));
   return with_memory_format(values.expand(spec.shape).to(spec.dtype), spec.memory_format);
 }
@@ -97,7 +91,7 @@ at::Tensor kl_div(const at::Tensor& self, const at::Tensor& target, int64_t redu
   const auto x = operand(self, c);
   const auto t = operand(target, c);
   const auto values = log_target ? t.exp() * (t - x) : at::xlogy(t, t) - t * x;
-  return reduce_loss(values, reduction, spec);
+  return loss_result(values, reduction, spec);
 }
 
 at::Tensor kl_div_target_backward(
@@ -107,7 +101,7 @@ at::Tensor kl_div_target_backward(
   const auto c = compute_dtype({&grad_output, &self, &target});
   const auto x = operand(self, c);
   const auto t = operand(target, c);
-  const auto g = operand(grad_output, c) * reduction_scale(reduction, shape_numel(spec.broadcast_shape));
+  const auto g = operand(grad_output, c) * reduction_scale(reduction, numel_of(spec.broadcast_shape));
   at::Tensor values;
   if (log_target) {
     values = g * t.exp() * (t + 1 - x);

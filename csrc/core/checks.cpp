@@ -58,9 +58,8 @@ void check_dtypes(const char* op, std::initializer_list<NamedTensor> tensors) {
 }
 
 void check_reduction(const char* op, int64_t reduction) {
-  constexpr auto first = static_cast<int64_t>(Reduction::None), last = static_cast<int64_t>(Reduction::Sum);
   TORCH_CHECK_VALUE(
-      reduction >= first && reduction <= last, op, ": reduction must be 0 (none), 1 (mean) or 2 (sum), got ",
+      is_valid_reduction(reduction), op, ": reduction must be 0 (none), 1 (mean) or 2 (sum), got ",
       reduction);
 }
 
@@ -162,12 +161,6 @@ bool float64_allowed(const at::Tensor& t) {
   return t.device().type() != c10::DeviceType::PrivateUse1;
 }
 
-int64_t shape_numel(c10::IntArrayRef shape) {
-  int64_t n = 1;
-  for (auto s : shape) n *= s;
-  return n;
-}
-
 c10::MemoryFormat result_memory_format(
     c10::IntArrayRef shape, std::initializer_list<const at::Tensor*> operands_by_priority) {
   if (shape.size() != 4 && shape.size() != 5) return c10::MemoryFormat::Contiguous;
@@ -200,10 +193,6 @@ at::Tensor with_memory_format(const at::Tensor& t, c10::MemoryFormat format) {
   return t.is_contiguous(format) ? t : empty_with_format(t.sizes(), t.options(), format).copy_(t);
 }
 
-double reduction_scale(int64_t reduction, int64_t count) {
-  return reduction == static_cast<int64_t>(Reduction::Mean) ? 1.0 / static_cast<double>(count) : 1.0;
-}
-
 ResultSpec check_smooth_l1_loss(
     const at::Tensor& self, const at::Tensor& target, int64_t reduction, double beta) {
   constexpr const char* op = "smooth_l1_loss";
@@ -212,7 +201,7 @@ ResultSpec check_smooth_l1_loss(
   check_beta(op, beta);
   check_dims(op, args);
   auto b = broadcast_shapes(op, args);
-  c10::DimVector shape = reduction == static_cast<int64_t>(Reduction::None) ? b : c10::DimVector{};
+  c10::DimVector shape = reduction == kNone ? b : c10::DimVector{};
   const auto format = result_memory_format(shape, {&self, &target});
   return {shape, result_type_of(args), b, format};
 }
@@ -236,7 +225,7 @@ ResultSpec check_l1_loss(const at::Tensor& self, const at::Tensor& target, int64
   check_common(op, args, reduction);
   check_dims(op, args);
   auto b = broadcast_shapes(op, args);
-  c10::DimVector shape = reduction == static_cast<int64_t>(Reduction::None) ? b : c10::DimVector{};
+  c10::DimVector shape = reduction == kNone ? b : c10::DimVector{};
   const auto format = result_memory_format(shape, {&self, &target});
   return {shape, result_type_of(args), b, format};
 }
@@ -258,7 +247,7 @@ ResultSpec check_kl_div(const at::Tensor& self, const at::Tensor& target, int64_
   check_common(op, args, reduction);
   check_dims(op, args);
   auto b = broadcast_shapes(op, args);
-  c10::DimVector shape = reduction == static_cast<int64_t>(Reduction::None) ? b : c10::DimVector{};
+  c10::DimVector shape = reduction == kNone ? b : c10::DimVector{};
   const auto format = result_memory_format(shape, {&self, &target});
   return {shape, result_type_of(args), b, format};
 }

@@ -1,0 +1,333 @@
+// The derivatives of every npu_loss op, one block per op: its saved inputs (the first kTensors arguments)
+// and scalars (the rest of its signature), its backward formula (one gradient per tensor input), its
+// tangent formula (forward-mode AD) and, for backward ops, what its batching rule needs (kVmap). The blocks
+// drive the generic node and Autograd kernel (node.h) and the generic vmap rules (vmap.h); the bottom of
+// this file registers them. docs/adding_a_loss.md says what a new loss adds here.
+//
+// Forwards: the backward ops get broadcast-expanded self and target (views, no copies) and each gradient is
+// summed back to its input's shape. Backward ops: their own formulas (ATen's derivatives.yaml), so double
+// backward and hessians work. Where the math gives a zero derivative the gradient is a zero tensor.
+#include "derivatives.h"
+
+#include <ATen/ATen.h>
+#include <torch/library.h>
+
+#include "../ops.h"
+#include "node.h"
+#include "vmap.h"
+
+namespace npu_loss::autograd {
+
+namespace detail {
+
+variable_list proxy_into_compiled_graph(
+    const torch::autograd::Node& node, torch::dynamo::autograd::SwapSavedVariables& saved, bool& bound,
+    torch::autograd::functional_apply_t fn, std::vector<at::TypePtr> schema, PackedArgs& packed,
+    const variable_list& grads) {
+  const auto& py = torch::dynamo::autograd::getPyCompilerInterface();
+  if (!bound) {
+    py->bind_function(saved.get_py_compiler(), node.name(), std::move(fn), std::move(schema));
+    bound = true;
+  }
+  const auto output_metadata = IValuePacker<std::vector<std::optional<torch::autograd::InputMetadata>>>::pack(
+      torch::dynamo::autograd::get_input_metadata(node.next_edges()));
+  return py->call_function(
+      saved.get_py_compiler(), "apply_functional", node.name(), grads, packed.vec(), output_metadata);
+}
+
+}  // namespace detail
+
+namespace {
+
+// Gradients of a loss whose slope is odd in d = self - target (smooth L1, L1): `slope(g, a, b)` is the
+// backward op; it gives self's gradient, and with self and target swapped, target's. Both over the
+// broadcast shape (smooth L1's "mean" divides by self.numel(), which must be the broadcast count).
+template <typename Slope>
+variable_list odd_slope_grads(
+    const at::Tensor& grad, const Needs<2>& needs, const at::Tensor& self, const at::Tensor& target,
+    const Slope& slope) {
+  variable_list out(2);
+  const auto shape = broadcast_shape(self, target);
+  const auto x = expand_to(self, shape);
+  const auto t = expand_to(target, shape);
+  if (needs[0]) out[0] = reduce_to(slope(grad, x, t), self);
+  if (needs[1]) out[1] = reduce_to(slope(grad, t, x), target);
+  return out;
+}
+
+// Their tangents: the elementwise slope (`slope` is the backward op with "none") times each input's
+// tangent, reduced like the loss.
+template <typename Slope>
+at::Tensor odd_slope_tangent(const Dual& self, const Dual& target, int64_t reduction, const Slope& slope) {
+  at::Tensor values;
+  if (self.has_tangent()) values = slope(self.t, self.p, target.p);
+  if (target.has_tangent()) values = add_defined(values, slope(target.t, target.p, self.p));
+  return reduce_values(values, reduction);
+}
+
+// ---- smooth_l1_loss(self, target, reduction, beta) ----
+struct SmoothL1Loss {
+  static constexpr const char* kName = "smooth_l1_loss";
+  static constexpr const char* kNode = "NpuLossSmoothL1LossBackward0";
+  using Signature = ops::LossSmoothL1;
+  static constexpr size_t kTensors = 2;
+  static const auto& op() {
+    return ops::smooth_l1_loss();
+  }
+
+  static variable_list backward(
+      const at::Tensor& grad, const Needs<2>& needs, const at::Tensor& self, const at::Tensor& target,
+      int64_t reduction, double beta) {
+    return odd_slope_grads(grad, needs, self, target, [&](const at::Tensor& g, const at::Tensor& a, const at::Tensor& b) {
+      return ops::smooth_l1_loss_backward().call(g, a, b, reduction, beta);
+    });
+  }
+
+  static at::Tensor tangent(const Dual& self, const Dual& target, int64_t reduction, double beta) {
+    return odd_slope_tangent(self, target, reduction, [&](const at::Tensor& g, const at::Tensor& a, const at::Tensor& b) {
+      return ops::smooth_l1_loss_backward().call(g, a, b, kNone, beta);
+    });
+  }
+};
+
+// ---- smooth_l1_loss_backward(grad_output, self, target, reduction, beta) ----
+struct SmoothL1LossBackward {
+  static constexpr const char* kName = "smooth_l1_loss_backward";
+  static constexpr const char* kNode = "NpuLossSmoothL1LossBackwardBackward0";
+  using Signature = ops::BackwardSmoothL1;
+  static constexpr size_t kTensors = 3;
+  static const auto& op() {
+    return ops::smooth_l1_loss_backward();
+  }
+  static constexpr VmapBackward kVmap{MeanCount::Self, /*result_like_target=*/false, /*promotes=*/false};
+
+  static variable_list backward(
+      const at::Tensor& gg, const Needs<3>& needs, const at::Tensor& grad_output, const at::Tensor& self,
+      const at::Tensor& target, int64_t reduction, double beta) {
+    variable_list out(3);
+    if (needs[0]) out[0] = reduce_to(op().call(gg, self, target, reduction, beta), grad_output);
+    if (!(needs[1] || needs[2])) return out;
+    if (beta > 0) {
+      // The slope d / beta has derivative 1 / beta inside |d| < beta and 0 elsewhere.
+      const auto d = self - target;
+      const auto inner = apply_mean((d.abs() < beta) * (grad_output * gg) / beta, reduction, self.sym_numel());
+      if (needs[1]) out[1] = reduce_to(inner, self);
+      if (needs[2]) out[2] = reduce_to(inner.neg(), target);
+    } else {
+      // beta == 0 is the L1 slope sign(d): piecewise constant, a zero derivative.
+      if (needs[1]) out[1] = at::zeros_like(self);
+      if (needs[2]) out[2] = at::zeros_like(target);
+    }
+    return out;
+  }
+
+  static at::Tensor tangent(
+      const Dual& grad_output, const Dual& self, const Dual& target, int64_t reduction, double beta) {
+    at::Tensor out;
+    if (grad_output.has_tangent()) out = op().call(grad_output.t, self.p, target.p, reduction, beta);
+    if ((self.has_tangent() || target.has_tangent()) && beta > 0) {
+      // The slope d / beta has derivative 1 / beta inside |d| < beta, 0 elsewhere (and everywhere at beta == 0).
+      const auto d_tangent = self.has_tangent() ? (target.has_tangent() ? self.t - target.t : self.t) : target.t.neg();
+      const auto d = self.p - target.p;
+      out = add_defined(
+          out, apply_mean((d.abs() < beta) * (grad_output.p * d_tangent) / beta, reduction, self.p.sym_numel()));
+    }
+    return out;
+  }
+};
+
+// ---- l1_loss(self, target, reduction) ----
+struct L1Loss {
+  static constexpr const char* kName = "l1_loss";
+  static constexpr const char* kNode = "NpuLossL1LossBackward0";
+  using Signature = ops::LossL1;
+  static constexpr size_t kTensors = 2;
+  static const auto& op() {
+    return ops::l1_loss();
+  }
+
+  static variable_list backward(
+      const at::Tensor& grad, const Needs<2>& needs, const at::Tensor& self, const at::Tensor& target,
+      int64_t reduction) {
+    return odd_slope_grads(grad, needs, self, target, [&](const at::Tensor& g, const at::Tensor& a, const at::Tensor& b) {
+      return ops::l1_loss_backward().call(g, a, b, reduction);
+    });
+  }
+
+  static at::Tensor tangent(const Dual& self, const Dual& target, int64_t reduction) {
+    return odd_slope_tangent(self, target, reduction, [](const at::Tensor& g, const at::Tensor& a, const at::Tensor& b) {
+      return ops::l1_loss_backward().call(g, a, b, kNone);
+    });
+  }
+};
+
+// ---- l1_loss_backward(grad_output, self, target, reduction) ----
+struct L1LossBackward {
+  static constexpr const char* kName = "l1_loss_backward";
+  static constexpr const char* kNode = "NpuLossL1LossBackwardBackward0";
+  using Signature = ops::BackwardL1;
+  static constexpr size_t kTensors = 3;
+  static const auto& op() {
+    return ops::l1_loss_backward();
+  }
+  static constexpr VmapBackward kVmap{MeanCount::Broadcast, /*result_like_target=*/false, /*promotes=*/true};
+
+  static variable_list backward(
+      const at::Tensor& gg, const Needs<3>& needs, const at::Tensor& grad_output, const at::Tensor& self,
+      const at::Tensor& target, int64_t reduction) {
+    variable_list out(3);
+    if (needs[0]) out[0] = reduce_to(op().call(gg, self, target, reduction), grad_output);
+    // sign(d) is piecewise constant: a zero derivative w.r.t. self and target.
+    if (needs[1]) out[1] = at::zeros_like(self);
+    if (needs[2]) out[2] = at::zeros_like(target);
+    return out;
+  }
+
+  static at::Tensor tangent(const Dual& grad_output, const Dual& self, const Dual& target, int64_t reduction) {
+    // sign(d) is piecewise constant: only grad_output's tangent contributes.
+    if (!grad_output.has_tangent()) return at::Tensor();
+    return op().call(grad_output.t, self.p, target.p, reduction);
+  }
+};
+
+// ---- kl_div(self, target, reduction, *, log_target) ----
+struct KlDiv {
+  static constexpr const char* kName = "kl_div";
+  static constexpr const char* kNode = "NpuLossKlDivBackward0";
+  using Signature = ops::LossKl;
+  static constexpr size_t kTensors = 2;
+  static const auto& op() {
+    return ops::kl_div();
+  }
+
+  static variable_list backward(
+      const at::Tensor& grad, const Needs<2>& needs, const at::Tensor& self, const at::Tensor& target,
+      int64_t reduction, bool log_target) {
+    variable_list out(2);
+    if (needs[0]) {
+      // d/dself of target * (log target - self) is -target (-exp(target) for a log-space target), computed in
+      // the gradient's dtype.
+      const auto shape = broadcast_shape(self, target);
+      auto p = log_target ? target.exp() : target;
+      if (p.scalar_type() != grad.scalar_type()) p = p.to(grad.scalar_type());
+      const auto coef = apply_mean(grad, reduction, numel_of(shape)).neg();
+      out[0] = reduce_to(expand_to(coef * p, shape), self);
+    }
+    if (needs[1]) {
+      out[1] = reduce_to(ops::kl_div_target_backward().call(grad, self, target, reduction, log_target), target);
+    }
+    return out;
+  }
+
+  static at::Tensor tangent(const Dual& self, const Dual& target, int64_t reduction, bool log_target) {
+    at::Tensor values;
+    if (self.has_tangent()) values = (self.t * (log_target ? target.p.exp() : target.p)).neg();
+    if (target.has_tangent()) {
+      // The target gradient with target's tangent as grad_output, over the broadcast shape (nothing summed).
+      const auto shape = broadcast_shape(self.p, target.p);
+      values = add_defined(
+          values, ops::kl_div_target_backward().call(
+                      expand_to(target.t, shape), self.p, expand_to(target.p, shape), kNone, log_target));
+    }
+    return reduce_values(values, reduction);
+  }
+};
+
+// ---- kl_div_target_backward(grad_output, self, target, reduction, log_target) ----
+struct KlDivTargetBackward {
+  static constexpr const char* kName = "kl_div_target_backward";
+  static constexpr const char* kNode = "NpuLossKlDivTargetBackwardBackward0";
+  using Signature = ops::BackwardKl;
+  static constexpr size_t kTensors = 3;
+  static const auto& op() {
+    return ops::kl_div_target_backward();
+  }
+  static constexpr VmapBackward kVmap{
+      MeanCount::SelfTargetBroadcast, /*result_like_target=*/true, /*promotes=*/false};
+
+  static variable_list backward(
+      const at::Tensor& gg_in, const Needs<3>& needs, const at::Tensor& grad_output, const at::Tensor& self,
+      const at::Tensor& t, int64_t reduction, bool log_target) {
+    variable_list out(3);
+    const auto shape = broadcast_shape(self, t);
+    const auto gg = apply_mean(gg_in, reduction, numel_of(shape));
+    // Each derivative is elementwise over broadcast(self, target), then summed to its input's shape.
+    const auto finish = [&](const at::Tensor& v, const at::Tensor& like) {
+      return reduce_to(expand_to(v, shape), like);
+    };
+    if (log_target) {
+      const auto e = t.exp();
+      if (needs[0]) out[0] = finish(gg * e * (t + 1 - self), grad_output);
+      if (needs[1]) out[1] = finish(-(gg * grad_output * e), self);
+      if (needs[2]) out[2] = finish(gg * grad_output * e * (t + 2 - self), t);
+      return out;
+    }
+    // A zero probability gets no gradient, and neither do its derivatives.
+    const auto zero = t == 0;
+    const auto safe_t = t.masked_fill(zero, 1);
+    if (needs[0]) out[0] = finish((gg * (safe_t.log() + 1 - self)).masked_fill(zero, 0), grad_output);
+    if (needs[1]) out[1] = finish((-(gg * grad_output)).masked_fill(zero, 0), self);
+    if (needs[2]) out[2] = finish((gg * grad_output / safe_t).masked_fill(zero, 0), t);
+    return out;
+  }
+
+  static at::Tensor tangent(
+      const Dual& grad_output, const Dual& self, const Dual& target, int64_t reduction, bool log_target) {
+    const auto& g = grad_output.p;
+    const auto& x = self.p;
+    const auto& t = target.p;
+    at::Tensor out;
+    if (grad_output.has_tangent()) out = op().call(grad_output.t, x, t, reduction, log_target);
+    if (!(self.has_tangent() || target.has_tangent())) return out;
+    const auto shape = broadcast_shape(x, t);
+    at::Tensor values;
+    if (log_target) {
+      const auto ge = g * t.exp();
+      if (self.has_tangent()) values = (ge * self.t).neg();
+      if (target.has_tangent()) values = add_defined(values, ge * (t + 2 - x) * target.t);
+      values = expand_to(values, shape);
+    } else {
+      // A zero probability has a zero gradient, whatever self and grad_output do.
+      const auto zero = t == 0;
+      if (self.has_tangent()) values = (g * self.t).neg();
+      if (target.has_tangent()) values = add_defined(values, g * target.t / t.masked_fill(zero, 1));
+      values = expand_to(values, shape).masked_fill(zero, 0);
+    }
+    values = apply_mean(values, reduction, numel_of(shape));
+    return add_defined(out, reduce_to(values, t));
+  }
+};
+
+// ---- registration: every block, at the Autograd and FuncTorchBatched keys ----
+
+template <typename... Op>
+struct Blocks {
+  static void register_autograd(torch::Library& m) {
+    (m.impl(Op::kName, TORCH_FN(AutogradKernel<Op>::call)), ...);
+  }
+  static void register_vmap(torch::Library& m) {
+    (m.impl(Op::kName, &VmapKernel<Op>::call), ...);
+  }
+  static std::vector<std::string> names() {
+    return {Op::kName...};
+  }
+};
+
+using AllBlocks =
+    Blocks<SmoothL1Loss, SmoothL1LossBackward, L1Loss, L1LossBackward, KlDiv, KlDivTargetBackward>;
+
+}  // namespace
+
+std::vector<std::string> differentiable_ops() {
+  return AllBlocks::names();
+}
+
+TORCH_LIBRARY_IMPL(npu_loss, Autograd, m) {
+  AllBlocks::register_autograd(m);
+}
+
+TORCH_LIBRARY_IMPL(npu_loss, FuncTorchBatched, m) {
+  AllBlocks::register_vmap(m);
+}
+
+}  // namespace npu_loss::autograd

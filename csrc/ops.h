@@ -20,34 +20,20 @@ c10::TypedOperatorHandle<Schema> find(const char* name) {
   return c10::Dispatcher::singleton().findSchemaOrThrow(name, "").typed<Schema>();
 }
 
-inline const c10::TypedOperatorHandle<LossSmoothL1>& smooth_l1_loss() {
-  static const auto op = find<LossSmoothL1>("npu_loss::smooth_l1_loss");
-  return op;
-}
+// `name()`: the handle of npu_loss::name, typed by `Schema`, found once.
+#define NPU_LOSS_OP(name, Schema)                                         \
+  inline const c10::TypedOperatorHandle<Schema>& name() {                 \
+    static const auto op = find<Schema>("npu_loss::" #name);              \
+    return op;                                                            \
+  }
 
-inline const c10::TypedOperatorHandle<LossL1>& l1_loss() {
-  static const auto op = find<LossL1>("npu_loss::l1_loss");
-  return op;
-}
+NPU_LOSS_OP(smooth_l1_loss, LossSmoothL1)
+NPU_LOSS_OP(l1_loss, LossL1)
+NPU_LOSS_OP(kl_div, LossKl)
+NPU_LOSS_OP(smooth_l1_loss_backward, BackwardSmoothL1)
+NPU_LOSS_OP(l1_loss_backward, BackwardL1)
+NPU_LOSS_OP(kl_div_target_backward, BackwardKl)
 
-inline const c10::TypedOperatorHandle<LossKl>& kl_div() {
-  static const auto op = find<LossKl>("npu_loss::kl_div");
-  return op;
-}
-
-inline const c10::TypedOperatorHandle<BackwardSmoothL1>& smooth_l1_loss_backward() {
-  static const auto op = find<BackwardSmoothL1>("npu_loss::smooth_l1_loss_backward");
-  return op;
-}
-
-inline const c10::TypedOperatorHandle<BackwardL1>& l1_loss_backward() {
-  static const auto op = find<BackwardL1>("npu_loss::l1_loss_backward");
-  return op;
-}
-
-inline const c10::TypedOperatorHandle<BackwardKl>& kl_div_target_backward() {
-  static const auto op = find<BackwardKl>("npu_loss::kl_div_target_backward");
-  return op;
-}
+#undef NPU_LOSS_OP
 
 }  // namespace npu_loss::ops

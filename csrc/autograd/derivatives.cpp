@@ -65,15 +65,21 @@ at::Tensor odd_slope_tangent(const Dual& self, const Dual& target, int64_t reduc
   return reduce_values(values, reduction);
 }
 
+// What every block shares: its signature, how many leading arguments are (saved, differentiable) tensors,
+// and its dispatcher handle.
+template <typename Sig, size_t N, const c10::TypedOperatorHandle<Sig>& (*Handle)()>
+struct Block {
+  using Signature = Sig;
+  static constexpr size_t kTensors = N;
+  static const c10::TypedOperatorHandle<Sig>& op() {
+    return Handle();
+  }
+};
+
 // ---- smooth_l1_loss(self, target, reduction, beta) ----
-struct SmoothL1Loss {
+struct SmoothL1Loss : Block<ops::LossSmoothL1, 2, ops::smooth_l1_loss> {
   static constexpr const char* kName = "smooth_l1_loss";
   static constexpr const char* kNode = "NpuLossSmoothL1LossBackward0";
-  using Signature = ops::LossSmoothL1;
-  static constexpr size_t kTensors = 2;
-  static const auto& op() {
-    return ops::smooth_l1_loss();
-  }
 
   static variable_list backward(
       const at::Tensor& grad, const Needs<2>& needs, const at::Tensor& self, const at::Tensor& target,
@@ -91,14 +97,9 @@ struct SmoothL1Loss {
 };
 
 // ---- smooth_l1_loss_backward(grad_output, self, target, reduction, beta) ----
-struct SmoothL1LossBackward {
+struct SmoothL1LossBackward : Block<ops::BackwardSmoothL1, 3, ops::smooth_l1_loss_backward> {
   static constexpr const char* kName = "smooth_l1_loss_backward";
   static constexpr const char* kNode = "NpuLossSmoothL1LossBackwardBackward0";
-  using Signature = ops::BackwardSmoothL1;
-  static constexpr size_t kTensors = 3;
-  static const auto& op() {
-    return ops::smooth_l1_loss_backward();
-  }
   static constexpr VmapBackward kVmap{MeanCount::Self, /*result_like_target=*/false, /*promotes=*/false};
 
   static variable_list backward(
@@ -137,14 +138,9 @@ struct SmoothL1LossBackward {
 };
 
 // ---- l1_loss(self, target, reduction) ----
-struct L1Loss {
+struct L1Loss : Block<ops::LossL1, 2, ops::l1_loss> {
   static constexpr const char* kName = "l1_loss";
   static constexpr const char* kNode = "NpuLossL1LossBackward0";
-  using Signature = ops::LossL1;
-  static constexpr size_t kTensors = 2;
-  static const auto& op() {
-    return ops::l1_loss();
-  }
 
   static variable_list backward(
       const at::Tensor& grad, const Needs<2>& needs, const at::Tensor& self, const at::Tensor& target,
@@ -162,14 +158,9 @@ struct L1Loss {
 };
 
 // ---- l1_loss_backward(grad_output, self, target, reduction) ----
-struct L1LossBackward {
+struct L1LossBackward : Block<ops::BackwardL1, 3, ops::l1_loss_backward> {
   static constexpr const char* kName = "l1_loss_backward";
   static constexpr const char* kNode = "NpuLossL1LossBackwardBackward0";
-  using Signature = ops::BackwardL1;
-  static constexpr size_t kTensors = 3;
-  static const auto& op() {
-    return ops::l1_loss_backward();
-  }
   static constexpr VmapBackward kVmap{MeanCount::Broadcast, /*result_like_target=*/false, /*promotes=*/true};
 
   static variable_list backward(
@@ -191,14 +182,9 @@ struct L1LossBackward {
 };
 
 // ---- kl_div(self, target, reduction, *, log_target) ----
-struct KlDiv {
+struct KlDiv : Block<ops::LossKl, 2, ops::kl_div> {
   static constexpr const char* kName = "kl_div";
   static constexpr const char* kNode = "NpuLossKlDivBackward0";
-  using Signature = ops::LossKl;
-  static constexpr size_t kTensors = 2;
-  static const auto& op() {
-    return ops::kl_div();
-  }
 
   static variable_list backward(
       const at::Tensor& grad, const Needs<2>& needs, const at::Tensor& self, const at::Tensor& target,
@@ -234,14 +220,9 @@ struct KlDiv {
 };
 
 // ---- kl_div_target_backward(grad_output, self, target, reduction, log_target) ----
-struct KlDivTargetBackward {
+struct KlDivTargetBackward : Block<ops::BackwardKl, 3, ops::kl_div_target_backward> {
   static constexpr const char* kName = "kl_div_target_backward";
   static constexpr const char* kNode = "NpuLossKlDivTargetBackwardBackward0";
-  using Signature = ops::BackwardKl;
-  static constexpr size_t kTensors = 3;
-  static const auto& op() {
-    return ops::kl_div_target_backward();
-  }
   static constexpr VmapBackward kVmap{
       MeanCount::SelfTargetBroadcast, /*result_like_target=*/true, /*promotes=*/false};
 

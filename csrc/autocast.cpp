@@ -11,46 +11,38 @@
 namespace npu_loss {
 namespace {
 
-template <c10::DeviceType device, c10::DispatchKey key>
-struct AutocastLosses {
-  static at::Tensor to_float(const at::Tensor& t) {
-    return at::autocast::cached_cast(at::kFloat, t, device);
-  }
+// A forward loss (self, target, reduction, scalars...) run with self and target cast to float32.
+template <c10::DeviceType device, c10::DispatchKey key, typename Sig, const c10::TypedOperatorHandle<Sig>& (*op)()>
+struct AutocastLoss;
 
-  static at::Tensor smooth_l1_loss(const at::Tensor& self, const at::Tensor& target, int64_t reduction, double beta) {
-    const auto& op = ops::smooth_l1_loss();
+template <
+    c10::DeviceType device, c10::DispatchKey key, typename... Scalars,
+    const c10::TypedOperatorHandle<at::Tensor(const at::Tensor&, const at::Tensor&, int64_t, Scalars...)>& (*op)()>
+struct AutocastLoss<device, key, at::Tensor(const at::Tensor&, const at::Tensor&, int64_t, Scalars...), op> {
+  static at::Tensor call(const at::Tensor& self, const at::Tensor& target, int64_t reduction, Scalars... s) {
+    const auto& handle = op();
     c10::impl::ExcludeDispatchKeyGuard no_autocast(key);
-    return op.call(to_float(self), to_float(target), reduction, beta);
-  }
-
-  static at::Tensor l1_loss(const at::Tensor& self, const at::Tensor& target, int64_t reduction) {
-    const auto& op = ops::l1_loss();
-    c10::impl::ExcludeDispatchKeyGuard no_autocast(key);
-    return op.call(to_float(self), to_float(target), reduction);
-  }
-
-  static at::Tensor kl_div(const at::Tensor& self, const at::Tensor& target, int64_t reduction, bool log_target) {
-    const auto& op = ops::kl_div();
-    c10::impl::ExcludeDispatchKeyGuard no_autocast(key);
-    return op.call(to_float(self), to_float(target), reduction, log_target);
+    return handle.call(
+        at::autocast::cached_cast(at::kFloat, self, device), at::autocast::cached_cast(at::kFloat, target, device),
+        reduction, s...);
   }
 };
 
-using CpuAutocast = AutocastLosses<c10::DeviceType::CPU, c10::DispatchKey::AutocastCPU>;
-using NpuAutocast = AutocastLosses<c10::DeviceType::PrivateUse1, c10::DispatchKey::AutocastPrivateUse1>;
+template <c10::DeviceType device, c10::DispatchKey key>
+void register_autocast(torch::Library& m) {
+  m.impl("smooth_l1_loss", &AutocastLoss<device, key, ops::LossSmoothL1, ops::smooth_l1_loss>::call);
+  m.impl("l1_loss", &AutocastLoss<device, key, ops::LossL1, ops::l1_loss>::call);
+  m.impl("kl_div", &AutocastLoss<device, key, ops::LossKl, ops::kl_div>::call);
+}
 
 }  // namespace
 
 TORCH_LIBRARY_IMPL(npu_loss, AutocastCPU, m) {
-  m.impl("smooth_l1_loss", &CpuAutocast::smooth_l1_loss);
-  m.impl("l1_loss", &CpuAutocast::l1_loss);
-  m.impl("kl_div", &CpuAutocast::kl_div);
+  register_autocast<c10::DeviceType::CPU, c10::DispatchKey::AutocastCPU>(m);
 }
 
 TORCH_LIBRARY_IMPL(npu_loss, AutocastPrivateUse1, m) {
-  m.impl("smooth_l1_loss", &NpuAutocast::smooth_l1_loss);
-  m.impl("l1_loss", &NpuAutocast::l1_loss);
-  m.impl("kl_div", &NpuAutocast::kl_div);
+  register_autocast<c10::DeviceType::PrivateUse1, c10::DispatchKey::AutocastPrivateUse1>(m);
 }
 
 }  // namespace npu_loss

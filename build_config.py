@@ -1,9 +1,13 @@
 """Build facts written once, shared by setup.py, scripts/check_npu_build.py and scripts/setup_env.sh:
 the torch release the extension is built and tested against, and where torch_npu's wheel keeps the headers
-the NPU kernels include."""
-import os
+the NPU kernels include.
 
-# The only torch release supported; scripts/setup_env.sh reads this line.
+    python3 build_config.py --torch-version     prints TORCH_VERSION (how the shell scripts read the pin)
+"""
+import os
+import sys
+
+# The only torch release supported (torch_npu's release matches it).
 TORCH_VERSION = "2.13.0"
 
 
@@ -17,3 +21,9 @@ def torch_npu_include_dirs(torch_npu_root):
         os.path.join(include, "third_party", "op-plugin"),
         os.path.join(include, "third_party", "op-plugin", "op_plugin", "include"),
     ]
+
+
+if __name__ == "__main__":
+    if sys.argv[1:] != ["--torch-version"]:
+        sys.exit("usage: python3 build_config.py --torch-version")
+    print(TORCH_VERSION)

@@ -1,13 +1,64 @@
 #!/usr/bin/env bash
-# Set up a fresh machine (venv, torch==2.13.0, the built extension, matplotlib for the figures and tqdm for
-# the progress bar) and run the kernel benchmark. Arguments go to benchmarks/bench_losses.py, e.g.
+# Set up a fresh machine (venv, torch, the built extension, matplotlib for the figures and tqdm for the
+# progress bar) and run both benchmarks: benchmarks/bench_losses.py (the kernels), then
+# benchmarks/bench_autograd.py (what autograd and torch.func add on small tensors). benchmarks/README.md
+# says what they measure.
+#
+#   bash scripts/run_benchmarks.sh [bench_losses.py arguments] [-- bench_autograd.py arguments]
 #   bash scripts/run_benchmarks.sh --quick
+#   bash scripts/run_benchmarks.sh --quick -- --threads 1 --clock thread
 #   bash scripts/run_benchmarks.sh --from-csv benchmarks/results/bench_losses.csv --out benchmarks/results
-# Results go to benchmarks/out/ (not tracked) unless --out says otherwise.
+#   bash scripts/run_benchmarks.sh --help
+#
+# Results go to benchmarks/out/ (not tracked) unless --out says otherwise; bench_autograd.py's table goes to
+# the same directory as bench_autograd.md (a --markdown after -- puts it elsewhere). --from-csv times
+# nothing, so it runs bench_autograd.py neither.
 set -euo pipefail
 # shellcheck source=setup_env.sh
 source "$(dirname "${BASH_SOURCE[0]}")/setup_env.sh"
+
+losses_args=()
+while (($#)) && [[ "$1" != "--" ]]; do
+  losses_args+=("$1")
+  shift
+done
+(($#)) && shift  # the "--"
+autograd_args=("$@")
+
+out_dir=benchmarks/out from_csv=0 help=0
+for i in "${!losses_args[@]}"; do
+  case "${losses_args[i]}" in
+    --out | --out-dir) out_dir="${losses_args[i + 1]:-$out_dir}" ;;
+    --out=* | --out-dir=*) out_dir="${losses_args[i]#*=}" ;;
+    --from-csv | --from-csv=*) from_csv=1 ;;
+    -h | --help) help=1 ;;
+  esac
+done
+has_markdown=0
+for arg in "${autograd_args[@]}"; do
+  case "$arg" in
+    --markdown | --markdown=*) has_markdown=1 ;;
+    -h | --help) help=1 ;;
+  esac
+done
+
 # Pinned, so that a figure redrawn from a committed CSV comes out the same.
 setup_env matplotlib==3.11.2 tqdm==4.70.1
 cd "$REPO_ROOT"
-exec python benchmarks/bench_losses.py "$@"
+if ((help)); then
+  python benchmarks/bench_losses.py --help
+  echo
+  echo "Arguments after -- go to benchmarks/bench_autograd.py:"
+  exec python benchmarks/bench_autograd.py --help
+fi
+python benchmarks/bench_losses.py "${losses_args[@]}"
+if ((from_csv)); then
+  echo "run_benchmarks: --from-csv times nothing; benchmarks/bench_autograd.py not run" >&2
+  exit 0
+fi
+if ((!has_markdown)); then
+  mkdir -p "$out_dir"
+  autograd_args+=(--markdown "$out_dir/bench_autograd.md")
+fi
+echo "run_benchmarks: benchmarks/bench_autograd.py ${autograd_args[*]} (about a minute)" >&2
+exec python benchmarks/bench_autograd.py "${autograd_args[@]}"

@@ -11,8 +11,8 @@
 # API each op ran on that chip. Then one run over an emulated older CANN that lacks the six loss APIs
 # (every op must take the composite path, without an error), and examples/train.py on the emulated NPU.
 set -euo pipefail
-# shellcheck source=npu_env.sh
-source "$(dirname "${BASH_SOURCE[0]}")/npu_env.sh"
+# shellcheck source=setup_env.sh
+source "$(dirname "${BASH_SOURCE[0]}")/setup_env.sh"
 
 ALL_FAMILIES=(910B 910_93 950 910 310P 310B)
 if (($#)); then FAMILIES=("$@"); else FAMILIES=("${ALL_FAMILIES[@]}"); fi
@@ -20,14 +20,14 @@ EMU_DIR="${NPU_LOSS_OPS_EMULATOR_DIR:-$REPO_ROOT/build/npu_emulator}"
 LOG_DIR="${NPU_LOSS_OPS_EMULATOR_LOGS:-$REPO_ROOT/build/npu_emulator_logs}"
 read -r -a PYTEST_ARGS <<<"${NPU_EMU_PYTEST_ARGS:-}"
 
-setup_npu_venv
-build_npu_package
-emu_digest="$(cd "$REPO_ROOT" && git ls-files -co --exclude-standard -- tests/npu_emulator | LC_ALL=C sort \
-  | xargs -d '\n' sha256sum | sha256sum | cut -d' ' -f1)"
+_emu_log() { printf '[npu-emulated %s] %s\n' "$(date +%H:%M:%S)" "$*" >&2; }
+
+setup_npu_env
+emu_digest="$(sources_digest tests/npu_emulator)"
 if [[ -f "$EMU_DIR/.digest" && "$(cat "$EMU_DIR/.digest")" == "$emu_digest" ]]; then
-  _npu_log "the emulated CANN in $EMU_DIR is up to date"
+  _emu_log "the emulated CANN in $EMU_DIR is up to date"
 else
-  _npu_log "building the emulated CANN into $EMU_DIR"
+  _emu_log "building the emulated CANN into $EMU_DIR"
   PATH="$NPU_VENV_DIR/bin:$PATH" bash "$REPO_ROOT/tests/npu_emulator/build.sh" "$EMU_DIR"
   echo "$emu_digest" >"$EMU_DIR/.digest"
 fi
@@ -78,7 +78,7 @@ run() {
   local name="$1" family="$2" variant="$3"
   shift 3
   local t0=$SECONDS rc=0 log="$LOG_DIR/$name.log"
-  _npu_log "[$name] emulated $family${variant:+ ($variant)}: $*"
+  _emu_log "[$name] emulated $family${variant:+ ($variant)}: $*"
   (
     eval "$(emulator_exports "$family" "$variant")"
     export NPU_LOSS_OPS_TEST_DEVICE=npu
@@ -93,7 +93,7 @@ run() {
     "$(grep -Eo '[0-9]+ passed[^=]*' "$log" | tail -n 1)")")
   if ((rc != 0)); then
     status=1
-    _npu_log "[$name] failed (exit $rc); last lines of $log:"
+    _emu_log "[$name] failed (exit $rc); last lines of $log:"
     tail -n 40 "$log" >&2
   fi
 }

@@ -1,15 +1,25 @@
-# Sourced by scripts/run_example.sh and scripts/run_tests.sh (and so by .ci/run): one place that turns a
-# fresh machine into a venv with torch==2.13.0 (CPU) and npu_loss_ops built into it.
+# Sourced by every script in scripts/ (and so by .ci/run): the one place that turns a fresh machine into a
+# venv with build_config.py's torch and npu_loss_ops built into it, for the CPU or with the NPU kernels.
 #
-#   setup_env [extra pip packages...]
+#   setup_env [pip packages...]       .venv: torch (CPU build), the build tools, the packages, and npu_loss_ops
+#                                     built in place (editable; skipped when up to date)
+#   setup_npu_env [pip packages...]   .venv-npu: the same torch, torch-npu of the same version (--no-deps: its
+#                                     requirements would pull another torch), the test tools, the packages, and
+#                                     npu_loss_ops installed with its NPU kernels (skipped when the sources'
+#                                     digest matches the last build's)
+#   setup_venv DIR [pip packages...]  what both share: prerequisites, create or reuse the venv DIR and activate
+#                                     it, torch and the build tools
+#   sources_digest PATH...            one digest of the files under PATHs (the NPU build's and the emulator's
+#                                     up-to-date stamps)
 #
 # Environment knobs:
-#   NPU_LOSS_OPS_VENV        venv directory (default: <repo>/.venv)
+#   NPU_LOSS_OPS_VENV        the CPU venv (default: <repo>/.venv)
+#   NPU_LOSS_OPS_NPU_VENV    the NPU venv (default: <repo>/.venv-npu)
 #   NPU_LOSS_OPS_FRESH_VENV  1 = delete and recreate the venv (CI does this)
-#   PYTHON                   interpreter to build the venv from (default: python3.11, else python3 if 3.11)
+#   PYTHON                   interpreter to build a venv from (default: python3.11, else python3 if 3.11)
 #   NPU_LOSS_OPS_REBUILD     1 = rebuild the extension even when it looks up to date
 #   MAX_JOBS                 parallel compile jobs (default 2)
-#   NPU_LOSS_OPS_TORCH       which torch==2.13.0 build to install (see _install_torch):
+#   NPU_LOSS_OPS_TORCH       which build of the pinned torch to install (see _install_torch):
 #                              cpu (default)  the CPU build: a +cpu wheel pip already finds without an index
 #                                             (a local wheel directory), else PyTorch's CPU wheel index
 #                              pypi           whatever the configured index gives (from PyPI on x86-64
@@ -18,10 +28,11 @@
 
 REPO_ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 VENV_DIR="${NPU_LOSS_OPS_VENV:-$REPO_ROOT/.venv}"
-# The only torch the extension is built and tested against; a looser pin pulls a multi-GB CUDA build.
-TORCH_PIN="torch==$(sed -n 's/^TORCH_VERSION = "\(.*\)"$/\1/p' "$REPO_ROOT/build_config.py")"
+NPU_VENV_DIR="${NPU_LOSS_OPS_NPU_VENV:-$REPO_ROOT/.venv-npu}"
 TORCH_CPU_INDEX="${NPU_LOSS_OPS_TORCH_INDEX:-https://download.pytorch.org/whl/cpu}"
 DEBIAN_PACKAGES="python3 python3-dev python3-venv g++"
+# What the installed package is built from: a change to any of them means a rebuild.
+BUILD_INPUTS=(csrc npu_loss_ops setup.py pyproject.toml build_config.py)
 
 _setup_log() { printf '[setup %s] %s\n' "$(date +%H:%M:%S)" "$*" >&2; }
 
@@ -82,26 +93,35 @@ npu_loss_ops needs Python 3.11 (with its headers and the venv module) and a C++ 
 Still missing: $missing
 On Debian/Ubuntu (as root): apt-get install -y $DEBIAN_PACKAGES   (python3 must be 3.11 there)
 Elsewhere: install Python 3.11 (e.g. with pyenv) and g++, or point PYTHON=/path/to/python3.11.
-The torch==2.13.0 CPU wheel this project pins is built for CPython 3.11.
+The torch CPU wheel this project pins (build_config.py) is built for CPython 3.11.
 EOF
   return 1
 }
 
+# The only torch the extension is built and tested against (a looser pin pulls a multi-GB CUDA build), read
+# from build_config.py, where it is written once; torch_npu's releases carry torch's version.
+_read_torch_pin() {
+  TORCH_VERSION="$("$1" "$REPO_ROOT/build_config.py" --torch-version)" || return 1
+  TORCH_PIN="torch==$TORCH_VERSION"
+  TORCH_NPU_PIN="torch-npu==$TORCH_VERSION"
+}
+
+# _make_venv PYTHON DIR: create (or reuse) the venv DIR and activate it.
 _make_venv() {
-  local py="$1"
-  if [[ "${NPU_LOSS_OPS_FRESH_VENV:-0}" == "1" && -e "$VENV_DIR" ]]; then
-    _setup_log "removing $VENV_DIR (fresh venv requested)"
-    rm -rf "$VENV_DIR"
+  local py="$1" dir="$2"
+  if [[ "${NPU_LOSS_OPS_FRESH_VENV:-0}" == "1" && -e "$dir" ]]; then
+    _setup_log "removing $dir (fresh venv requested)"
+    rm -rf "$dir"
   fi
-  if [[ -x "$VENV_DIR/bin/python" ]] && _is_python311 "$VENV_DIR/bin/python"; then
-    _setup_log "reusing venv $VENV_DIR"
+  if [[ -x "$dir/bin/python" ]] && _is_python311 "$dir/bin/python"; then
+    _setup_log "reusing venv $dir"
   else
-    rm -rf "$VENV_DIR"
-    _setup_log "creating venv $VENV_DIR from $py"
-    "$py" -m venv "$VENV_DIR"
+    rm -rf "$dir"
+    _setup_log "creating venv $dir from $py"
+    "$py" -m venv "$dir"
   fi
   # shellcheck disable=SC1091
-  source "$VENV_DIR/bin/activate"
+  source "$dir/bin/activate"
 }
 
 _pip() {
@@ -111,7 +131,7 @@ _pip() {
   python -m pip install "${quiet[@]}" "$@"
 }
 
-# The torch==2.13.0 already in the venv (its full version), or nothing.
+# The torch already in the venv (its full version), or nothing.
 _installed_torch() {
   python - <<'PY' 2>/dev/null
 import importlib.metadata as m
@@ -122,7 +142,7 @@ except m.PackageNotFoundError:
 PY
 }
 
-# The torch==2.13.0 wheel pip resolves without any index (from find-links, such as a local wheel
+# The pinned torch wheel pip resolves without any index (from find-links, such as a local wheel
 # directory in pip's configuration), as "version location", or nothing. Nothing is downloaded.
 _local_torch_wheel() {
   local report
@@ -135,11 +155,12 @@ if items:
     print(items[0]["metadata"]["version"], unquote(items[0]["download_info"]["url"]))' <<<"$report" 2>/dev/null
 }
 
-# Installs torch==2.13.0 unless the venv has it, saying which build and from where (NPU_LOSS_OPS_TORCH).
+# Installs the pinned torch unless the venv has it (any build), saying which build and from where
+# (NPU_LOSS_OPS_TORCH).
 _install_torch() {
   local choice="${NPU_LOSS_OPS_TORCH:-cpu}" have local_wheel cmd
   have="$(_installed_torch)"
-  if [[ "$have" == 2.13.0 || "$have" == 2.13.0+* ]]; then
+  if [[ "$have" == "$TORCH_VERSION" || "$have" == "$TORCH_VERSION"+* ]]; then
     _setup_log "torch $have is already in the venv; keeping it"
     return 0
   fi
@@ -180,7 +201,7 @@ _extension_up_to_date() {
   local so
   so="$(compgen -G "$REPO_ROOT/npu_loss_ops/_C.*.so" | head -n 1)" || return 1
   [[ -n "$so" ]] || return 1
-  [[ -z "$(cd "$REPO_ROOT" && find csrc setup.py pyproject.toml -newer "$so" -print -quit)" ]]
+  [[ -z "$(cd "$REPO_ROOT" && find csrc setup.py pyproject.toml build_config.py -newer "$so" -print -quit)" ]]
 }
 
 # Editable install: the compiled _C lands inside npu_loss_ops/ in the repo, so running pytest or the
@@ -206,8 +227,8 @@ _build_extension() {
   fi
 }
 
-# Ninja's "[3/11] c++ ... -c /path/csrc/checks.cpp -o ..." lines become "[build 12:00:01] [3/11] compiled
-# csrc/checks.cpp", and the link of each library "[build 12:00:09] linked npu_loss_ops/_C....so".
+# Ninja's "[3/11] c++ ... -c /path/csrc/ops.cpp -o ..." lines become "[build 12:00:01] [3/11] compiled
+# csrc/ops.cpp", and the link of each library "[build 12:00:09] linked npu_loss_ops/_C....so".
 _show_build_progress() {
   local line compiled='^[[:space:]]*\[([0-9]+/[0-9]+)\] .* -c ([^ ]+)' linked=' -shared .* -o [^ ]*(npu_loss_ops/[^ /]+[.]so)'
   while IFS= read -r line; do
@@ -220,19 +241,79 @@ _show_build_progress() {
   done
 }
 
-setup_env() {
-  local t0=$SECONDS t1
+# The files under PATHs (relative to the repository) that git tracks or would track: untracked ones too, not
+# ignored ones, nor tracked ones deleted in the work tree. NUL-separated, in a fixed order.
+_source_files() {
+  (cd "$REPO_ROOT" && git ls-files -z -co --exclude-standard -- "$@" | LC_ALL=C sort -z \
+    | while IFS= read -r -d '' file; do if [[ -f "$file" ]]; then printf '%s\0' "$file"; fi; done)
+}
+
+# One digest of the names and contents of the files under PATHs: it changes with any edit, addition or removal.
+sources_digest() {
+  _source_files "$@" | (cd "$REPO_ROOT" && xargs -0r sha256sum) | sha256sum | cut -d' ' -f1
+}
+
+# setup_venv DIR [pip packages...]: the prerequisites, the venv DIR (activated), torch and the build tools.
+setup_venv() {
+  local dir="$1" py t0=$SECONDS
+  shift
   _ensure_prerequisites || return 1
-  _make_venv "$(_find_python)" || return 1
-  t1=$SECONDS
+  py="$(_find_python)" || return 1
+  _read_torch_pin "$py" || return 1
+  _make_venv "$py" "$dir" || return 1
   _install_torch || return 1
   _setup_log "installing tools: ninja setuptools wheel $*"
   _pip "$TORCH_PIN" ninja setuptools wheel "$@" || return 1
-  _setup_log "packages ready in $((SECONDS - t1))s"
+  _setup_log "packages ready in $((SECONDS - t0))s"
+}
+
+setup_env() {
+  local t0=$SECONDS t1
+  setup_venv "$VENV_DIR" "$@" || return 1
   t1=$SECONDS
   _build_extension || return 1
   _setup_log "extension ready in $((SECONDS - t1))s"
   python -c 'import torch, npu_loss_ops; print("[setup] torch", torch.__version__, "| npu_loss_ops from",
       npu_loss_ops.__file__)' >&2 || return 1
   _setup_log "environment ready in $((SECONDS - t0))s"
+}
+
+# Builds and installs npu_loss_ops with NPU_LOSS_OPS_NPU=1 into the active venv, unless the sources' digest
+# matches the one stamped by the last build there.
+_build_npu_package() {
+  local stamp="$VIRTUAL_ENV/.npu_loss_ops.digest" digest
+  digest="$(sources_digest "${BUILD_INPUTS[@]}")"
+  if [[ "${NPU_LOSS_OPS_REBUILD:-0}" != "1" && -f "$stamp" && "$(cat "$stamp")" == "$digest" ]]; then
+    _setup_log "npu_loss_ops with _C_npu is up to date in $VIRTUAL_ENV (NPU_LOSS_OPS_REBUILD=1 forces a build)"
+    return 0
+  fi
+  # Build from a copy of the sources so this build's artefacts never mix with the CPU venv's editable build.
+  local src log="$REPO_ROOT/build/pip-build-npu.log" status
+  src="$(mktemp -d)"
+  _source_files . | (cd "$REPO_ROOT" && xargs -0r cp --parents -t "$src")
+  mkdir -p "$REPO_ROOT/build"
+  _setup_log "building npu_loss_ops with NPU_LOSS_OPS_NPU=1 (MAX_JOBS=${MAX_JOBS:-2}; 5 to 8 minutes on 2 cores; log: $log)"
+  # Without CANN, torch_npu's backend autoload would make `import torch` in setup.py fail.
+  (cd "$src" && TORCH_DEVICE_BACKEND_AUTOLOAD=0 NPU_LOSS_OPS_NPU=1 MAX_JOBS="${MAX_JOBS:-2}" \
+    python -m pip install -v --progress-bar off --no-build-isolation --no-deps --force-reinstall . 2>&1
+    echo "pip-exit-status $?") | tee "$log" | REPO_ROOT="$src" _show_build_progress
+  rm -rf "$src"
+  status="$(sed -n 's/^pip-exit-status //p' "$log" | tail -n 1)"
+  if [[ "$status" != "0" ]]; then
+    _setup_log "the build failed (pip exit status ${status:-unknown}); the end of $log:"
+    grep -v '^pip-exit-status' "$log" | tail -n 60 >&2
+    return 1
+  fi
+  echo "$digest" >"$stamp"
+}
+
+# The venv with the real torch-npu wheel (no CANN needed to install or build) and npu_loss_ops with _C_npu.
+setup_npu_env() {
+  local t0=$SECONDS t1
+  setup_venv "$NPU_VENV_DIR" pyyaml numpy pytest expecttest hypothesis "$@" || return 1
+  _setup_log "installing $TORCH_NPU_PIN (--no-deps: its requirements would pull another torch)"
+  _pip --no-deps "$TORCH_NPU_PIN" || return 1
+  t1=$SECONDS
+  _build_npu_package || return 1
+  _setup_log "NPU package ready in $((SECONDS - t1))s; environment ready in $((SECONDS - t0))s"
 }

@@ -7,7 +7,6 @@
 #include <ATen/ATen.h>
 
 #include <initializer_list>
-#include <limits>
 #include <string>
 
 #include "../core/checks.h"
@@ -67,14 +66,13 @@ struct ScaledGrad {
 
 inline ScaledGrad mean_as_scaled_sum(const at::Tensor& grad_output, int64_t reduction, int64_t divisor) {
   if (!is_mean(reduction)) return {grad_output, reduction};
-  return {grad_output.to(at::kFloat) * (1.0 / static_cast<double>(divisor)), kSum};
+  return {grad_output.to(at::kFloat) * reduction_scale(reduction, divisor), kSum};
 }
 
 // Forward "sum"/"mean" of an empty broadcast shape, which aclnn returns early on: 0 and NaN, as in PyTorch.
 inline at::Tensor empty_forward(const ResultSpec& spec, int64_t reduction, const at::TensorOptions& options) {
   at::Tensor out = empty_result(spec, options);
-  if (reduction == kSum) out.zero_();
-  if (is_mean(reduction)) out.fill_(std::numeric_limits<double>::quiet_NaN());
+  if (reduction != kNone) out.fill_(reduce_total(0, reduction, 0));
   return out;
 }
 

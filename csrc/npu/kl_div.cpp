@@ -1,6 +1,7 @@
 // KL divergence on the NPU: aclnnKlDiv and aclnnKlDivTargetBackward.
 #include <torch/library.h>
 
+#include "../core/backend.h"
 #include "../core/checks.h"
 #include "../core/composite.h"
 #include "aclnn_api.h"
@@ -10,15 +11,10 @@ namespace npu_loss::npu {
 namespace {
 
 void kl_div_target_backward_into(
-    at::Tensor& out, const at::Tensor& grad_output, const at::Tensor& self, const at::Tensor& target,
-    int64_t reduction, bool log_target, const ResultSpec& spec) {
-  if (out.numel() == 0) return;
+    at::Tensor& out, const ResultSpec& spec, const at::Tensor& grad_output, const at::Tensor& self,
+    const at::Tensor& target, int64_t reduction, bool log_target) {
+  if (empty_sum_into(out, spec)) return;  // aclnn would leave grad_target unwritten for an empty self
   const int64_t n = numel_of(spec.broadcast_shape);
-  if (n == 0) {
-    // An empty self makes aclnn return early and leave grad_target unwritten; the sum over nothing is 0.
-    out.zero_();
-    return;
-  }
   const Chip chip = current_chip();
   if (chip == Chip::Tbe910 || chip == Chip::CompositeOnly || !NPU_LOSS_HAS_ACLNN(aclnnKlDivTargetBackward)) {
     // aclnnKlDivTargetBackward supports no dtype on Ascend 910/310P, and 310B has no aclnn loss API.
@@ -66,31 +62,10 @@ at::Tensor kl_div_npu(const at::Tensor& self, const at::Tensor& target, int64_t 
   return out;
 }
 
-at::Tensor kl_div_target_backward_npu(
-    const at::Tensor& grad_output, const at::Tensor& self, const at::Tensor& target, int64_t reduction,
-    bool log_target) {
-  const c10::OptionalDeviceGuard guard(at::device_of(self));
-  const auto spec = check_kl_div_target_backward(grad_output, self, target, reduction);
-  at::Tensor grad_target = empty_result(spec, target.options());
-  kl_div_target_backward_into(grad_target, grad_output, self, target, reduction, log_target, spec);
-  return grad_target;
-}
-
-at::Tensor& kl_div_target_backward_out_npu(
-    const at::Tensor& grad_output, const at::Tensor& self, const at::Tensor& target, int64_t reduction,
-    bool log_target, at::Tensor& grad_target) {
-  const c10::OptionalDeviceGuard guard(at::device_of(self));
-  const auto spec = check_kl_div_target_backward_out(grad_output, self, target, reduction, grad_target);
-  kl_div_target_backward_into(grad_target, grad_output, self, target, reduction, log_target, spec);
-  return grad_target;
-}
-
 }  // namespace
 
 TORCH_LIBRARY_IMPL(npu_loss, PrivateUse1, m) {
-  m.impl("kl_div", &kl_div_npu);
-  m.impl("kl_div_target_backward", &kl_div_target_backward_npu);
-  m.impl("kl_div_target_backward.grad_target", &kl_div_target_backward_out_npu);
+  impl_loss<kKlDiv, &kl_div_npu, &kl_div_target_backward_into, SelfDeviceGuard>(m);
 }
 
 }  // namespace npu_loss::npu

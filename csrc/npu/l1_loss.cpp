@@ -1,6 +1,7 @@
 // L1 loss on the NPU: aclnnL1Loss and aclnnL1LossBackward.
 #include <torch/library.h>
 
+#include "../core/backend.h"
 #include "../core/checks.h"
 #include "../core/composite.h"
 #include "aclnn_api.h"
@@ -20,8 +21,8 @@ bool aclnn_serves(bool api_present, std::initializer_list<const at::Tensor*> ten
 // "mean" divides by the broadcast count. At a NaN input the 910-family TBE kernel gives -grad where PyTorch
 // gives 0: the one difference left to the chip.
 void l1_loss_backward_into(
-    at::Tensor& out, const at::Tensor& grad_output, const at::Tensor& self, const at::Tensor& target,
-    int64_t reduction) {
+    at::Tensor& out, const ResultSpec&, const at::Tensor& grad_output, const at::Tensor& self,
+    const at::Tensor& target, int64_t reduction) {
   if (out.numel() == 0) return;  // aclnn launches nothing for empty inputs
   if (!aclnn_serves(NPU_LOSS_HAS_ACLNN(aclnnL1LossBackward), {&out, &grad_output, &self, &target})) {
     out.copy_(composite::l1_loss_backward(grad_output, self, target, reduction));
@@ -44,30 +45,10 @@ at::Tensor l1_loss_npu(const at::Tensor& self, const at::Tensor& target, int64_t
   return out;
 }
 
-at::Tensor l1_loss_backward_npu(
-    const at::Tensor& grad_output, const at::Tensor& self, const at::Tensor& target, int64_t reduction) {
-  const c10::OptionalDeviceGuard guard(at::device_of(self));
-  const auto spec = check_l1_loss_backward(grad_output, self, target, reduction);
-  at::Tensor grad_input = empty_result(spec, self.options());
-  l1_loss_backward_into(grad_input, grad_output, self, target, reduction);
-  return grad_input;
-}
-
-at::Tensor& l1_loss_backward_out_npu(
-    const at::Tensor& grad_output, const at::Tensor& self, const at::Tensor& target, int64_t reduction,
-    at::Tensor& grad_input) {
-  const c10::OptionalDeviceGuard guard(at::device_of(self));
-  check_l1_loss_backward_out(grad_output, self, target, reduction, grad_input);
-  l1_loss_backward_into(grad_input, grad_output, self, target, reduction);
-  return grad_input;
-}
-
 }  // namespace
 
 TORCH_LIBRARY_IMPL(npu_loss, PrivateUse1, m) {
-  m.impl("l1_loss", &l1_loss_npu);
-  m.impl("l1_loss_backward", &l1_loss_backward_npu);
-  m.impl("l1_loss_backward.grad_input", &l1_loss_backward_out_npu);
+  impl_loss<kL1Loss, &l1_loss_npu, &l1_loss_backward_into, SelfDeviceGuard>(m);
 }
 
 }  // namespace npu_loss::npu

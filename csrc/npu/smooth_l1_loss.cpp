@@ -3,6 +3,7 @@
 
 #include <cmath>
 
+#include "../core/backend.h"
 #include "../core/checks.h"
 #include "../core/composite.h"
 #include "aclnn_api.h"
@@ -65,8 +66,8 @@ BackwardPath backward_path(
 }
 
 void smooth_l1_loss_backward_into(
-    at::Tensor& out, const at::Tensor& grad_output_in, const at::Tensor& self_in, const at::Tensor& target_in,
-    int64_t reduction, double beta) {
+    at::Tensor& out, const ResultSpec&, const at::Tensor& grad_output_in, const at::Tensor& self_in,
+    const at::Tensor& target_in, int64_t reduction, double beta) {
   if (out.numel() == 0) return;  // aclnn launches nothing for empty inputs
   switch (backward_path(current_chip(), out, grad_output_in, self_in, target_in, beta)) {
     case BackwardPath::Composite:
@@ -113,31 +114,10 @@ at::Tensor smooth_l1_loss_npu(const at::Tensor& self, const at::Tensor& target, 
   return out;
 }
 
-at::Tensor smooth_l1_loss_backward_npu(
-    const at::Tensor& grad_output, const at::Tensor& self, const at::Tensor& target, int64_t reduction,
-    double beta) {
-  const c10::OptionalDeviceGuard guard(at::device_of(self));
-  const auto spec = check_smooth_l1_loss_backward(grad_output, self, target, reduction, beta);
-  at::Tensor grad_input = empty_result(spec, self.options());
-  smooth_l1_loss_backward_into(grad_input, grad_output, self, target, reduction, beta);
-  return grad_input;
-}
-
-at::Tensor& smooth_l1_loss_backward_out_npu(
-    const at::Tensor& grad_output, const at::Tensor& self, const at::Tensor& target, int64_t reduction,
-    double beta, at::Tensor& grad_input) {
-  const c10::OptionalDeviceGuard guard(at::device_of(self));
-  check_smooth_l1_loss_backward_out(grad_output, self, target, reduction, beta, grad_input);
-  smooth_l1_loss_backward_into(grad_input, grad_output, self, target, reduction, beta);
-  return grad_input;
-}
-
 }  // namespace
 
 TORCH_LIBRARY_IMPL(npu_loss, PrivateUse1, m) {
-  m.impl("smooth_l1_loss", &smooth_l1_loss_npu);
-  m.impl("smooth_l1_loss_backward", &smooth_l1_loss_backward_npu);
-  m.impl("smooth_l1_loss_backward.grad_input", &smooth_l1_loss_backward_out_npu);
+  impl_loss<kSmoothL1Loss, &smooth_l1_loss_npu, &smooth_l1_loss_backward_into, SelfDeviceGuard>(m);
 }
 
 }  // namespace npu_loss::npu

@@ -118,8 +118,9 @@ def npu_extension(root, flags, link):
     major, minor = torch.__version__.split(".")[:2]
     return CppExtension(
         "npu_loss_ops._C_npu",
-        # The aclnn kernels; the checks and the composite math they fall back to come from the static core.
-        sorted(glob.glob("csrc/npu/*.cpp")),
+        # The aclnn kernels; the checks, the composite math they fall back to and the routing table come from
+        # the static core.
+        sorted(set(glob.glob("csrc/npu/*.cpp")) - set(CORE_SOURCES)),
         include_dirs=torch_npu_include_dirs(root),
         library_dirs=[os.path.join(root, "lib")],
         libraries=["torch_npu"],
@@ -155,12 +156,13 @@ def extensions():
     return exts
 
 
-CORE_SOURCES = ["csrc/core/checks.cpp", "csrc/core/composite.cpp"]
+# The NPU routing table is plain C++: in the core, _C shows it on any machine and _C_npu routes by it.
+CORE_SOURCES = ["csrc/core/checks.cpp", "csrc/core/composite.cpp", "csrc/npu/routing.cpp"]
 
 
 def core_library():
-    """The static core both extensions link: the checks (every rule once) and the composite math, compiled
-    once per build (setuptools' build_clib; build_ext then links libnpu_loss_core.a into _C and _C_npu)."""
+    """The static core both extensions link: the checks (every rule once), the composite math and the NPU
+    routing table, compiled once per build (setuptools' build_clib; build_ext then links libnpu_loss_core.a into _C and _C_npu)."""
     import torch
     from torch.utils.cpp_extension import include_paths
 

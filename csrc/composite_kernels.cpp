@@ -4,6 +4,7 @@
 #include <ATen/ATen.h>
 #include <torch/library.h>
 
+#include "core/backend.h"
 #include "core/checks.h"
 #include "core/composite.h"
 #include "ops.h"
@@ -11,25 +12,27 @@
 namespace npu_loss {
 namespace {
 
-at::Tensor& smooth_l1_loss_backward_out_composite(
-    const at::Tensor& grad_output, const at::Tensor& self, const at::Tensor& target, int64_t reduction,
-    double beta, at::Tensor& grad_input) {
-  check_smooth_l1_loss_backward_out(grad_output, self, target, reduction, beta, grad_input);
-  return grad_input.copy_(composite::smooth_l1_loss_backward(grad_output, self, target, reduction, beta));
-}
+// The into kernel (core/backend.h) of a composite op: its result, copied into out.
+template <auto op, typename = decltype(op)>
+struct CopyInto;
 
-at::Tensor& l1_loss_backward_out_composite(
-    const at::Tensor& grad_output, const at::Tensor& self, const at::Tensor& target, int64_t reduction,
-    at::Tensor& grad_input) {
-  check_l1_loss_backward_out(grad_output, self, target, reduction, grad_input);
-  return grad_input.copy_(composite::l1_loss_backward(grad_output, self, target, reduction));
-}
+template <auto op, typename... Scalars>
+struct CopyInto<op, at::Tensor (*)(const at::Tensor&, const at::Tensor&, const at::Tensor&, Scalars...)> {
+  static void into(
+      at::Tensor& out, const ResultSpec&, const at::Tensor& grad_output, const at::Tensor& self,
+      const at::Tensor& target, Scalars... scalars) {
+    out.copy_(op(grad_output, self, target, scalars...));
+  }
+};
 
-at::Tensor& kl_div_target_backward_out_composite(
-    const at::Tensor& grad_output, const at::Tensor& self, const at::Tensor& target, int64_t reduction,
-    bool log_target, at::Tensor& grad_target) {
-  check_kl_div_target_backward_out(grad_output, self, target, reduction, grad_target);
-  return grad_target.copy_(composite::kl_div_target_backward(grad_output, self, target, reduction, log_target));
+// The composite's math is its own functional kernel (it runs the checks itself); the out= overload runs the
+// out= checks and copies the math's result into out.
+template <const auto& loss, auto forward, auto backward>
+void impl_composite(torch::Library& m) {
+  using Ops = std::remove_cvref_t<decltype(loss)>;
+  m.impl(loss.forward, forward);
+  m.impl(loss.backward, backward);
+  m.impl(loss.backward_out, &BackendKernels<&CopyInto<backward>::into>::template out<Ops::check_out>);
 }
 
 // Functionalize kernels: PyTorch does not functionalize a custom op whose result aliases an input, so
@@ -70,15 +73,9 @@ at::Tensor& kl_div_target_backward_out_functionalize(
 }  // namespace
 
 TORCH_LIBRARY_IMPL(npu_loss, CompositeExplicitAutograd, m) {
-  m.impl("smooth_l1_loss", &composite::smooth_l1_loss);
-  m.impl("smooth_l1_loss_backward", &composite::smooth_l1_loss_backward);
-  m.impl("smooth_l1_loss_backward.grad_input", &smooth_l1_loss_backward_out_composite);
-  m.impl("l1_loss", &composite::l1_loss);
-  m.impl("l1_loss_backward", &composite::l1_loss_backward);
-  m.impl("l1_loss_backward.grad_input", &l1_loss_backward_out_composite);
-  m.impl("kl_div", &composite::kl_div);
-  m.impl("kl_div_target_backward", &composite::kl_div_target_backward);
-  m.impl("kl_div_target_backward.grad_target", &kl_div_target_backward_out_composite);
+  impl_composite<kSmoothL1Loss, &composite::smooth_l1_loss, &composite::smooth_l1_loss_backward>(m);
+  impl_composite<kL1Loss, &composite::l1_loss, &composite::l1_loss_backward>(m);
+  impl_composite<kKlDiv, &composite::kl_div, &composite::kl_div_target_backward>(m);
 }
 
 TORCH_LIBRARY_IMPL(npu_loss, Functionalize, m) {

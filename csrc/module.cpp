@@ -6,6 +6,7 @@
 
 #include "autograd/derivatives.h"
 #include "cpu/isa.h"
+#include "npu/routing.h"
 
 namespace {
 
@@ -28,6 +29,34 @@ at::Tensor vec_math(const std::string& fn, const at::Tensor& x, const std::strin
   at::Tensor out = at::empty_like(in);
   (fn == "log" ? kernels.log : kernels.exp)(in.const_data_ptr<float>(), out.mutable_data_ptr<float>(), in.numel());
   return out;
+}
+
+// The NPU routing table, row by row as docs/npu_routing.md writes it (tests compare the two on any machine).
+pybind11::list npu_routing_table() {
+  pybind11::list rows;
+  for (const auto& row : npu_loss::npu::routing_table()) {
+    pybind11::dict d;
+    d["op"] = row.op;
+    d["chip"] = row.chip;
+    d["dtypes"] = row.dtypes;
+    d["beta"] = row.beta;
+    d["log_target"] = row.log_target;
+    d["api"] = row.api;
+    d["fixes"] = row.fixes;
+    rows.append(d);
+  }
+  return rows;
+}
+
+// The routing's class of a smooth L1 beta for a result dtype ("float32", "float16" or "bfloat16"), as the
+// table names it ("0", "tiny", "small", "normal", "inf").
+std::string npu_beta_class(double beta, const std::string& dtype) {
+  using npu_loss::npu::Dtype;
+  TORCH_CHECK(
+      dtype == "float32" || dtype == "float16" || dtype == "bfloat16",
+      "_npu_beta_class: dtype must be 'float32', 'float16' or 'bfloat16', got '", dtype, "'");
+  const Dtype d = dtype == "float32" ? Dtype::Float32 : (dtype == "float16" ? Dtype::Float16 : Dtype::BFloat16);
+  return npu_loss::npu::beta_class_name(npu_loss::npu::beta_class(beta, d));
 }
 
 pybind11::dict build_info() {
@@ -55,4 +84,6 @@ PYBIND11_MODULE(_C, m) {
   m.def("_differentiable_ops", &npu_loss::autograd::differentiable_ops,
         "The ops with a derivatives block (csrc/autograd/derivatives.cpp), for tests.");
   m.def("_vec_math", &vec_math, "The CPU kernels' float log or exp, on one instruction set (for tests).");
+  m.def("_npu_routing_table", &npu_routing_table, "The NPU routing table's rows (docs/npu_routing.md).");
+  m.def("_npu_beta_class", &npu_beta_class, "The NPU routing's class of a smooth L1 beta (for tests).");
 }

@@ -1,10 +1,14 @@
-"""Which aclnn API each op runs on each chip family, read from the emulated CANN's trace.
+"""Which aclnn API each op runs on each chip family.
 
-Runs on device="npu" under the host-emulated CANN (scripts/run_npu_emulated.sh, one process per chip).
-The expected table is docs/npu_routing.md's "Which chips run which path", written out here a second time on
-purpose: the kernels in csrc/npu decide the path, this file states what the documentation promises.
+On any machine: docs/npu_routing.md's tables ("Which chips run which path") are the routing table of
+csrc/npu/routing.cpp, row by row (`_C._npu_routing_table()`), so the two cannot drift apart.
+
+On device="npu" under the host-emulated CANN (scripts/run_npu_emulated.sh, one process per chip): what each
+op ran, read from the emulator's trace. The expected API is written out here a second time on purpose: the
+routing table decides the path, this file states what the documentation promises.
 """
 import os
+import re
 import sys
 
 import pytest
@@ -30,6 +34,69 @@ TOLERANCE = TBE_BIAS_TOLERANCE
 # small enough that the TBE kernels' beta + 1e-6 bias exceeds float32's tolerance (and float16's at 1e-4),
 # an ordinary beta, and +inf (the 950 kernel's d * (1/beta) is NaN at d = +-inf).
 BETAS = [0.0, 1e-7, 1e-4, 1e-3, 1.0, float("inf")]
+
+
+DOC = os.path.join(os.path.dirname(os.path.abspath(__file__)), os.pardir, "docs", "npu_routing.md")
+# The doc's column for each of _npu_routing_table()'s (the doc's "why" column is prose, not compared).
+DOC_COLUMNS = {"chip": "chip", "dtypes": "dtypes", "beta": "beta", "log_target": "log_target", "runs": "api",
+               "fixes": "fixes"}
+
+
+def documented_routes():
+    """The rows of docs/npu_routing.md's "Which chips run which path" tables, one table per op (its "###"
+    heading names the op), with the cells of _npu_routing_table()'s columns, backticks removed."""
+    with open(DOC) as f:
+        text = f.read()
+    section = text.split("\n## Which chips run which path\n", 1)[1].split("\n## ", 1)[0]
+    rows, op, header = [], None, None
+    for line in section.splitlines():
+        if line.startswith("### "):
+            op, header = re.search(r"`(\w+)`", line).group(1), None
+            continue
+        if not line.startswith("|"):
+            continue
+        cells = [c.strip().replace("`", "") for c in line.strip().strip("|").split("|")]
+        if header is None:
+            header = cells
+        elif not all(re.fullmatch(r":?-+:?", c) for c in cells):
+            row = dict(zip(header, cells))
+            rows.append({"op": op, **{key: row[column] for column, key in DOC_COLUMNS.items()}})
+    return rows
+
+
+def test_doc_tables_are_the_routing_table():
+    """docs/npu_routing.md's tables and csrc/npu/routing.cpp's table: the same rows in the same order."""
+    documented = documented_routes()
+    table = npu_loss_ops._C._npu_routing_table()
+    assert documented, "no routing rows found in docs/npu_routing.md"
+    for i, (doc_row, code_row) in enumerate(zip(documented, table)):
+        assert doc_row == code_row, f"row {i}: docs/npu_routing.md has {doc_row}, csrc/npu/routing.cpp has {code_row}"
+    assert len(documented) == len(table), f"docs/npu_routing.md has {len(documented)} rows, routing.cpp {len(table)}"
+
+
+def test_every_op_has_routing_rows():
+    """Each op registered under torch.ops.npu_loss routes on the NPU by rows of the table (an out= overload by
+    its functional op's), and the table routes no other op."""
+    registered = {name.removeprefix("npu_loss::").split(".")[0]
+                  for name in torch._C._dispatch_get_all_op_names() if name.startswith("npu_loss::")}
+    routed = {row["op"] for row in npu_loss_ops._C._npu_routing_table()}
+    assert routed == registered
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=lambda dt: str(dt)[6:])
+def test_beta_classes(dtype):
+    """The routing's beta classes are the documented ones, and `small` is exactly where reference.py's
+    tbe_bias_ok says the TBE kernels' beta + 1e-6 divisor leaves the dtype's tolerance."""
+    name = str(dtype)[6:]
+    classify = npu_loss_ops._C._npu_beta_class
+    assert classify(0.0, name) == "0"
+    assert classify(float("inf"), name) == "inf"
+    assert classify(1e-7, name) == classify(0.99e-6, name) == "tiny"
+    limit = {torch.float32: 0.1, torch.float16: 1e-3, torch.bfloat16: 6.25e-5}[dtype]  # the doc's limits
+    assert classify(0.99 * limit, name) == "small"
+    assert classify(limit, name) == classify(1.0, name) == "normal"
+    for beta in [1e-6, 3e-6, 1e-5, 6e-5, 7e-5, 1e-4, 5e-4, 1e-3, 2e-3, 0.01, 0.05, 0.1, 0.2, 1.0, 1e6]:
+        assert (classify(beta, name) == "small") == (not tbe_bias_ok(beta, dtype)), beta
 
 
 @pytest.fixture

@@ -49,6 +49,12 @@ inline at::Tensor apply_mean(const at::Tensor& v, int64_t reduction, const c10::
   return is_mean(reduction) ? v.div(c10::Scalar(count)) : v;
 }
 
+// A loss reduced from the sum of its `count` elementwise values: the sum for "sum", sum / count for "mean"
+// (an empty mean is 0 / 0 = NaN, as in PyTorch). Not for "none".
+inline double reduce_total(double total, int64_t reduction, int64_t count) {
+  return is_mean(reduction) ? total / static_cast<double>(count) : total;
+}
+
 // Elementwise loss values reduced as `reduction` says: their mean, their sum, or themselves ("none").
 inline at::Tensor reduce_values(const at::Tensor& values, int64_t reduction) {
   if (reduction == kMean) return values.mean();

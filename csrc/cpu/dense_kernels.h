@@ -137,20 +137,22 @@ struct KlTargetGradLog {
 template <DType>
 struct Io;
 
-template <>
-struct Io<DType::Float> {
-  using T = float;
+// The storage types computed in float registers: float32, bfloat16, float16.
+struct FloatRegisterIo {
   using V = F;
   static constexpr int kLanes = ::npu_loss::cpu::NPU_LOSS_ISA::kLanes;
+};
+
+template <>
+struct Io<DType::Float> : FloatRegisterIo {
+  using T = float;
   static NPU_LOSS_SIMD_INLINE F load(const T* p) { return ::npu_loss::cpu::NPU_LOSS_ISA::load(p); }
   static NPU_LOSS_SIMD_INLINE void store(T* p, F v) { ::npu_loss::cpu::NPU_LOSS_ISA::store(p, v); }
 };
 
 template <>
-struct Io<DType::BFloat16> {
+struct Io<DType::BFloat16> : FloatRegisterIo {
   using T = uint16_t;
-  using V = F;
-  static constexpr int kLanes = ::npu_loss::cpu::NPU_LOSS_ISA::kLanes;
   static NPU_LOSS_SIMD_INLINE F load(const T* p) { return load_bf16(p); }
   // Round to nearest even on the bits: the carry out of the low half rounds the exponent up correctly, and
   // to inf past the largest bfloat16. A NaN stays a NaN without a check of its own: every NaN these
@@ -163,10 +165,8 @@ struct Io<DType::BFloat16> {
 };
 
 template <>
-struct Io<DType::Half> {
+struct Io<DType::Half> : FloatRegisterIo {
   using T = uint16_t;
-  using V = F;
-  static constexpr int kLanes = ::npu_loss::cpu::NPU_LOSS_ISA::kLanes;
   static NPU_LOSS_SIMD_INLINE F load(const T* p) { return load_half(p); }
   static NPU_LOSS_SIMD_INLINE void store(T* p, F v) { store_half(p, v); }
 };

@@ -1,6 +1,7 @@
 // KL divergence on CPU: forward and gradient w.r.t. target.
 #include <torch/library.h>
 
+#include "../core/backend.h"
 #include "../core/checks.h"
 #include "loops.h"
 
@@ -79,16 +80,10 @@ void kl_div_target_backward_reduced(
 }
 
 void kl_div_target_backward_into(
-    const at::Tensor& out, const at::Tensor& grad_output, const at::Tensor& self, const at::Tensor& target,
-    int64_t reduction, bool log_target, const ResultSpec& spec) {
-  if (out.numel() == 0) return;
-  const int64_t n = numel_of(spec.broadcast_shape);
-  if (n == 0) {
-    // Empty self with a non-empty target: the sum over nothing is zero.
-    out.zero_();
-    return;
-  }
-  const double scale = reduction_scale(reduction, n);
+    at::Tensor& out, const ResultSpec& spec, const at::Tensor& grad_output, const at::Tensor& self,
+    const at::Tensor& target, int64_t reduction, bool log_target) {
+  if (empty_sum_into(out, spec)) return;
+  const double scale = reduction_scale(reduction, numel_of(spec.broadcast_shape));
   if (target.sizes() == c10::IntArrayRef(spec.broadcast_shape)) {
     loss_backward_into(out, grad_output, self, target, scale, kl_div(log_target));
   } else {
@@ -96,29 +91,10 @@ void kl_div_target_backward_into(
   }
 }
 
-at::Tensor kl_div_target_backward_cpu(
-    const at::Tensor& grad_output, const at::Tensor& self, const at::Tensor& target, int64_t reduction,
-    bool log_target) {
-  const auto spec = check_kl_div_target_backward(grad_output, self, target, reduction);
-  at::Tensor grad_target = empty_result(spec, target.options());
-  kl_div_target_backward_into(grad_target, grad_output, self, target, reduction, log_target, spec);
-  return grad_target;
-}
-
-at::Tensor& kl_div_target_backward_out_cpu(
-    const at::Tensor& grad_output, const at::Tensor& self, const at::Tensor& target, int64_t reduction,
-    bool log_target, at::Tensor& grad_target) {
-  const auto spec = check_kl_div_target_backward_out(grad_output, self, target, reduction, grad_target);
-  kl_div_target_backward_into(grad_target, grad_output, self, target, reduction, log_target, spec);
-  return grad_target;
-}
-
 }  // namespace
 
 TORCH_LIBRARY_IMPL(npu_loss, CPU, m) {
-  m.impl("kl_div", &kl_div_cpu);
-  m.impl("kl_div_target_backward", &kl_div_target_backward_cpu);
-  m.impl("kl_div_target_backward.grad_target", &kl_div_target_backward_out_cpu);
+  impl_loss<kKlDiv, &kl_div_cpu, &kl_div_target_backward_into>(m);
 }
 
 }  // namespace npu_loss::cpu

@@ -220,9 +220,7 @@ inline at::Tensor loss_forward(
     }, std::array<at::Tensor, 2>{x, t});
     total = sum_contiguous(values);
   }
-  // An empty mean is 0 / 0 = NaN, as in PyTorch.
-  const double value = is_mean(reduction) ? total / static_cast<double>(n) : total;
-  return at::scalar_tensor(value, x.options().dtype(spec.dtype));
+  return at::scalar_tensor(reduce_total(total, reduction, n), x.options().dtype(spec.dtype));
 }
 
 // out = gradient(g * scale, x, t) elementwise, with out, g, x, t broadcast to out's shape (KL's reduced

@@ -1,6 +1,7 @@
 // Smooth L1 loss on CPU: forward and gradient w.r.t. self.
 #include <torch/library.h>
 
+#include "../core/backend.h"
 #include "../core/checks.h"
 #include "loops.h"
 
@@ -19,35 +20,16 @@ at::Tensor smooth_l1_loss_cpu(const at::Tensor& self, const at::Tensor& target, 
 
 // "mean" divides by self.numel(), as ATen and both Ascend kernels do.
 void smooth_l1_loss_backward_into(
-    const at::Tensor& out, const at::Tensor& grad_output, const at::Tensor& self, const at::Tensor& target,
-    int64_t reduction, double beta) {
+    at::Tensor& out, const ResultSpec&, const at::Tensor& grad_output, const at::Tensor& self,
+    const at::Tensor& target, int64_t reduction, double beta) {
   loss_backward_into(
       out, grad_output, self, target, reduction_scale(reduction, self.numel()), smooth_l1(beta));
-}
-
-at::Tensor smooth_l1_loss_backward_cpu(
-    const at::Tensor& grad_output, const at::Tensor& self, const at::Tensor& target, int64_t reduction,
-    double beta) {
-  const auto spec = check_smooth_l1_loss_backward(grad_output, self, target, reduction, beta);
-  at::Tensor grad_input = empty_result(spec, self.options());
-  smooth_l1_loss_backward_into(grad_input, grad_output, self, target, reduction, beta);
-  return grad_input;
-}
-
-at::Tensor& smooth_l1_loss_backward_out_cpu(
-    const at::Tensor& grad_output, const at::Tensor& self, const at::Tensor& target, int64_t reduction,
-    double beta, at::Tensor& grad_input) {
-  check_smooth_l1_loss_backward_out(grad_output, self, target, reduction, beta, grad_input);
-  smooth_l1_loss_backward_into(grad_input, grad_output, self, target, reduction, beta);
-  return grad_input;
 }
 
 }  // namespace
 
 TORCH_LIBRARY_IMPL(npu_loss, CPU, m) {
-  m.impl("smooth_l1_loss", &smooth_l1_loss_cpu);
-  m.impl("smooth_l1_loss_backward", &smooth_l1_loss_backward_cpu);
-  m.impl("smooth_l1_loss_backward.grad_input", &smooth_l1_loss_backward_out_cpu);
+  impl_loss<kSmoothL1Loss, &smooth_l1_loss_cpu, &smooth_l1_loss_backward_into>(m);
 }
 
 }  // namespace npu_loss::cpu

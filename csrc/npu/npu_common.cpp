@@ -1,9 +1,8 @@
-// Chip detection, aclnn API presence and private formats for the NPU kernels (see npu_common.h).
+// This process's chip, the route of a call on it, aclnn API presence and private formats (see npu_common.h).
 #include "npu_common.h"
 
-#include <cctype>
+#include <array>
 #include <mutex>
-#include <string_view>
 #include <unordered_map>
 
 #include "acl/acl_base_rt.h"  // aclrtGetSocName, aclFormat
@@ -11,38 +10,6 @@
 #include "torch_npu/csrc/core/npu/NPUFormat.h"  // get_npu_format, npu_format_cast
 
 namespace npu_loss::npu {
-namespace {
-
-bool starts_with(std::string_view s, std::string_view prefix) {
-  return s.substr(0, prefix.size()) == prefix;
-}
-
-// The model number after "Ascend" ("Ascend950DT_9571" -> 950), or -1.
-int model_number(std::string_view name) {
-  constexpr std::string_view kPrefix = "Ascend";
-  if (!starts_with(name, kPrefix)) return -1;
-  int number = -1;
-  for (size_t i = kPrefix.size(); i < name.size() && std::isdigit(static_cast<unsigned char>(name[i])); ++i) {
-    number = (number < 0 ? 0 : number * 10) + (name[i] - '0');
-  }
-  return number;
-}
-
-}  // namespace
-
-Chip chip_from_soc_name(const std::string& soc_name) {
-  const std::string_view name = soc_name;
-  // torch_npu's names: Ascend910B1..B4, 910B2C, 910B4-1 (Atlas A2); Ascend910_93xx (Atlas A3). The bare
-  // "Ascend910B" is an Atlas A1 part (SocVersion::Ascend910B sits among the 910 A1 versions).
-  if (starts_with(name, "Ascend910B") && name.size() > std::string_view("Ascend910B").size()) return Chip::Tbe910B;
-  if (starts_with(name, "Ascend910_9")) return Chip::Tbe910B;
-  if (starts_with(name, "Ascend310B")) return Chip::CompositeOnly;  // Atlas 200I/500 A2: none of the six APIs
-  if (starts_with(name, "Ascend310P") || starts_with(name, "Ascend910")) return Chip::Tbe910;
-  // Every SoC at or above Ascend950 runs the regbase kernels, as op-plugin decides by SocVersion >= 950.
-  if (model_number(name) >= 950) return Chip::Regbase950;
-  return Chip::CompositeOnly;
-}
-
 namespace {
 
 struct ChipInfo {
@@ -69,20 +36,6 @@ Chip current_chip() {
   return chip_info().family;
 }
 
-const char* chip_family_name(Chip chip) {
-  switch (chip) {
-    case Chip::Tbe910:
-      return "Ascend910/Ascend310P (TBE kernels, no bf16)";
-    case Chip::Tbe910B:
-      return "Ascend910B/Ascend910_93 (Atlas A2/A3, TBE kernels)";
-    case Chip::Regbase950:
-      return "Ascend950 (regbase kernels)";
-    case Chip::CompositeOnly:
-      break;
-  }
-  return "composite fallback only (Ascend310B or an unknown chip)";
-}
-
 bool aclnn_api_available(const char* name) {
   static std::mutex mutex;
   static std::unordered_map<std::string, bool> found;
@@ -97,11 +50,37 @@ bool aclnn_api_available(const char* name) {
   return it->second;
 }
 
-bool any_bfloat16(std::initializer_list<const at::Tensor*> tensors) {
+namespace {
+
+// aclnn_api_available for the API of every op, asked once: the answer is fixed for the process, so a call
+// pays no lock or lookup for it.
+bool api_available(Op op) {
+  constexpr size_t kOps = static_cast<size_t>(Op::KlDivTargetBackward) + 1;
+  static const auto present = [] {
+    std::array<bool, kOps> found{};
+    for (size_t i = 0; i < kOps; ++i) found[i] = aclnn_api_available(aclnn_api(static_cast<Op>(i)));
+    return found;
+  }();
+  return present[static_cast<size_t>(op)];
+}
+
+}  // namespace
+
+DtypeClass dtype_class(std::initializer_list<const at::Tensor*> tensors) {
   for (const auto* t : tensors) {
-    if (t->scalar_type() == at::kBFloat16) return true;
+    if (t->scalar_type() == at::kBFloat16) return DtypeClass::BFloat16;
   }
-  return false;
+  return DtypeClass::NoBFloat16;
+}
+
+Dtype routing_dtype(c10::ScalarType dtype) {
+  return dtype == at::kFloat ? Dtype::Float32 : (dtype == at::kHalf ? Dtype::Float16 : Dtype::BFloat16);
+}
+
+Route route_here(Op op, DtypeClass dtypes, BetaClass beta, bool log_target) {
+  const Route r = route(op, current_chip(), dtypes, beta, log_target);
+  if (!r.aclnn || api_available(*r.aclnn)) return r;
+  return {std::nullopt, 0};
 }
 
 bool has_private_format(const at::Tensor& t) {

@@ -134,6 +134,7 @@ def extensions():
     sources = [
         "csrc/schema.cpp",
         "csrc/composite_kernels.cpp",
+        "csrc/meta_kernels.cpp",
         "csrc/autocast.cpp",
         "csrc/module.cpp",
     ]

@@ -4,6 +4,7 @@
 #include <string>
 #include <vector>
 
+#include "core/checks.h"
 #include "cpu/isa.h"
 
 namespace {
@@ -51,5 +52,7 @@ PYBIND11_MODULE(_C, m) {
   // Read NPU_LOSS_OPS_CPU_ISA now, so that a bad value fails the import (ImportError) with its message.
   npu_loss::cpu::selected_isa();
   m.def("build_info", &build_info, "What this build of _C contains and which CPU kernels it runs.");
+  m.def("_checked_ops", &npu_loss::checked_ops,
+        "The ops and out= overloads core/checks.cpp has rules for, by schema name (for tests).");
   m.def("_vec_math", &vec_math, "The CPU kernels' float log or exp, on one instruction set (for tests).");
 }

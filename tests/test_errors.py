@@ -1,17 +1,13 @@
 """docs/validation.md's table, for every op and overload, on every path: the C++ CPU kernels, fake tensors and
-meta tensors (the Python fake kernels, npu_loss_ops/_checks.py), and the C++ composite fallback on CPU and
-on meta tensors. Same exception class and the very same message everywhere (only the device name in a
+meta tensors (the C++ Meta kernels: the same checks on SymInt sizes), and the C++ composite fallback on CPU
+and on meta tensors. Same exception class and the very same message everywhere (only the device name in a
 message differs between CPU and meta tensors).
 
 On the NPU (the `device` runs, conftest.py) the same matrix runs on NPU tensors — the NPU kernels and fake
 NPU tensors — with the CPU's exception class and message (the device named, and the NPU's dtype list
 without float64), plus what only the NPU rejects: float64 (TypeError) and tensors mixed between the CPU
 and the NPU (RuntimeError). After each call a small NPU op checks that the device still works (a call
-aclnn rejected would leave torch_npu's task queue dead).
-
-Three rules are also compared between csrc/checks.cpp and its mirror npu_loss_ops/_checks.py one by one,
-on the CPU run: the dimension limit (8 accepted, 9 rejected, for every argument), every dtype torch has,
-and float64 on the NPU (the Python side, on a pretend NPU)."""
+aclnn rejected would leave torch_npu's task queue dead)."""
 from __future__ import annotations
 
 import dataclasses
@@ -279,7 +275,7 @@ def _to_device(call, device):
 def _device_message(cpu_msg: str, device: str) -> str:
     """The CPU message as the same check words it on `device`: the device named, and on the NPU the dtype
     list without float64."""
-    msg = cpu_msg.replace(" is on cpu", f" is on {torch.empty(0, device=device).device}")
+    msg = cpu_msg.replace(" is on cpu", f" is on {device}")
     if device == "npu":
         msg = msg.replace("float32, float64, float16 or bfloat16 on cpu", "float32, float16 or bfloat16 on npu")
     return msg.replace(" on cpu,", f" on {device},")
@@ -311,7 +307,7 @@ def _check_on_device(call, device, expected):
 
 def _assert_same_on_every_path(call, meta=True):
     """The call (on CPU tensors) gives the same outcome, (class, message) or (None, None) when accepted, on
-    the C++ CPU kernel, on fake tensors (the Python checks), on the composite fallback, and, with `meta`, on
+    the C++ CPU kernel, on fake tensors (the Meta kernel), on the composite fallback, and, with `meta`, on
     meta tensors through the fake kernel and through the composite fallback (there the message names meta
     where it names cpu). Returns the C++ CPU kernel's outcome."""
     expected = run_cpu(call)
@@ -320,7 +316,7 @@ def _assert_same_on_every_path(call, meta=True):
     if meta:
         cls, msg = expected
         on_meta = (cls, msg if msg is None else msg.replace(" on cpu", " on meta"))
-        assert run_meta(call) == on_meta, "meta tensors (the fake kernel)"
+        assert run_meta(call) == on_meta, "meta tensors (the Meta kernel)"
         assert run_composite_meta(call) == on_meta, "composite fallback on meta"
     return expected
 
@@ -433,9 +429,7 @@ def test_accepted_on_every_path(name, call, device):
 
 
 # ---------------------------------------------------------------------------------------------------
-# Rules whose C++ and Python forms are compared one by one: the dimension limit, every dtype, and float64
-# on the NPU (csrc/checks.cpp's kMaxDims, is_accepted_dtype and float64_allowed; npu_loss_ops/_checks.py's
-# MAX_DIMS, _is_accepted and float64_allowed)
+# The dimension limit and every dtype, on every path
 
 MAX_DIMS = 8  # docs/validation.md, rule 6
 
@@ -446,9 +440,9 @@ def _with_dims(call: Call, ndim: int, names) -> Call:
 
 
 @pytest.mark.parametrize("overload", OVERLOADS)
-def test_dimension_limit_same_in_cpp_and_python(overload):
+def test_dimension_limit_on_every_path(overload):
     """MAX_DIMS dims are accepted and MAX_DIMS + 1 rejected with the same RuntimeError and message by the
-    C++ kernels (CPU, composite) and the Python fake kernel (fake and meta tensors), for every argument."""
+    kernels (CPU, composite) and the Meta kernels (fake and meta tensors), for every argument."""
     base = base_call(overload)
     out = _out_name(base)
     every = _tensor_args(base) + ([out] if out else [])
@@ -472,11 +466,11 @@ def _empty(shape, dtype, device="cpu"):
 
 
 @pytest.mark.parametrize("dtype", ALL_DTYPES, ids=[str(d).removeprefix("torch.") for d in ALL_DTYPES])
-def test_every_dtype_accepted_or_rejected_alike_in_cpp_and_python(dtype):
+def test_every_dtype_accepted_or_rejected_alike_on_every_path(dtype):
     """Every dtype torch has, in every tensor argument and out= tensor of every overload: accepted exactly
     where docs/validation.md says (float32, float64, float16, bfloat16 on the CPU; grad_target only in
-    target's dtype), and otherwise the same TypeError and message from the C++ kernels (CPU, composite) as
-    from the Python fake kernel on meta tensors and on fake tensors (which cannot hold quantized tensors:
+    target's dtype), and otherwise the same TypeError and message from the kernels (CPU, composite) as
+    from the Meta kernels on meta tensors and on fake tensors (which cannot hold quantized tensors:
     those are compared on meta tensors only)."""
     for overload in OVERLOADS:
         base = base_call(overload)
@@ -499,38 +493,7 @@ def test_every_dtype_accepted_or_rejected_alike_in_cpp_and_python(dtype):
                 assert got[0] is TypeError and f"got {str(dtype).removeprefix('torch.')}" in got[1], f"{where}: {got}"
             assert run_composite(call) == got, f"{where}: composite fallback"
             msg_on_meta = got[1] if got[1] is None else got[1].replace(" on cpu", " on meta")
-            assert run_cpu(meta_call) == (got[0], msg_on_meta), f"{where}: meta tensors (the fake kernel)"
+            assert run_cpu(meta_call) == (got[0], msg_on_meta), f"{where}: meta tensors (the Meta kernel)"
             assert run_composite(meta_call) == (got[0], msg_on_meta), f"{where}: composite fallback on meta"
             if not call.get(name).is_quantized:
                 assert run_fake(call) == got, f"{where}: fake tensors"
-
-
-def test_float64_rejected_only_on_the_npu_in_python(monkeypatch):
-    """docs/validation.md, rule 3: float64 is rejected on the NPU (PrivateUse1) only. The Python side of that
-    rule is `_checks.float64_allowed`, which compares a tensor's device type with `_checks._npu_type()`. A
-    CPU-only run has no NPU tensors, so this points the rule at the meta device (`_npu_type` returns "meta")
-    and requires the fake kernel to reject float64 meta tensors, in every tensor argument and grad_input,
-    with the C++ message for the NPU: the C++ CPU message for the same position with the dtype list
-    without float64 and the device named (as `_device_message` rewrites it for device="npu").
-    The C++ side of the rule, and the two sides compared on real against fake NPU tensors, run in the
-    emulated NPU suite (scripts/run_npu_emulated.sh: test_device_specific_rejections and
-    test_rejection_identical_on_every_path on device="npu")."""
-    from npu_loss_ops import _checks
-
-    meta64 = torch.empty(2, dtype=torch.float64, device="meta")
-    assert _checks.float64_allowed(meta64), "meta is not the NPU: float64 allowed there"
-    monkeypatch.setattr(_checks, "_npu_type", lambda: "meta")
-    assert not _checks.float64_allowed(meta64)
-    assert _checks.float64_allowed(torch.empty(2, dtype=torch.float64))  # the CPU keeps float64
-    for overload in OVERLOADS:
-        base = base_call(overload)
-        on_meta = _map(base, lambda t: t.to("meta"))
-        assert run_cpu(on_meta) == (None, None), f"{overload}: float32 rejected on the pretend NPU"
-        out = _out_name(base)
-        for name in _tensor_args(base) + ([out] if out == "grad_input" else []):
-            cls, cpu_msg = run_cpu(base.replaced(**{name: base.get(name).to(torch.int64)}))
-            listed = "float32, float64, float16 or bfloat16 on cpu, got int64"
-            assert cls is TypeError and listed in cpu_msg, cpu_msg
-            expected = (TypeError, cpu_msg.replace(listed, "float32, float16 or bfloat16 on meta, got float64"))
-            got = run_cpu(on_meta.replaced(**{name: on_meta.get(name).double()}))
-            assert got == expected, f"{overload}, {name}"

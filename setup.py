@@ -135,6 +135,7 @@ def extensions():
     sources = [
         "csrc/schema.cpp",
         "csrc/composite_kernels.cpp",
+        "csrc/meta_kernels.cpp",
         "csrc/autocast.cpp",
         "csrc/module.cpp",
     ]

@@ -5,6 +5,7 @@
 #include <vector>
 
 #include "autograd/derivatives.h"
+#include "core/checks.h"
 #include "cpu/isa.h"
 #include "npu/routing.h"
 
@@ -83,6 +84,8 @@ PYBIND11_MODULE(_C, m) {
   m.def("build_info", &build_info, "What this build of _C contains and which CPU kernels it runs.");
   m.def("_differentiable_ops", &npu_loss::autograd::differentiable_ops,
         "The ops with a derivatives block (csrc/autograd/derivatives.cpp), for tests.");
+  m.def("_checked_ops", &npu_loss::checked_ops,
+        "The ops and out= overloads core/checks.cpp has rules for, by schema name (for tests).");
   m.def("_vec_math", &vec_math, "The CPU kernels' float log or exp, on one instruction set (for tests).");
   m.def("_npu_routing_table", &npu_routing_table, "The NPU routing table's rows (docs/npu_routing.md).");
   m.def("_npu_beta_class", &npu_beta_class, "The NPU routing's class of a smooth L1 beta (for tests).");

@@ -3,9 +3,6 @@
 #include <torch/library.h>
 
 TORCH_LIBRARY(npu_loss, m) {
-  // Fake (meta) kernels live in Python; tell the dispatcher where.
-  m.set_python_module("npu_loss_ops._fake");
-
   m.def("smooth_l1_loss(Tensor self, Tensor target, int reduction=1, float beta=1.0) -> Tensor");
   m.def(
       "smooth_l1_loss_backward(Tensor grad_output, Tensor self, Tensor target, int reduction, "

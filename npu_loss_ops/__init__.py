@@ -111,7 +111,6 @@ def _unloadable_npu_kernels(reason: str) -> None:
 
 _load_npu_kernels()
 
-from . import _fake  # noqa: E402,F401  (fake kernels; autograd is registered in C++)
 from .functional import kl_div, l1_loss, smooth_l1_loss  # noqa: E402
 from .modules import KLDivLoss, L1Loss, SmoothL1Loss  # noqa: E402
 

@@ -1,43 +1,40 @@
-"""Runs cases of the error matrix (test_errors.py) in this process and prints one JSON line per case and
-path: {"case": i, "path": ..., "cls": ..., "msg": ...}. Used by test_crash_matrix.py, which runs batches of
-cases in subprocesses so that a crash (segfault, abort) is counted instead of killing the test run.
+"""Runs cases of the error matrix (test_errors.py) in this process, on every path each case has, and prints
+one JSON line per case and path: {"case": i, "id": ..., "path": ..., "cls": ..., "msg": ...}. Used by
+test_errors.test_error_matrix, which runs batches of cases in subprocesses so that a crash (segfault,
+abort) is counted instead of killing the test run.
 
-    python _matrix_worker.py FIRST LAST     # cases FIRST..LAST-1 of ALL_CASES
+    python _matrix_worker.py DEVICE FIRST LAST     # cases FIRST..LAST-1 of all_cases(DEVICE)
 """
 import json
+import logging
 import os
 import sys
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
-import torch  # noqa: E402
 
-import test_errors as matrix  # noqa: E402
+def main(device: str, first: int, last: int) -> None:
+    if device == "npu":
+        import torch_npu  # noqa: F401  (before npu_loss_ops, which registers its NPU kernels only with it)
 
-PATHS = {
-    "cpu": matrix.run_cpu,
-    "composite": matrix.run_composite,
-    "fake": matrix.run_fake,
-    "meta": matrix.run_meta,
-}
+        import conftest
 
+        conftest.pin_jit_compile_off()
+    import torch
 
-def cases():
-    return [p.values[1] for p in matrix.ALL_CASES]
+    import test_errors as matrix
 
-
-def main(first: int, last: int) -> None:
+    # FakeTensorMode logs every exception a Meta kernel raises; here they are the point.
+    logging.getLogger("torch._subclasses.fake_tensor").setLevel(logging.CRITICAL)
     torch.manual_seed(0)
-    all_cases = cases()
-    for i in range(first, min(last, len(all_cases))):
-        case = all_cases[i]
-        for path, run in PATHS.items():
-            if path == "meta" and not case.meta_ok:
-                continue
-            cls, msg = run(case.call)
-            print(json.dumps({"case": i, "path": path, "cls": cls.__name__ if cls else None, "msg": msg}),
-                  flush=True)
+    cases = matrix.all_cases(device)
+    for i in range(first, min(last, len(cases))):
+        case = cases[i][1]
+        for path in matrix.paths(case, device):
+            cls, msg = matrix.run_path(case, path, device)
+            print(json.dumps({"case": i, "id": case.id, "path": path, "cls": cls.__name__ if cls else None,
+                              "msg": msg}), flush=True)
 
 
 if __name__ == "__main__":
-    main(int(sys.argv[1]), int(sys.argv[2]))
+    main(sys.argv[1], int(sys.argv[2]), int(sys.argv[3]))

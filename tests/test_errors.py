@@ -1,43 +1,39 @@
-"""docs/validation.md's table, for every op and overload, on every path: the C++ CPU kernels, fake tensors and
-meta tensors (the Python fake kernels, npu_loss_ops/_checks.py), and the C++ composite fallback on CPU and
-on meta tensors. Same exception class and the very same message everywhere (only the device name in a
-message differs between CPU and meta tensors).
+"""The error matrix: docs/validation.md's table, for every op and overload, on every path, run once, in
+subprocesses (tests/_matrix_worker.py), so that a crash (segfault, abort) is counted instead of taking the
+test run down with it.
 
-On the NPU (the `device` runs, conftest.py) the same matrix runs on NPU tensors — the NPU kernels and fake
-NPU tensors — with the CPU's exception class and message (the device named, and the NPU's dtype list
-without float64), plus what only the NPU rejects: float64 (TypeError) and tensors mixed between the CPU
-and the NPU (RuntimeError). After each call a small NPU op checks that the device still works (a call
-aclnn rejected would leave torch_npu's task queue dead).
+Every case runs on the C++ CPU kernels, the composite fallback, fake tensors, meta tensors (the Meta
+kernels, which run csrc/core/checks.cpp's rules on SymInt sizes) and the composite fallback on meta tensors,
+and must raise the class docs/validation.md names, with the very same message on every path (only the
+device a message names follows the tensors: meta for meta tensors). Inputs that must be accepted are cases
+too, accepted on every path.
 
-Three rules are also compared between csrc/checks.cpp and its mirror npu_loss_ops/_checks.py one by one,
-on the CPU run: the dimension limit (8 accepted, 9 rejected, for every argument), every dtype torch has,
-and float64 on the NPU (the Python side, on a pretend NPU)."""
+On the NPU (the `device` runs, conftest.py) every case also runs on NPU tensors — the NPU kernels and fake
+NPU tensors — with the CPU's class and message (the device named, and the NPU's dtype list without
+float64), plus what only the NPU rejects: float64 (TypeError) and tensors mixed between the CPU and the
+NPU (RuntimeError). After each NPU call a small NPU op checks that the device still works (a call aclnn
+rejected would leave torch_npu's task queue dead), and on the emulated CANN its trace must show no call
+aclnn rejected and no aclop fallback."""
 from __future__ import annotations
 
+import collections
 import dataclasses
-import logging
+import json
 import math
+import os
+import subprocess
+import sys
+import tempfile
 import warnings
 from typing import Callable
 
-import pytest
 import torch
 from torch._subclasses.fake_tensor import FakeTensorMode
 
-import npu_loss_ops  # noqa: F401  (registers the ops)
+import npu_loss_ops
 
 COMPOSITE = torch._C.DispatchKey.CompositeExplicitAutograd
 ops = torch.ops.npu_loss
-
-
-@pytest.fixture(autouse=True)
-def _quiet_fake_tensor_log():
-    # FakeTensorMode logs every exception a fake kernel raises; here they are the point of the test.
-    logger = logging.getLogger("torch._subclasses.fake_tensor")
-    level = logger.level
-    logger.setLevel(logging.CRITICAL)
-    yield
-    logger.setLevel(level)
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -105,6 +101,8 @@ OVERLOADS = [
     "kl_div", "kl_div_target_backward", "kl_div_target_backward.grad_target",
 ]
 
+MAX_DIMS = 8  # docs/validation.md, rule 6
+
 
 def _op_name(overload: str) -> str:
     return overload.split(".")[0]
@@ -118,20 +116,56 @@ def _out_name(call: Call):
     return next(iter(call.kwargs), None) if call.op._overloadname in ("grad_input", "grad_target") else None
 
 
+def _map(call: Call, fn: Callable) -> Call:
+    conv = lambda v: fn(v) if isinstance(v, torch.Tensor) else v  # noqa: E731
+    return Call(call.op, call.names, [conv(a) for a in call.args], {k: conv(v) for k, v in call.kwargs.items()})
+
+
+def _to_device(call, device):
+    """The call on `device`: views of one storage stay views of one copy (overlap cases stay overlaps), the
+    same strides (an expanded out= stays expanded); meta tensors stay on meta."""
+    storages = {}
+
+    def convert(t):
+        if t.device.type != "cpu":
+            return t
+        key = t.untyped_storage().data_ptr()
+        if key not in storages:
+            extent = t.untyped_storage().nbytes() // t.element_size()
+            storages[key] = t.as_strided((extent,), (1,), 0).to(device)
+        return storages[key].as_strided(t.shape, t.stride(), t.storage_offset())
+
+    return _map(call, convert)
+
+
+def _keep_on_cpu(name: str) -> Callable:
+    """A case's placement on `device`: every tensor moves there except `name`, which stays on the CPU."""
+    def place(call: Call, device: str) -> Call:
+        kept = call.get(name)
+        return _map(call, lambda t: t.to(device)).replaced(**{name: kept})
+    return place
+
+
 # ---------------------------------------------------------------------------------------------------
-# The cases: (id, exception class, words the message must contain, the spoiled call)
+# The cases
 
 
 @dataclasses.dataclass
 class Case:
     id: str
-    exc: type
-    words: list
+    exc: type | None  # the class docs/validation.md names; None: the call must be accepted
+    words: list  # what the message must contain
     call: Call
-    meta_ok: bool = True  # False: the case mixes devices on purpose
+    meta_ok: bool = True  # False: the case mixes devices on purpose (it has no all-meta version)
+    device_ok: bool = True  # False: its outcome is the CPU's only (float64; a CPU tensor among meta ones)
+    message: str | None = None  # the exact message, where the table fixes it
+    fake_ok: bool = True  # False: FakeTensorMode cannot hold the case's tensors (quantized dtypes)
+    # An NPU-only case: it runs on the device paths only, placed there by this function of (call, device).
+    device_only: Callable | None = None
 
 
 def _cases(overload: str) -> list[Case]:
+    """What each overload must reject (docs/validation.md's rules, in its order)."""
     base = base_call(overload)
     op = _op_name(overload)
     out = _out_name(base)
@@ -142,7 +176,8 @@ def _cases(overload: str) -> list[Case]:
             cases.append(Case(f"{name}-{dtype}", TypeError, [op, name, "dtype"],
                               base.replaced(**{name: arg.to(dtype)})))
         cases.append(Case(f"{name}-9dim", RuntimeError, [op, name, "9", "8"],
-                          base.replaced(**{name: arg.reshape(4, 5, 1, 1, 1, 1, 1, 1, 1)})))
+                          base.replaced(**{name: arg.reshape(4, 5, 1, 1, 1, 1, 1, 1, 1)}),
+                          message=f"{op}: {name} has {MAX_DIMS + 1} dimensions, but at most {MAX_DIMS} are supported"))
         cases.append(Case(f"{name}-None", RuntimeError, [op, name, "None"], base.replaced(**{name: None})))
         cases.append(Case(f"{name}-on-meta", RuntimeError, [op, name, "device"],
                           base.replaced(**{name: arg.to("meta")}), meta_ok=False))
@@ -199,16 +234,115 @@ def _cases(overload: str) -> list[Case]:
     return cases
 
 
-ALL_CASES = [pytest.param(ov, c, id=f"{ov}-{c.id}") for ov in OVERLOADS for c in _cases(ov)]
+def _with_dims(call: Call, ndim: int, names) -> Call:
+    """The call with each tensor argument in `names` given `ndim` dims (leading 1s before its 4 x 5)."""
+    return call.replaced(**{n: call.get(n).reshape((1,) * (ndim - 2) + (4, 5)) for n in names})
+
+
+def _accepted_cases() -> list[Case]:
+    """What must NOT be rejected, on any path."""
+    def ok(case_id, call, **kw):
+        return Case(case_id, None, [], call, **kw)
+
+    cases = [ok("float64-on-cpu", _map(base_call("smooth_l1_loss_backward"), lambda t: t.double()),
+                device_ok=False)]
+    for ov in OVERLOADS:
+        base = base_call(ov)
+        cases.append(ok(f"{ov}-mixed-float-dtypes", base.replaced(self=torch.randn(4, 5, dtype=torch.float16))))
+        # MAX_DIMS dims in every tensor argument and out= tensor at once
+        out = _out_name(base)
+        cases.append(ok(f"{ov}-{MAX_DIMS}-dims", _with_dims(base, MAX_DIMS, _tensor_args(base) + ([out] if out else []))))
+    for ov in ("smooth_l1_loss_backward.grad_input", "l1_loss_backward.grad_input"):
+        base = base_call(ov)
+        x = base.get("self").clone()
+        cases.append(ok(f"{ov}-exact-alias-of-self", base.replaced(self=x, grad_input=x)))
+        cases.append(ok(f"{ov}-out-float64", base.replaced(grad_input=torch.empty(4, 5, dtype=torch.float64)),
+                        device_ok=False))
+        cases.append(ok(f"{ov}-out-bfloat16", base.replaced(grad_input=torch.empty(4, 5, dtype=torch.bfloat16))))
+    base = base_call("kl_div_target_backward.grad_target")
+    t = base.get("target").clone()
+    cases.append(ok("kl-exact-alias-of-target", base.replaced(target=t, grad_target=t)))
+    cases.append(ok("smooth-beta-0", base_call("smooth_l1_loss").replaced(beta=0.0)))
+    cases.append(ok("smooth-beta-inf", base_call("smooth_l1_loss").replaced(beta=math.inf)))
+    cases.append(ok("kl-grad-not-enlarging", base_call("kl_div_target_backward").replaced(grad_output=torch.randn(5))))
+    return cases
+
+
+def _device_cases(overload: str, device: str) -> list[Case]:
+    """What depends on the device. On the CPU run: float64 accepted, and a CPU tensor among meta ones
+    rejected like any device mix. On a device: float64 rejected on the NPU, and tensors mixed between the
+    CPU and the device rejected (NPU-only cases)."""
+    base = base_call(overload)
+    op = _op_name(overload)
+    out = _out_name(base)
+    cases = []
+    for name in _tensor_args(base) + ([out] if out else []):
+        float64 = base.replaced(**{name: base.get(name).double()})
+        if name == "grad_target":
+            pass  # grad_target must have target's dtype on every device: `grad_target-torch.float64-...`
+        elif device == "cpu":
+            if out == "grad_target" and name == "target":
+                cases.append(Case(f"{name}-float64", TypeError, [op, "grad_target", "dtype"], float64,
+                                  device_ok=False))
+            else:
+                cases.append(Case(f"{name}-float64", None, [], float64, device_ok=False))
+        elif device == "npu":
+            cases.append(Case(f"{name}-float64-on-{device}", TypeError, [op, name, "dtype", "float64", "npu"],
+                              float64, device_only=_to_device))
+        if device == "cpu":
+            cases.append(Case(f"{name}-on-cpu-others-on-meta", RuntimeError, [op, name, "device", "cpu"],
+                              _keep_on_cpu(name)(base, "meta"), meta_ok=False, device_ok=False))
+        else:
+            cases.append(Case(f"{name}-on-cpu-others-on-{device}", RuntimeError, [op, name, "device", "cpu"],
+                              base, device_only=_keep_on_cpu(name)))
+    return cases
+
+
+ALL_DTYPES = sorted({v for v in vars(torch).values() if isinstance(v, torch.dtype)}, key=str)
+ACCEPTED_ON_CPU = {torch.float32, torch.float64, torch.float16, torch.bfloat16}  # docs/validation.md, rule 3
+
+
+def _empty(shape, dtype):
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # complex32 is "experimental", the quantized dtypes are deprecated
+        return torch.empty(shape, dtype=dtype)
+
+
+def _dtype_cases(overload: str) -> list[Case]:
+    """Every dtype torch has, in every tensor argument and out= tensor: accepted exactly where
+    docs/validation.md says (float32, float64, float16, bfloat16 on the CPU; grad_target only in target's
+    dtype), rejected with a TypeError naming the dtype everywhere else. On the CPU paths only (a device
+    need not hold every dtype): the device runs cover the dtypes of `_cases`."""
+    base = base_call(overload)
+    op = _op_name(overload)
+    out = _out_name(base)
+    cases = []
+    for name in _tensor_args(base) + ([out] if out else []):
+        # grad_target follows target's dtype (rule 10 is not the rule under test)
+        names = [name, out] if (name, out) == ("target", "grad_target") else [name]
+        for dtype in ALL_DTYPES:
+            call = base.replaced(**{n: _empty(base.get(n).shape, dtype) for n in names})
+            accepted = dtype == base.get("target").dtype if name == "grad_target" else dtype in ACCEPTED_ON_CPU
+            dtype_name = str(dtype).removeprefix("torch.")
+            cases.append(Case(f"{name}-every-dtype-{dtype_name}", None if accepted else TypeError,
+                              [op, name, "dtype", f"got {dtype_name}"], call, device_ok=False,
+                              fake_ok=not call.get(name).is_quantized))
+    return cases
+
+
+def all_cases(device: str) -> list[tuple[str, Case]]:
+    """The whole matrix for a run on `device`, as (overload or "accepted", case); the same list, in the same
+    order, in the test and in every worker."""
+    cases = [(ov, c) for ov in OVERLOADS for c in _cases(ov)]
+    cases += [("accepted", c) for c in _accepted_cases()]
+    cases += [(ov, c) for ov in OVERLOADS for c in _device_cases(ov, device)]
+    if device == "cpu":  # CPU paths only: the CPU suite runs them
+        cases += [(ov, c) for ov in OVERLOADS for c in _dtype_cases(ov)]
+    return cases
 
 
 # ---------------------------------------------------------------------------------------------------
-# Paths
-
-
-def _map(call: Call, fn: Callable) -> Call:
-    conv = lambda v: fn(v) if isinstance(v, torch.Tensor) else v  # noqa: E731
-    return Call(call.op, call.names, [conv(a) for a in call.args], {k: conv(v) for k, v in call.kwargs.items()})
+# Paths: how a case is run, and what each must give
 
 
 def _raise(f):
@@ -241,6 +375,8 @@ def _to_meta(call):
     def convert(t):
         if t.device.type == "meta":
             return t
+        if t.is_quantized:  # a quantized meta tensor has no views (and no overlap case has one)
+            return torch.empty(t.shape, dtype=t.dtype, device="meta")
         key = t.untyped_storage().data_ptr()
         if key not in storages:
             storages[key] = torch.empty(t.untyped_storage().nbytes() // t.element_size(), dtype=t.dtype,
@@ -251,136 +387,106 @@ def _to_meta(call):
 
 
 def run_meta(call):
-    m = _to_meta(call)
-    return _raise(lambda: m.op(*m.args, **m.kwargs))
+    return run_cpu(_to_meta(call))
 
 
 def run_composite_meta(call):
     return run_composite(_to_meta(call))
 
 
-def _to_device(call, device):
-    """The call on `device`: views of one storage stay views of one copy (overlap cases stay overlaps), the
-    same strides (an expanded out= stays expanded); meta tensors stay on meta."""
-    storages = {}
+def _assert_device_alive(device):
+    """A small op still gives the right answer (a rejected aclnn call leaves torch_npu's queue dead)."""
+    probe = (torch.arange(4, dtype=torch.float32, device=device) * 2 + 1).cpu()
+    assert torch.equal(probe, torch.tensor([1.0, 3.0, 5.0, 7.0])), f"{device} no longer computes: {probe}"
 
-    def convert(t):
-        if t.device.type != "cpu":
-            return t
-        key = t.untyped_storage().data_ptr()
-        if key not in storages:
-            extent = t.untyped_storage().nbytes() // t.element_size()
-            storages[key] = t.as_strided((extent,), (1,), 0).to(device)
-        return storages[key].as_strided(t.shape, t.stride(), t.storage_offset())
 
-    return _map(call, convert)
+def run_on_device(call, device):
+    """The call (already on `device`) on the device's kernels, then a check that the device still computes;
+    a dead device is an outcome of its own."""
+    got = run_cpu(call)
+    try:
+        _assert_device_alive(device)
+    except Exception as e:  # noqa: BLE001
+        return type(e), f"the device died after the call, which gave {got}: {e}"
+    return got
+
+
+CPU_PATHS = {
+    "cpu": run_cpu,  # the C++ CPU kernels (the Meta kernels where a case puts a meta tensor among them)
+    "composite": run_composite,
+    "fake": run_fake,  # FakeTensorMode: the Meta kernels on fake tensors
+    "meta": run_meta,  # the Meta kernels on meta tensors
+    "composite_meta": run_composite_meta,
+}
+DEVICE_PATHS = {"device": run_on_device, "fake_device": lambda call, device: run_fake(call)}
+
+
+def paths(case: Case, device: str) -> list[str]:
+    if case.device_only:
+        return list(DEVICE_PATHS)
+    names = ["cpu", "composite"] + (["fake"] if case.fake_ok else [])
+    names += ["meta", "composite_meta"] if case.meta_ok else []
+    if device != "cpu" and case.device_ok:
+        names += list(DEVICE_PATHS)
+    return names
+
+
+def run_path(case: Case, path: str, device: str):
+    """(class, message) of the case on one path, or (None, None) when accepted."""
+    if path in CPU_PATHS:
+        return CPU_PATHS[path](case.call)
+    placed = (case.device_only or _to_device)(case.call, device)
+    return DEVICE_PATHS[path](placed, device)
 
 
 def _device_message(cpu_msg: str, device: str) -> str:
     """The CPU message as the same check words it on `device`: the device named, and on the NPU the dtype
     list without float64."""
-    msg = cpu_msg.replace(" is on cpu", f" is on {torch.empty(0, device=device).device}")
+    msg = cpu_msg.replace(" is on cpu", f" is on {device}")
     if device == "npu":
         msg = msg.replace("float32, float64, float16 or bfloat16 on cpu", "float32, float16 or bfloat16 on npu")
     return msg.replace(" on cpu,", f" on {device},")
 
 
-def _assert_device_alive(device):
-    """A small op still gives the right answer (a rejected aclnn call leaves torch_npu's queue dead)."""
-    if device == "cpu":
-        return
-    probe = (torch.arange(4, dtype=torch.float32, device=device) * 2 + 1).cpu()
-    assert torch.equal(probe, torch.tensor([1.0, 3.0, 5.0, 7.0])), f"{device} no longer computes: {probe}"
+def expected_on(path: str, reference: tuple, device: str) -> tuple:
+    """What `path` must give, from the reference path's outcome: the same class and message, naming meta
+    for meta tensors and the device for the device's tensors where the reference names the CPU."""
+    cls, msg = reference
+    if msg is None or path in ("cpu", "composite", "fake"):
+        return reference
+    if path in ("meta", "composite_meta"):
+        return cls, msg.replace(" on cpu", " on meta")
+    return cls, _device_message(msg, device)
 
 
-def _run_on_device(dcall, device):
-    """run_cpu of a call already on `device`, then a check that the device still computes."""
-    try:
-        return run_cpu(dcall)
-    finally:
-        _assert_device_alive(device)
+def problems(case: Case, outcomes: dict, device: str) -> list[str]:
+    """What is wrong with one case's outcomes ({path: (class name, message)}): its reference path (the CPU
+    kernels; the device for an NPU-only case) must raise what docs/validation.md says, or accept, and every
+    other path must give the same class and message."""
+    reference_path = "device" if case.device_only else "cpu"
+    reference = outcomes[reference_path]
+    cls, msg = reference
+    found = []
+    if case.exc is None:
+        if reference != (None, None):
+            found.append(f"{reference_path} rejected it: {reference}")
+    elif cls != case.exc.__name__:
+        found.append(f"{reference_path} gave {reference}, docs/validation.md says {case.exc.__name__}")
+    else:
+        found += [f"message {msg!r} lacks {word!r}" for word in case.words if word not in msg]
+        if "\n" in msg.strip():
+            found.append(f"message carries more than one line: {msg!r}")
+        if case.message is not None and msg != case.message:
+            found.append(f"message {msg!r}, expected {case.message!r}")
+    for path, got in outcomes.items():
+        want = reference if case.device_only else expected_on(path, reference, device)
+        if got != want:
+            found.append(f"{path}: {got}, expected {want}")
+    return found
 
 
-def _check_on_device(call, device, expected):
-    """The call on `device` and on fake `device` tensors raises `expected` = (class, message)."""
-    dcall = _to_device(call, device)
-    got = _run_on_device(dcall, device)
-    assert got == expected, f"{device} tensors: {got}, expected {expected}"
-    assert run_fake(dcall) == expected, f"fake {device} tensors"
-
-
-def _assert_same_on_every_path(call, meta=True):
-    """The call (on CPU tensors) gives the same outcome, (class, message) or (None, None) when accepted, on
-    the C++ CPU kernel, on fake tensors (the Python checks), on the composite fallback, and, with `meta`, on
-    meta tensors through the fake kernel and through the composite fallback (there the message names meta
-    where it names cpu). Returns the C++ CPU kernel's outcome."""
-    expected = run_cpu(call)
-    assert run_fake(call) == expected, "fake tensors"
-    assert run_composite(call) == expected, "composite fallback on CPU"
-    if meta:
-        cls, msg = expected
-        on_meta = (cls, msg if msg is None else msg.replace(" on cpu", " on meta"))
-        assert run_meta(call) == on_meta, "meta tensors (the fake kernel)"
-        assert run_composite_meta(call) == on_meta, "composite fallback on meta"
-    return expected
-
-
-@pytest.mark.parametrize("overload,case", ALL_CASES)
-def test_rejection_identical_on_every_path(overload, case, device):
-    cls, msg = _assert_same_on_every_path(case.call, meta=case.meta_ok)
-    assert cls is case.exc, f"CPU raised {cls} ({msg}), docs/validation.md says {case.exc.__name__}"
-    for word in case.words:
-        assert word in msg, f"message {msg!r} lacks {word!r}"
-    assert "\n" not in msg.strip(), f"message carries more than one line: {msg!r}"
-    if device != "cpu":
-        _check_on_device(case.call, device, (cls, _device_message(msg, device)))
-
-
-# What only a device rejects: float64 on the NPU, and tensors mixed between the CPU and the device (on the
-# CPU run: float64 accepted, and a meta tensor among CPU ones rejected the same way).
-def _device_cases(overload: str, device: str):
-    base = base_call(overload)
-    op = _op_name(overload)
-    out = _out_name(base)
-    other = device if device != "cpu" else "meta"
-    for name in _tensor_args(base) + ([out] if out else []):
-        arg = base.get(name)
-        float64 = base.replaced(**{name: arg.double()})
-        if name == "grad_target" or (out == "grad_target" and name == "target" and device == "cpu"):
-            # grad_target must have target's dtype, on every device
-            yield f"{name}-float64", float64, (TypeError, [op, "grad_target", "dtype"])
-        elif device == "npu":
-            yield f"{name}-float64", float64, (TypeError, [op, name, "dtype", "float64", "npu"])
-        else:
-            yield f"{name}-float64", float64, None
-        # `name` stays on the CPU while the others move to the device (meta for the CPU run)
-        yield f"{name}-on-cpu-others-on-{other}", _map_except(base, name, other), (
-            RuntimeError, [op, name, "device", "cpu"])
-
-
-def _map_except(call: Call, keep: str, device: str) -> Call:
-    kept = call.get(keep)
-    moved = _map(call, lambda t: t.to(device))
-    return moved.replaced(**{keep: kept})
-
-
-@pytest.mark.parametrize("overload", OVERLOADS)
-def test_device_specific_rejections(overload, device):
-    for case_id, call, rule in _device_cases(overload, device):
-        if device == "cpu":
-            got = run_cpu(call)
-        else:
-            # the float64 cases start on the CPU: move them; the mixed ones are already placed
-            dcall = call if "-on-cpu-" in case_id else _to_device(call, device)
-            got = _run_on_device(dcall, device)
-            assert run_fake(dcall) == got, f"{case_id}: fake {device} tensors"
-        if rule is None:
-            assert got == (None, None), f"{case_id}: rejected {got}"
-            continue
-        cls, words = rule
-        assert got[0] is cls, f"{case_id}: raised {got}, docs/validation.md says {cls.__name__}"
-        for word in words:
-            assert word in got[1], f"{case_id}: message {got[1]!r} lacks {word!r}"
+# ---------------------------------------------------------------------------------------------------
+# The tests
 
 
 def test_every_overload_has_every_rule():
@@ -394,143 +500,88 @@ def test_every_overload_has_every_rule():
         if "." in ov:
             for rule in ["shape", "expanded", "partially-overlaps", "torch.int32"]:
                 assert rule in joined, (ov, rule)
+        accepted = {c.id for c in _accepted_cases()}
+        assert {f"{ov}-mixed-float-dtypes", f"{ov}-{MAX_DIMS}-dims"} <= accepted, ov
+        for device in ("cpu", "npu"):
+            joined = " ".join(c.id for c in _device_cases(ov, device))
+            assert "float64" in joined and f"on-cpu-others-on-{'meta' if device == 'cpu' else device}" in joined
 
 
-# ---------------------------------------------------------------------------------------------------
-# What must NOT be rejected (the same paths accept it)
+def test_the_matrix_covers_every_op_the_checks_have_rules_for():
+    """The matrix's overloads are csrc/core/checks.cpp's table (`_C._checked_ops()`), which is every
+    registered op and overload."""
+    registered = {name.removeprefix("npu_loss::") for name in torch._C._dispatch_get_all_op_names()
+                  if name.startswith("npu_loss::")}
+    assert sorted(npu_loss_ops._C._checked_ops()) == sorted(OVERLOADS) == sorted(registered)
 
 
-def _accepted_calls():
-    yield "float64-on-cpu", _map(base_call("smooth_l1_loss_backward"), lambda t: t.double())
-    for ov in OVERLOADS:
-        yield f"{ov}-mixed-float-dtypes", base_call(ov).replaced(self=torch.randn(4, 5, dtype=torch.float16))
-    for ov in ("smooth_l1_loss_backward.grad_input", "l1_loss_backward.grad_input"):
-        base = base_call(ov)
-        x = base.get("self").clone()
-        yield f"{ov}-exact-alias-of-self", base.replaced(self=x, grad_input=x)
-        yield f"{ov}-out-float64", base.replaced(grad_input=torch.empty(4, 5, dtype=torch.float64))
-        yield f"{ov}-out-bfloat16", base.replaced(grad_input=torch.empty(4, 5, dtype=torch.bfloat16))
-    base = base_call("kl_div_target_backward.grad_target")
-    t = base.get("target").clone()
-    yield "kl-exact-alias-of-target", base.replaced(target=t, grad_target=t)
-    yield "smooth-beta-0", base_call("smooth_l1_loss").replaced(beta=0.0)
-    yield "smooth-beta-inf", base_call("smooth_l1_loss").replaced(beta=math.inf)
-    yield "8-dims", base_call("l1_loss").replaced(self=torch.randn(1, 1, 1, 1, 1, 1, 4, 5))
-    yield "kl-grad-not-enlarging", base_call("kl_div_target_backward").replaced(grad_output=torch.randn(5))
+WORKER = os.path.join(os.path.dirname(os.path.abspath(__file__)), "_matrix_worker.py")
+BATCH = 200
+TRACE_VARIABLE = "NPU_EMU_TRACE_FILE"  # set on the emulated CANN (scripts/run_npu_emulated.sh)
 
 
-@pytest.mark.parametrize("name,call", [pytest.param(n, c, id=n) for n, c in _accepted_calls()])
-def test_accepted_on_every_path(name, call, device):
-    if device == "cpu":
-        assert _assert_same_on_every_path(call) == (None, None), f"rejected {name}"
-        return
-    if device == "npu" and "float64" in name:
-        pytest.skip("float64 is rejected on the NPU (test_device_specific_rejections)")
-    dcall = _to_device(call, device)
-    got = _run_on_device(dcall, device)
-    assert got == (None, None), f"{device} rejected {name}: {got}"
-    assert run_fake(dcall) == (None, None), f"fake {device} tensors rejected {name}"
+def _run_worker(device, first, last, trace_file):
+    # The worker imports the same npu_loss_ops this process uses (installed or from a source checkout).
+    env = dict(os.environ)
+    root = os.path.dirname(os.path.dirname(os.path.abspath(npu_loss_ops.__file__)))
+    env["PYTHONPATH"] = os.pathsep.join(p for p in [root, env.get("PYTHONPATH")] if p)
+    if trace_file:
+        env[TRACE_VARIABLE] = trace_file
+    proc = subprocess.run([sys.executable, WORKER, device, str(first), str(last)], capture_output=True,
+                          text=True, timeout=900, env=env)
+    # A negative code is a signal (segfault, abort): a crash. A positive one is a Python error in the worker.
+    assert proc.returncode <= 0, f"worker failed:\n{proc.stderr[-3000:]}"
+    rows = [json.loads(line) for line in proc.stdout.splitlines() if line.startswith("{")]
+    return proc.returncode, rows, proc.stderr
 
 
-# ---------------------------------------------------------------------------------------------------
-# Rules whose C++ and Python forms are compared one by one: the dimension limit, every dtype, and float64
-# on the NPU (csrc/checks.cpp's kMaxDims, is_accepted_dtype and float64_allowed; npu_loss_ops/_checks.py's
-# MAX_DIMS, _is_accepted and float64_allowed)
-
-MAX_DIMS = 8  # docs/validation.md, rule 6
-
-
-def _with_dims(call: Call, ndim: int, names) -> Call:
-    """The call with each tensor argument in `names` given `ndim` dims (leading 1s before its 4 x 5)."""
-    return call.replaced(**{n: call.get(n).reshape((1,) * (ndim - 2) + (4, 5)) for n in names})
+def _rejected_or_aclop(trace_file):
+    """The emulator's counts of calls aclnn rejected and of aclop fallbacks, from a worker's trace."""
+    if not trace_file or not os.path.exists(trace_file):
+        return {}
+    with open(trace_file) as f:
+        trace = json.load(f)
+    return {k: v for k, v in trace.items() if "GetWorkspaceSize:" in k or k.startswith("aclop:")}
 
 
-@pytest.mark.parametrize("overload", OVERLOADS)
-def test_dimension_limit_same_in_cpp_and_python(overload):
-    """MAX_DIMS dims are accepted and MAX_DIMS + 1 rejected with the same RuntimeError and message by the
-    C++ kernels (CPU, composite) and the Python fake kernel (fake and meta tensors), for every argument."""
-    base = base_call(overload)
-    out = _out_name(base)
-    every = _tensor_args(base) + ([out] if out else [])
-    at_limit = _with_dims(base, MAX_DIMS, every)
-    assert _assert_same_on_every_path(at_limit) == (None, None), f"{MAX_DIMS} dims rejected"
-    for name in _tensor_args(base):
-        over = _with_dims(at_limit, MAX_DIMS + 1, [name])
-        expected = (RuntimeError, f"{_op_name(overload)}: {name} has {MAX_DIMS + 1} dimensions, but at most "
-                                  f"{MAX_DIMS} are supported")
-        assert _assert_same_on_every_path(over) == expected, name
-
-
-ALL_DTYPES = sorted({v for v in vars(torch).values() if isinstance(v, torch.dtype)}, key=str)
-ACCEPTED_ON_CPU = {torch.float32, torch.float64, torch.float16, torch.bfloat16}  # docs/validation.md, rule 3
-
-
-def _empty(shape, dtype, device="cpu"):
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")  # complex32 is "experimental", the quantized dtypes are deprecated
-        return torch.empty(shape, dtype=dtype, device=device)
-
-
-@pytest.mark.parametrize("dtype", ALL_DTYPES, ids=[str(d).removeprefix("torch.") for d in ALL_DTYPES])
-def test_every_dtype_accepted_or_rejected_alike_in_cpp_and_python(dtype):
-    """Every dtype torch has, in every tensor argument and out= tensor of every overload: accepted exactly
-    where docs/validation.md says (float32, float64, float16, bfloat16 on the CPU; grad_target only in
-    target's dtype), and otherwise the same TypeError and message from the C++ kernels (CPU, composite) as
-    from the Python fake kernel on meta tensors and on fake tensors (which cannot hold quantized tensors:
-    those are compared on meta tensors only)."""
-    for overload in OVERLOADS:
-        base = base_call(overload)
-        on_meta = _map(base, lambda t: t.to("meta"))
-        out = _out_name(base)
-        for name in _tensor_args(base) + ([out] if out else []):
-            # grad_target follows target's dtype (rule 10 is not the rule under test)
-            names = [name, out] if (name, out) == ("target", "grad_target") else [name]
-            shape = base.get(name).shape
-            call = base.replaced(**{n: _empty(shape, dtype) for n in names})
-            meta_call = on_meta.replaced(**{n: _empty(shape, dtype, "meta") for n in names})
-            where = f"{overload}, {name} of {dtype}"
-            got = run_cpu(call)
-            if name == "grad_target":
-                accepted = dtype == base.get("target").dtype
-            else:
-                accepted = dtype in ACCEPTED_ON_CPU
-            assert (got == (None, None)) is accepted, f"{where}: {got}"
-            if not accepted:
-                assert got[0] is TypeError and f"got {str(dtype).removeprefix('torch.')}" in got[1], f"{where}: {got}"
-            assert run_composite(call) == got, f"{where}: composite fallback"
-            msg_on_meta = got[1] if got[1] is None else got[1].replace(" on cpu", " on meta")
-            assert run_cpu(meta_call) == (got[0], msg_on_meta), f"{where}: meta tensors (the fake kernel)"
-            assert run_composite(meta_call) == (got[0], msg_on_meta), f"{where}: composite fallback on meta"
-            if not call.get(name).is_quantized:
-                assert run_fake(call) == got, f"{where}: fake tensors"
-
-
-def test_float64_rejected_only_on_the_npu_in_python(monkeypatch):
-    """docs/validation.md, rule 3: float64 is rejected on the NPU (PrivateUse1) only. The Python side of that
-    rule is `_checks.float64_allowed`, which compares a tensor's device type with `_checks._npu_type()`. A
-    CPU-only run has no NPU tensors, so this points the rule at the meta device (`_npu_type` returns "meta")
-    and requires the fake kernel to reject float64 meta tensors, in every tensor argument and grad_input,
-    with the C++ message for the NPU: the C++ CPU message for the same position with the dtype list
-    without float64 and the device named (as `_device_message` rewrites it for device="npu").
-    The C++ side of the rule, and the two sides compared on real against fake NPU tensors, run in the
-    emulated NPU suite (scripts/run_npu_emulated.sh: test_device_specific_rejections and
-    test_rejection_identical_on_every_path on device="npu")."""
-    from npu_loss_ops import _checks
-
-    meta64 = torch.empty(2, dtype=torch.float64, device="meta")
-    assert _checks.float64_allowed(meta64), "meta is not the NPU: float64 allowed there"
-    monkeypatch.setattr(_checks, "_npu_type", lambda: "meta")
-    assert not _checks.float64_allowed(meta64)
-    assert _checks.float64_allowed(torch.empty(2, dtype=torch.float64))  # the CPU keeps float64
-    for overload in OVERLOADS:
-        base = base_call(overload)
-        on_meta = _map(base, lambda t: t.to("meta"))
-        assert run_cpu(on_meta) == (None, None), f"{overload}: float32 rejected on the pretend NPU"
-        out = _out_name(base)
-        for name in _tensor_args(base) + ([out] if out == "grad_input" else []):
-            cls, cpu_msg = run_cpu(base.replaced(**{name: base.get(name).to(torch.int64)}))
-            listed = "float32, float64, float16 or bfloat16 on cpu, got int64"
-            assert cls is TypeError and listed in cpu_msg, cpu_msg
-            expected = (TypeError, cpu_msg.replace(listed, "float32, float16 or bfloat16 on meta, got float64"))
-            got = run_cpu(on_meta.replaced(**{name: on_meta.get(name).double()}))
-            assert got == expected, f"{overload}, {name}"
+def test_error_matrix(device):
+    """Every case on every path, in batches of subprocesses. The worker runs the cases in order, so when its
+    process dies the first case without all its outcomes is the one that crashed: it is counted, and a new
+    process goes on after it. No crash, and every case as docs/validation.md says with the same class and
+    message on every path."""
+    cases = all_cases(device)
+    outcomes = [dict() for _ in cases]
+    crashes, bad_calls = {}, collections.Counter()
+    with tempfile.TemporaryDirectory() as tmp:
+        traced = device != "cpu" and TRACE_VARIABLE in os.environ
+        for first in range(0, len(cases), BATCH):
+            last = min(first + BATCH, len(cases))
+            while first < last:
+                trace_file = os.path.join(tmp, f"trace-{first}.json") if traced else None
+                code, rows, err = _run_worker(device, first, last, trace_file)
+                bad_calls.update(_rejected_or_aclop(trace_file))
+                for row in rows:
+                    assert row["id"] == cases[row["case"]][1].id, "the worker built another matrix"
+                    outcomes[row["case"]][row["path"]] = (row["cls"], row["msg"])
+                if code == 0:
+                    break
+                crashed = next((i for i in range(first, last) if len(outcomes[i]) < len(paths(cases[i][1], device))),
+                               last - 1)
+                crashes[crashed] = (cases[crashed][0], cases[crashed][1].id, code, err[-500:])
+                first = crashed + 1
+    wrong = []
+    runs = 0
+    for i, ((overload, case), got) in enumerate(zip(cases, outcomes)):
+        expected_paths = paths(case, device)
+        runs += len(got)
+        if sorted(got) != sorted(expected_paths):
+            if i not in crashes:
+                wrong.append((overload, case.id, f"ran on {sorted(got)}, expected {sorted(expected_paths)}"))
+            continue
+        for problem in problems(case, got, device):
+            wrong.append((overload, case.id, problem))
+    print(f"\nerror matrix on {device}: {len(cases)} cases on {runs} (case, path) runs, {len(crashes)} crashes, "
+          f"{len(wrong)} wrong outcomes")
+    assert not crashes, list(crashes.values())
+    assert not wrong, "\n".join(map(str, wrong[:20]))
+    assert not bad_calls, f"calls the emulated aclnn rejected, or aclop fallbacks: {bad_calls}"

@@ -105,11 +105,11 @@ struct LossOps {
   const char* backward_out;
 };
 
-inline constexpr LossOps<&check_smooth_l1_loss_backward, &check_smooth_l1_loss_backward_out> kSmoothL1Loss{
+inline constexpr LossOps<&check_smooth_l1_loss_backward<int64_t>, &check_smooth_l1_loss_backward_out<int64_t>> kSmoothL1Loss{
     "smooth_l1_loss", "smooth_l1_loss_backward", "smooth_l1_loss_backward.grad_input"};
-inline constexpr LossOps<&check_l1_loss_backward, &check_l1_loss_backward_out> kL1Loss{
+inline constexpr LossOps<&check_l1_loss_backward<int64_t>, &check_l1_loss_backward_out<int64_t>> kL1Loss{
     "l1_loss", "l1_loss_backward", "l1_loss_backward.grad_input"};
-inline constexpr LossOps<&check_kl_div_target_backward, &check_kl_div_target_backward_out> kKlDiv{
+inline constexpr LossOps<&check_kl_div_target_backward<int64_t>, &check_kl_div_target_backward_out<int64_t>> kKlDiv{
     "kl_div", "kl_div_target_backward", "kl_div_target_backward.grad_target"};
 
 // Registers a backend's kernels for `loss`: `forward`, and the backward's functional and out= kernels made

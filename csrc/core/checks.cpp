@@ -3,10 +3,13 @@
 #include <ATen/native/TypeProperties.h>
 #include <ATen/ops/empty.h>
 #include <ATen/ops/empty_strided.h>
+#include <c10/core/DispatchKeySet.h>
 #include <c10/core/MemoryFormat.h>
 #include <c10/core/ScalarType.h>
+#include <c10/core/TensorOptions.h>
 #include <c10/util/Exception.h>
 
+#include <algorithm>
 #include <cmath>
 #include <sstream>
 #include <string>
@@ -14,14 +17,72 @@
 namespace npu_loss {
 namespace {
 
+// A tensor's geometry in the size type Int: concrete for real tensors, symbolic (SymInt) for the fake and
+// meta tensors of the Meta kernels. Every rule below reads sizes, strides and offsets through this only.
+template <typename Int>
+struct Geometry;
+
+template <>
+struct Geometry<int64_t> {
+  static c10::IntArrayRef sizes(const at::Tensor& t) { return t.sizes(); }
+  static c10::IntArrayRef strides(const at::Tensor& t) { return t.strides(); }
+  static int64_t storage_offset(const at::Tensor& t) { return t.storage_offset(); }
+  static int64_t numel(const at::Tensor& t) { return t.numel(); }
+};
+
+template <>
+struct Geometry<c10::SymInt> {
+  static c10::SymIntArrayRef sizes(const at::Tensor& t) { return t.sym_sizes(); }
+  static c10::SymIntArrayRef strides(const at::Tensor& t) { return t.sym_strides(); }
+  static c10::SymInt storage_offset(const at::Tensor& t) { return t.sym_storage_offset(); }
+  static c10::SymInt numel(const at::Tensor& t) { return t.sym_numel(); }
+};
+
+template <typename Int>
+using Shape = c10::SmallVector<Int, c10::kDimVectorStaticSize>;
+
 std::string dtype_name(c10::ScalarType dtype) {
   return std::string(c10::getDtypeNames(dtype).first);
 }
 
-std::string shape_str(c10::IntArrayRef shape) {
+template <typename Int>
+std::string shape_str(c10::ArrayRef<Int> shape) {
   std::ostringstream s;
   s << shape;
   return s.str();
+}
+
+// The type of the device a tensor is on, for the rules that depend on it. A FakeTensor (torch.compile,
+// torch.export, opcheck) reaches its Meta kernel reporting the meta device, but keeps the backend of the
+// device it stands for in its dispatch keys (FakeTensorMode builds it that way): read there, a fake tensor
+// is checked as the tensor it stands for, with the same messages.
+c10::DeviceType device_type(const at::Tensor& t) {
+  const c10::DeviceType type = t.device().type();
+  if (type != c10::DeviceType::Meta) return type;
+  const c10::BackendComponent backend = t.key_set().highestBackendKey();
+  if (backend == c10::BackendComponent::InvalidBit || backend == c10::BackendComponent::MetaBit) return type;
+  return c10::dispatchKeyToDeviceType(c10::toRuntimePerBackendFunctionalityKey(c10::DispatchKey::Dense, backend));
+}
+
+// Where a tensor is, for a device-mismatch message: the device type when the two differ in type ("cpu",
+// "meta", "npu" — all a fake tensor can tell), the full device ("npu:1") when only the index differs.
+std::string device_str(const at::Tensor& t, bool types_differ) {
+  std::ostringstream s;
+  if (types_differ) {
+    s << device_type(t);
+  } else {
+    s << t.device();
+  }
+  return s.str();
+}
+
+// Rule 2 (and 9, for out=): `t` is on `first`'s device.
+void check_same_device(const char* op, const char* name, const at::Tensor& t, const NamedTensor& first) {
+  const at::Tensor& f = *first.second;
+  const bool types_differ = device_type(t) != device_type(f);
+  TORCH_CHECK(
+      !types_differ && t.device() == f.device(), op, ": expected all tensors on the same device, but ", name,
+      " is on ", device_str(t, types_differ), " and ", first.first, " is on ", device_str(f, types_differ));
 }
 
 void check_defined(const char* op, std::initializer_list<NamedTensor> tensors) {
@@ -31,12 +92,7 @@ void check_defined(const char* op, std::initializer_list<NamedTensor> tensors) {
 }
 
 void check_same_device(const char* op, std::initializer_list<NamedTensor> tensors) {
-  const auto& [first_name, first] = *tensors.begin();
-  for (const auto& [name, t] : tensors) {
-    TORCH_CHECK(
-        t->device() == first->device(), op, ": expected all tensors on the same device, but ", name,
-        " is on ", t->device(), " and ", first_name, " is on ", first->device());
-  }
+  for (const auto& [name, t] : tensors) check_same_device(op, name, *t, *tensors.begin());
 }
 
 bool is_accepted_dtype(c10::ScalarType dtype, bool allow_float64) {
@@ -48,13 +104,15 @@ const char* accepted_dtypes(bool allow_float64) {
   return allow_float64 ? "float32, float64, float16 or bfloat16" : "float32, float16 or bfloat16";
 }
 
+void check_dtype(const char* op, const char* name, const at::Tensor& t) {
+  const bool allow_float64 = float64_allowed(t);
+  TORCH_CHECK_TYPE(
+      is_accepted_dtype(t.scalar_type(), allow_float64), op, ": ", name, " must have dtype ",
+      accepted_dtypes(allow_float64), " on ", device_type(t), ", got ", dtype_name(t.scalar_type()));
+}
+
 void check_dtypes(const char* op, std::initializer_list<NamedTensor> tensors) {
-  for (const auto& [name, t] : tensors) {
-    const bool allow_float64 = float64_allowed(*t);
-    TORCH_CHECK_TYPE(
-        is_accepted_dtype(t->scalar_type(), allow_float64), op, ": ", name, " must have dtype ",
-        accepted_dtypes(allow_float64), " on ", t->device().type(), ", got ", dtype_name(t->scalar_type()));
-  }
+  for (const auto& [name, t] : tensors) check_dtype(op, name, *t);
 }
 
 void check_reduction(const char* op, int64_t reduction) {
@@ -77,13 +135,14 @@ void check_dims(const char* op, std::initializer_list<NamedTensor> tensors) {
 }
 
 // NumPy broadcasting of the named tensors' shapes; a clear error naming all of them when impossible.
-c10::DimVector broadcast_shapes(const char* op, std::initializer_list<NamedTensor> tensors) {
+template <typename Int>
+Shape<Int> broadcast_shapes(const char* op, std::initializer_list<NamedTensor> tensors) {
   int64_t ndim = 0;
   for (const auto& nt : tensors) ndim = std::max<int64_t>(ndim, nt.second->dim());
-  c10::DimVector shape(ndim, 1);
+  Shape<Int> shape(ndim, Int(1));
   bool ok = true;
   for (const auto& nt : tensors) {
-    const auto sizes = nt.second->sizes();
+    const auto sizes = Geometry<Int>::sizes(*nt.second);
     const int64_t offset = ndim - static_cast<int64_t>(sizes.size());
     for (size_t i = 0; i < sizes.size(); ++i) {
       auto& s = shape[offset + i];
@@ -99,7 +158,8 @@ c10::DimVector broadcast_shapes(const char* op, std::initializer_list<NamedTenso
     std::ostringstream names;
     size_t i = 0;
     for (const auto& [name, t] : tensors) {
-      names << (i == 0 ? "" : (i + 1 == tensors.size() ? " and " : ", ")) << name << " " << t->sizes();
+      names << (i == 0 ? "" : (i + 1 == tensors.size() ? " and " : ", ")) << name << " "
+            << Geometry<Int>::sizes(*t);
       ++i;
     }
     TORCH_CHECK(false, op, ": shapes cannot be broadcast together: ", names.str());
@@ -113,7 +173,17 @@ c10::ScalarType result_type_of(std::initializer_list<NamedTensor> tensors) {
   return at::native::result_type(state);
 }
 
-// The first checks every loss shares, in the order _fake.py runs them too.
+template <typename Int>
+c10::MemoryFormat result_memory_format_of(
+    c10::ArrayRef<Int> shape, std::initializer_list<const at::Tensor*> operands_by_priority) {
+  if (shape.size() != 4 && shape.size() != 5) return c10::MemoryFormat::Contiguous;
+  for (const auto* t : operands_by_priority) {
+    if (Geometry<Int>::sizes(*t) == shape) return t->suggest_memory_format();
+  }
+  return c10::MemoryFormat::Contiguous;
+}
+
+// The first checks every loss shares, in this order.
 void check_common(const char* op, std::initializer_list<NamedTensor> tensors, int64_t reduction) {
   check_defined(op, tensors);
   check_same_device(op, tensors);
@@ -121,68 +191,128 @@ void check_common(const char* op, std::initializer_list<NamedTensor> tensors, in
   check_reduction(op, reduction);
 }
 
-struct MemorySpan {
-  const void* storage;
-  int64_t begin;  // in bytes, inclusive
-  int64_t end;    // in bytes, exclusive
-};
-
-MemorySpan memory_span(const at::Tensor& t) {
-  const int64_t item = static_cast<int64_t>(t.element_size());
-  int64_t extent = 1;
-  for (int64_t d = 0; d < t.dim(); ++d) extent += (t.size(d) - 1) * t.stride(d);
-  const int64_t begin = t.storage_offset() * item;
-  return {t.storage().unsafeGetStorageImpl(), begin, begin + extent * item};
+// The forwards: broadcast(self, target) for "none", 0-dim otherwise, in at::result_type(self, target).
+template <typename Int>
+BasicResultSpec<Int> forward_spec(
+    const char* op, const at::Tensor& self, const at::Tensor& target, int64_t reduction) {
+  const std::initializer_list<NamedTensor> args = {{"self", &self}, {"target", &target}};
+  check_dims(op, args);
+  auto b = broadcast_shapes<Int>(op, args);
+  Shape<Int> shape = reduction == kNone ? b : Shape<Int>{};
+  const auto format = result_memory_format_of<Int>(shape, {&self, &target});
+  return {shape, result_type_of(args), b, format};
 }
 
+// The smooth L1 and L1 gradients w.r.t. self: broadcast(grad_output, self, target), in `dtype`.
+template <typename Int>
+BasicResultSpec<Int> self_gradient_spec(
+    const char* op, const at::Tensor& grad_output, const at::Tensor& self, const at::Tensor& target,
+    c10::ScalarType dtype) {
+  const std::initializer_list<NamedTensor> args = {
+      {"grad_output", &grad_output}, {"self", &self}, {"target", &target}};
+  check_dims(op, args);
+  auto b = broadcast_shapes<Int>(op, args);
+  const auto format = result_memory_format_of<Int>(b, {&self, &target, &grad_output});
+  return {b, dtype, b, format};
+}
+
+template <typename Int>
+struct MemorySpan {
+  const void* storage;
+  Int begin;  // in bytes, inclusive
+  Int end;    // in bytes, exclusive
+};
+
+template <typename Int>
+MemorySpan<Int> memory_span(const at::Tensor& t) {
+  const int64_t item = static_cast<int64_t>(t.element_size());
+  const auto sizes = Geometry<Int>::sizes(t);
+  const auto strides = Geometry<Int>::strides(t);
+  Int extent = 1;
+  for (size_t d = 0; d < sizes.size(); ++d) extent += (sizes[d] - 1) * strides[d];
+  Int begin = Geometry<Int>::storage_offset(t) * item;
+  Int end = begin + extent * item;
+  return {t.storage().unsafeGetStorageImpl(), std::move(begin), std::move(end)};
+}
+
+template <typename Int>
 bool has_internal_overlap(const at::Tensor& t) {
-  for (int64_t d = 0; d < t.dim(); ++d) {
-    if (t.size(d) > 1 && t.stride(d) == 0) return true;
+  const auto sizes = Geometry<Int>::sizes(t);
+  const auto strides = Geometry<Int>::strides(t);
+  for (size_t d = 0; d < sizes.size(); ++d) {
+    if (sizes[d] > 1 && strides[d] == 0) return true;
   }
   return false;
 }
 
+template <typename Int>
 bool is_exact_alias(const at::Tensor& a, const at::Tensor& b) {
   return a.storage().unsafeGetStorageImpl() == b.storage().unsafeGetStorageImpl() &&
-      a.storage_offset() * a.element_size() == b.storage_offset() * b.element_size() &&
-      a.element_size() == b.element_size() && a.sizes() == b.sizes() && a.strides() == b.strides();
+      a.element_size() == b.element_size() &&
+      Geometry<Int>::storage_offset(a) == Geometry<Int>::storage_offset(b) &&
+      Geometry<Int>::sizes(a) == Geometry<Int>::sizes(b) && Geometry<Int>::strides(a) == Geometry<Int>::strides(b);
 }
 
+template <typename Int>
 bool shares_memory(const at::Tensor& a, const at::Tensor& b) {
-  if (a.numel() == 0 || b.numel() == 0 || !a.has_storage() || !b.has_storage()) return false;
-  const auto sa = memory_span(a);
-  const auto sb = memory_span(b);
-  return sa.storage == sb.storage && sa.begin < sb.end && sb.begin < sa.end;
+  if (!a.has_storage() || !b.has_storage() ||
+      a.storage().unsafeGetStorageImpl() != b.storage().unsafeGetStorageImpl()) {
+    return false;
+  }
+  if (Geometry<Int>::numel(a) == 0 || Geometry<Int>::numel(b) == 0) return false;
+  const auto sa = memory_span<Int>(a);
+  const auto sb = memory_span<Int>(b);
+  return sa.begin < sb.end && sb.begin < sa.end;
+}
+
+// at::empty and at::empty_strided, in either size type.
+at::Tensor empty_of(c10::IntArrayRef sizes, const at::TensorOptions& options) {
+  return at::empty(sizes, options);
+}
+
+at::Tensor empty_of(c10::SymIntArrayRef sizes, const at::TensorOptions& options) {
+  return at::empty_symint(sizes, options);
+}
+
+at::Tensor empty_strided_of(c10::IntArrayRef sizes, c10::IntArrayRef strides, const at::TensorOptions& options) {
+  return at::empty_strided(sizes, strides, options);
+}
+
+at::Tensor empty_strided_of(
+    c10::SymIntArrayRef sizes, c10::SymIntArrayRef strides, const at::TensorOptions& options) {
+  return at::empty_strided_symint(sizes, strides, options);
+}
+
+template <typename Int>
+at::Tensor empty_with_format_of(c10::ArrayRef<Int> sizes, const at::TensorOptions& options, c10::MemoryFormat format) {
+  switch (format) {
+    case c10::MemoryFormat::ChannelsLast:
+      return empty_strided_of(sizes, c10::get_channels_last_strides_2d<Int>(sizes), options);
+    case c10::MemoryFormat::ChannelsLast3d:
+      return empty_strided_of(sizes, c10::get_channels_last_strides_3d<Int>(sizes), options);
+    default:
+      return empty_of(sizes, options);
+  }
 }
 
 }  // namespace
 
 bool float64_allowed(const at::Tensor& t) {
-  return t.device().type() != c10::DeviceType::PrivateUse1;
+  return device_type(t) != c10::DeviceType::PrivateUse1;
 }
 
 c10::MemoryFormat result_memory_format(
     c10::IntArrayRef shape, std::initializer_list<const at::Tensor*> operands_by_priority) {
-  if (shape.size() != 4 && shape.size() != 5) return c10::MemoryFormat::Contiguous;
-  for (const auto* t : operands_by_priority) {
-    if (t->sizes() == shape) return t->suggest_memory_format();
-  }
-  return c10::MemoryFormat::Contiguous;
+  return result_memory_format_of<int64_t>(shape, operands_by_priority);
 }
 
 at::Tensor empty_with_format(c10::IntArrayRef sizes, const at::TensorOptions& options, c10::MemoryFormat format) {
-  switch (format) {
-    case c10::MemoryFormat::ChannelsLast:
-      return at::empty_strided(sizes, c10::get_channels_last_strides_2d(sizes), options);
-    case c10::MemoryFormat::ChannelsLast3d:
-      return at::empty_strided(sizes, c10::get_channels_last_strides_3d(sizes), options);
-    default:
-      return at::empty(sizes, options);
-  }
+  return empty_with_format_of<int64_t>(sizes, options, format);
 }
 
-at::Tensor empty_result(const ResultSpec& spec, const at::TensorOptions& options) {
-  return empty_with_format(spec.shape, options.dtype(spec.dtype), spec.memory_format);
+template <typename Int>
+at::Tensor empty_result(const BasicResultSpec<Int>& spec, const at::TensorOptions& options) {
+  return empty_with_format_of<Int>(spec.shape, options.dtype(spec.dtype), spec.memory_format);
 }
 
 at::Tensor with_memory_format(const at::Tensor& t, c10::MemoryFormat format) {
@@ -193,144 +323,163 @@ at::Tensor with_memory_format(const at::Tensor& t, c10::MemoryFormat format) {
   return t.is_contiguous(format) ? t : empty_with_format(t.sizes(), t.options(), format).copy_(t);
 }
 
-ResultSpec check_smooth_l1_loss(
-    const at::Tensor& self, const at::Tensor& target, int64_t reduction, double beta) {
-  constexpr const char* op = "smooth_l1_loss";
-  const std::initializer_list<NamedTensor> args = {{"self", &self}, {"target", &target}};
-  check_common(op, args, reduction);
-  check_beta(op, beta);
-  check_dims(op, args);
-  auto b = broadcast_shapes(op, args);
-  c10::DimVector shape = reduction == kNone ? b : c10::DimVector{};
-  const auto format = result_memory_format(shape, {&self, &target});
-  return {shape, result_type_of(args), b, format};
+template <typename Int>
+void check_out(
+    const char* op, const char* name, const at::Tensor& out, const BasicResultSpec<Int>& spec, OutDtype rule,
+    std::initializer_list<NamedTensor> inputs) {
+  TORCH_CHECK(out.defined(), op, ": ", name, " must be a defined tensor, got an undefined tensor (None)");
+  check_same_device(op, name, out, *inputs.begin());
+  if (rule == OutDtype::EqualsResult) {
+    TORCH_CHECK_TYPE(
+        out.scalar_type() == spec.dtype, op, ": ", name, " must have dtype ", dtype_name(spec.dtype),
+        " (the result's dtype), got ", dtype_name(out.scalar_type()));
+  } else {
+    check_dtype(op, name, out);
+  }
+  const c10::ArrayRef<Int> shape(spec.shape);
+  TORCH_CHECK(
+      Geometry<Int>::sizes(out) == shape, op, ": ", name, " must have shape ", shape_str(shape),
+      " (the result's shape), got ", Geometry<Int>::sizes(out));
+  TORCH_CHECK(
+      !has_internal_overlap<Int>(out), op, ": ", name,
+      " must not overlap itself (expanded or stride-0 outputs are not supported)");
+  const bool alias_allowed = spec.shape == spec.broadcast_shape;
+  for (const auto& [input_name, input] : inputs) {
+    if (!shares_memory<Int>(out, *input)) continue;
+    TORCH_CHECK(
+        alias_allowed && is_exact_alias<Int>(out, *input), op, ": ", name, " overlaps ", input_name,
+        "; it must be a separate tensor",
+        alias_allowed ? std::string(" or exactly ") + input_name : std::string(""));
+  }
 }
 
-ResultSpec check_smooth_l1_loss_backward(
+template <typename Int>
+BasicResultSpec<Int> check_smooth_l1_loss(
+    const at::Tensor& self, const at::Tensor& target, int64_t reduction, double beta) {
+  constexpr const char* op = "smooth_l1_loss";
+  check_common(op, {{"self", &self}, {"target", &target}}, reduction);
+  check_beta(op, beta);
+  return forward_spec<Int>(op, self, target, reduction);
+}
+
+template <typename Int>
+BasicResultSpec<Int> check_smooth_l1_loss_backward(
     const at::Tensor& grad_output, const at::Tensor& self, const at::Tensor& target, int64_t reduction,
     double beta) {
   constexpr const char* op = "smooth_l1_loss_backward";
-  const std::initializer_list<NamedTensor> args = {
-      {"grad_output", &grad_output}, {"self", &self}, {"target", &target}};
-  check_common(op, args, reduction);
+  check_common(op, {{"grad_output", &grad_output}, {"self", &self}, {"target", &target}}, reduction);
   check_beta(op, beta);
-  check_dims(op, args);
-  auto b = broadcast_shapes(op, args);
-  return {b, self.scalar_type(), b, result_memory_format(b, {&self, &target, &grad_output})};
+  return self_gradient_spec<Int>(op, grad_output, self, target, self.scalar_type());
 }
 
-ResultSpec check_l1_loss(const at::Tensor& self, const at::Tensor& target, int64_t reduction) {
+template <typename Int>
+BasicResultSpec<Int> check_l1_loss(const at::Tensor& self, const at::Tensor& target, int64_t reduction) {
   constexpr const char* op = "l1_loss";
-  const std::initializer_list<NamedTensor> args = {{"self", &self}, {"target", &target}};
-  check_common(op, args, reduction);
-  check_dims(op, args);
-  auto b = broadcast_shapes(op, args);
-  c10::DimVector shape = reduction == kNone ? b : c10::DimVector{};
-  const auto format = result_memory_format(shape, {&self, &target});
-  return {shape, result_type_of(args), b, format};
+  check_common(op, {{"self", &self}, {"target", &target}}, reduction);
+  return forward_spec<Int>(op, self, target, reduction);
 }
 
-ResultSpec check_l1_loss_backward(
+template <typename Int>
+BasicResultSpec<Int> check_l1_loss_backward(
     const at::Tensor& grad_output, const at::Tensor& self, const at::Tensor& target, int64_t reduction) {
   constexpr const char* op = "l1_loss_backward";
   const std::initializer_list<NamedTensor> args = {
       {"grad_output", &grad_output}, {"self", &self}, {"target", &target}};
   check_common(op, args, reduction);
-  check_dims(op, args);
-  auto b = broadcast_shapes(op, args);
-  return {b, result_type_of(args), b, result_memory_format(b, {&self, &target, &grad_output})};
+  return self_gradient_spec<Int>(op, grad_output, self, target, result_type_of(args));
 }
 
-ResultSpec check_kl_div(const at::Tensor& self, const at::Tensor& target, int64_t reduction) {
+template <typename Int>
+BasicResultSpec<Int> check_kl_div(const at::Tensor& self, const at::Tensor& target, int64_t reduction) {
   constexpr const char* op = "kl_div";
-  const std::initializer_list<NamedTensor> args = {{"self", &self}, {"target", &target}};
-  check_common(op, args, reduction);
-  check_dims(op, args);
-  auto b = broadcast_shapes(op, args);
-  c10::DimVector shape = reduction == kNone ? b : c10::DimVector{};
-  const auto format = result_memory_format(shape, {&self, &target});
-  return {shape, result_type_of(args), b, format};
+  check_common(op, {{"self", &self}, {"target", &target}}, reduction);
+  return forward_spec<Int>(op, self, target, reduction);
 }
 
-ResultSpec check_kl_div_target_backward(
+template <typename Int>
+BasicResultSpec<Int> check_kl_div_target_backward(
     const at::Tensor& grad_output, const at::Tensor& self, const at::Tensor& target, int64_t reduction) {
   constexpr const char* op = "kl_div_target_backward";
   const std::initializer_list<NamedTensor> args = {
       {"grad_output", &grad_output}, {"self", &self}, {"target", &target}};
   check_common(op, args, reduction);
   check_dims(op, args);
-  auto b = broadcast_shapes(op, {{"self", &self}, {"target", &target}});
-  auto with_grad = broadcast_shapes(op, args);
+  auto b = broadcast_shapes<Int>(op, {{"self", &self}, {"target", &target}});
+  auto with_grad = broadcast_shapes<Int>(op, args);
   TORCH_CHECK(
-      with_grad == b, op, ": grad_output of shape ", grad_output.sizes(),
-      " must broadcast to the shape of broadcast(self, target) ", c10::IntArrayRef(b),
+      with_grad == b, op, ": grad_output of shape ", Geometry<Int>::sizes(grad_output),
+      " must broadcast to the shape of broadcast(self, target) ", c10::ArrayRef<Int>(b),
       " without enlarging it");
-  return {c10::DimVector(target.sizes()), target.scalar_type(), b,
-          result_memory_format(target.sizes(), {&target})};
+  const auto shape = Geometry<Int>::sizes(target);
+  return {Shape<Int>(shape.begin(), shape.end()), target.scalar_type(), b,
+          result_memory_format_of<Int>(shape, {&target})};
 }
 
-void check_out(
-    const char* op, const char* name, const at::Tensor& out, const ResultSpec& spec, OutDtype rule,
-    std::initializer_list<NamedTensor> inputs) {
-  TORCH_CHECK(out.defined(), op, ": ", name, " must be a defined tensor, got an undefined tensor (None)");
-  const auto& first = *inputs.begin();
-  TORCH_CHECK(
-      out.device() == first.second->device(), op, ": expected all tensors on the same device, but ", name,
-      " is on ", out.device(), " and ", first.first, " is on ", first.second->device());
-  if (rule == OutDtype::EqualsResult) {
-    TORCH_CHECK_TYPE(
-        out.scalar_type() == spec.dtype, op, ": ", name, " must have dtype ", dtype_name(spec.dtype),
-        " (the result's dtype), got ", dtype_name(out.scalar_type()));
-  } else {
-    const bool allow_float64 = float64_allowed(out);
-    TORCH_CHECK_TYPE(
-        is_accepted_dtype(out.scalar_type(), allow_float64), op, ": ", name, " must have dtype ",
-        accepted_dtypes(allow_float64), " on ", out.device().type(), ", got ", dtype_name(out.scalar_type()));
-  }
-  TORCH_CHECK(
-      out.sizes() == c10::IntArrayRef(spec.shape), op, ": ", name, " must have shape ",
-      shape_str(spec.shape), " (the result's shape), got ", out.sizes());
-  TORCH_CHECK(
-      !has_internal_overlap(out), op, ": ", name,
-      " must not overlap itself (expanded or stride-0 outputs are not supported)");
-  const bool alias_allowed = spec.shape == spec.broadcast_shape;
-  for (const auto& [input_name, input] : inputs) {
-    if (!shares_memory(out, *input)) continue;
-    TORCH_CHECK(
-        alias_allowed && is_exact_alias(out, *input), op, ": ", name, " overlaps ", input_name,
-        "; it must be a separate tensor",
-        alias_allowed ? std::string(" or exactly ") + input_name : std::string(""));
-  }
-}
-
-ResultSpec check_smooth_l1_loss_backward_out(
+template <typename Int>
+BasicResultSpec<Int> check_smooth_l1_loss_backward_out(
     const at::Tensor& grad_output, const at::Tensor& self, const at::Tensor& target, int64_t reduction,
     double beta, const at::Tensor& grad_input) {
-  auto spec = check_smooth_l1_loss_backward(grad_output, self, target, reduction, beta);
-  check_out(
+  auto spec = check_smooth_l1_loss_backward<Int>(grad_output, self, target, reduction, beta);
+  check_out<Int>(
       "smooth_l1_loss_backward", "grad_input", grad_input, spec, OutDtype::AnyFloating,
       {{"grad_output", &grad_output}, {"self", &self}, {"target", &target}});
   return spec;
 }
 
-ResultSpec check_l1_loss_backward_out(
+template <typename Int>
+BasicResultSpec<Int> check_l1_loss_backward_out(
     const at::Tensor& grad_output, const at::Tensor& self, const at::Tensor& target, int64_t reduction,
     const at::Tensor& grad_input) {
-  auto spec = check_l1_loss_backward(grad_output, self, target, reduction);
-  check_out(
+  auto spec = check_l1_loss_backward<Int>(grad_output, self, target, reduction);
+  check_out<Int>(
       "l1_loss_backward", "grad_input", grad_input, spec, OutDtype::AnyFloating,
       {{"grad_output", &grad_output}, {"self", &self}, {"target", &target}});
   return spec;
 }
 
-ResultSpec check_kl_div_target_backward_out(
+template <typename Int>
+BasicResultSpec<Int> check_kl_div_target_backward_out(
     const at::Tensor& grad_output, const at::Tensor& self, const at::Tensor& target, int64_t reduction,
     const at::Tensor& grad_target) {
-  auto spec = check_kl_div_target_backward(grad_output, self, target, reduction);
-  check_out(
+  auto spec = check_kl_div_target_backward<Int>(grad_output, self, target, reduction);
+  check_out<Int>(
       "kl_div_target_backward", "grad_target", grad_target, spec, OutDtype::EqualsResult,
       {{"grad_output", &grad_output}, {"self", &self}, {"target", &target}});
   return spec;
 }
+
+const std::vector<std::string>& checked_ops() {
+  static const std::vector<std::string> names = {
+      "smooth_l1_loss", "smooth_l1_loss_backward", "smooth_l1_loss_backward.grad_input",
+      "l1_loss",        "l1_loss_backward",        "l1_loss_backward.grad_input",
+      "kl_div",         "kl_div_target_backward",  "kl_div_target_backward.grad_target",
+  };
+  return names;
+}
+
+// Every rule in both size types: int64_t for the kernels, c10::SymInt for the Meta kernels.
+#define NPU_LOSS_INSTANTIATE_CHECKS(Int)                                                                         \
+  template BasicResultSpec<Int> check_smooth_l1_loss<Int>(const at::Tensor&, const at::Tensor&, int64_t, double); \
+  template BasicResultSpec<Int> check_smooth_l1_loss_backward<Int>(                                              \
+      const at::Tensor&, const at::Tensor&, const at::Tensor&, int64_t, double);                                 \
+  template BasicResultSpec<Int> check_l1_loss<Int>(const at::Tensor&, const at::Tensor&, int64_t);               \
+  template BasicResultSpec<Int> check_l1_loss_backward<Int>(                                                     \
+      const at::Tensor&, const at::Tensor&, const at::Tensor&, int64_t);                                         \
+  template BasicResultSpec<Int> check_kl_div<Int>(const at::Tensor&, const at::Tensor&, int64_t);                \
+  template BasicResultSpec<Int> check_kl_div_target_backward<Int>(                                               \
+      const at::Tensor&, const at::Tensor&, const at::Tensor&, int64_t);                                         \
+  template BasicResultSpec<Int> check_smooth_l1_loss_backward_out<Int>(                                          \
+      const at::Tensor&, const at::Tensor&, const at::Tensor&, int64_t, double, const at::Tensor&);              \
+  template BasicResultSpec<Int> check_l1_loss_backward_out<Int>(                                                 \
+      const at::Tensor&, const at::Tensor&, const at::Tensor&, int64_t, const at::Tensor&);                      \
+  template BasicResultSpec<Int> check_kl_div_target_backward_out<Int>(                                           \
+      const at::Tensor&, const at::Tensor&, const at::Tensor&, int64_t, const at::Tensor&);                      \
+  template void check_out<Int>(                                                                                  \
+      const char*, const char*, const at::Tensor&, const BasicResultSpec<Int>&, OutDtype,                        \
+      std::initializer_list<NamedTensor>);                                                                       \
+  template at::Tensor empty_result<Int>(const BasicResultSpec<Int>&, const at::TensorOptions&);
+
+NPU_LOSS_INSTANTIATE_CHECKS(int64_t)
+NPU_LOSS_INSTANTIATE_CHECKS(c10::SymInt)
 
 }  // namespace npu_loss

@@ -63,3 +63,65 @@ def test_a_torch_other_than_the_build_one_is_a_clear_rebuild_error():
     with pytest.raises(ImportError, match=r"built against torch 2\.12\.0, but torch .* Rebuild"):
         npu_loss_ops._check_torch_version("2.12.0", torch.__version__)
     assert npu_loss_ops._BUILT_WITH_TORCH == torch.__version__
+
+
+# ---- every op has its block in every per-op table (docs/adding_a_loss.md) ----
+
+
+def _registered_ops() -> set[str]:
+    """Every op and overload registered under npu_loss, as 'name' or 'name.overload'."""
+    return {
+        name.removeprefix("npu_loss::")
+        for name in torch._C._dispatch_get_all_op_names()
+        if name.startswith("npu_loss::")
+    }
+
+
+def _functional(ops: set[str]) -> set[str]:
+    return {op for op in ops if "." not in op}
+
+
+def _sample_ops() -> set[str]:
+    import samples
+
+    return (
+        set(samples.LOSSES)
+        | {samples.BACKWARD_OP[loss] for loss in samples.LOSSES}
+        | {f"{samples.BACKWARD_OP[loss]}.{samples.OUT_OVERLOAD[loss]}" for loss in samples.LOSSES}
+    )
+
+
+def _per_op_tables() -> dict[str, set[str]]:
+    """Each per-op table, as the set of ops (or functional ops) it has a block for."""
+    from npu_loss_ops import _C
+
+    return {
+        "schemas (SCHEMAS here, docs/semantics.md)": {s.split("(")[0].removeprefix("npu_loss::") for s in SCHEMAS},
+        "validation rules (csrc/core/checks.cpp)": set(_C._checked_ops()),
+        "derivatives blocks (csrc/autograd/derivatives.cpp)": set(_C._differentiable_ops()),
+        "NPU routing rows (csrc/npu/routing.cpp)": {row["op"] for row in _C._npu_routing_table()},
+        "sample families (tests/samples.py)": _sample_ops(),
+    }
+
+
+def test_the_tables_name_only_registered_ops():
+    """The registry is read, not assumed: the nine ops are there, and no table names an op that is not."""
+    registered = _registered_ops()
+    assert {s.split("(")[0].removeprefix("npu_loss::") for s in SCHEMAS} <= registered
+    for table, ops in _per_op_tables().items():
+        assert ops, f"{table} is empty"
+        assert ops <= registered, f"{table} names ops that are not registered: {sorted(ops - registered)}"
+
+
+@pytest.mark.parametrize("op", sorted(_registered_ops()))
+def test_every_registered_op_has_a_block_in_every_table(op):
+    """A loss added with one block missing fails here, naming the op and the table. Derivatives and
+    routing are per functional op (an out= overload has neither autograd nor a route of its own)."""
+    tables = _per_op_tables()
+    per_functional = ("derivatives blocks", "NPU routing rows")
+    missing = [
+        table
+        for table, ops in tables.items()
+        if ("." not in op or not table.startswith(per_functional)) and op not in ops
+    ]
+    assert not missing, f"{op} has no block in: {missing}"

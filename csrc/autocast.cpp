@@ -33,6 +33,7 @@ void register_autocast(torch::Library& m) {
   m.impl("smooth_l1_loss", &AutocastLoss<device, key, ops::LossSmoothL1, ops::smooth_l1_loss>::call);
   m.impl("l1_loss", &AutocastLoss<device, key, ops::LossL1, ops::l1_loss>::call);
   m.impl("kl_div", &AutocastLoss<device, key, ops::LossKl, ops::kl_div>::call);
+  m.impl("huber_loss", &AutocastLoss<device, key, ops::LossHuber, ops::huber_loss>::call);
 }
 
 }  // namespace

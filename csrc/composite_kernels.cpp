@@ -36,38 +36,36 @@ void impl_composite(torch::Library& m) {
 }
 
 // Functionalize kernels: PyTorch does not functionalize a custom op whose result aliases an input, so
-// each out= overload is rewritten as its functional op plus a copy into out (both functionalizable).
-at::Tensor& copy_into_out(const char* op, const char* name, at::Tensor& out, const at::Tensor& result) {
-  TORCH_CHECK(
-      out.sym_sizes() == result.sym_sizes(), op, ": ", name, " must have shape ", result.sym_sizes(),
-      " (the result's shape), got ", out.sym_sizes());
-  out.copy_(result);
-  return out;
-}
+// each out= overload is rewritten as its functional op (through `handle`) plus a copy into out (both
+// functionalizable), after the out tensor's shape and dtype rules on the result.
+template <const auto& loss, auto handle, typename = decltype(handle)>
+struct FunctionalizeOut;
 
-at::Tensor& smooth_l1_loss_backward_out_functionalize(
-    const at::Tensor& grad_output, const at::Tensor& self, const at::Tensor& target, int64_t reduction,
-    double beta, at::Tensor& grad_input) {
-  const auto result = ops::smooth_l1_loss_backward().call(grad_output, self, target, reduction, beta);
-  return copy_into_out("smooth_l1_loss_backward", "grad_input", grad_input, result);
-}
+template <const auto& loss, typename... Scalars,
+          const c10::TypedOperatorHandle<at::Tensor(const at::Tensor&, const at::Tensor&, const at::Tensor&, int64_t,
+                                                    Scalars...)>& (*handle)()>
+struct FunctionalizeOut<loss, handle,
+                        const c10::TypedOperatorHandle<at::Tensor(const at::Tensor&, const at::Tensor&,
+                                                                  const at::Tensor&, int64_t, Scalars...)>& (*)()> {
+  static at::Tensor& call(
+      const at::Tensor& grad_output, const at::Tensor& self, const at::Tensor& target, int64_t reduction,
+      Scalars... scalars, at::Tensor& out) {
+    const auto result = handle().call(grad_output, self, target, reduction, scalars...);
+    TORCH_CHECK_TYPE(
+        loss.out_dtype != OutDtype::EqualsResult || out.scalar_type() == result.scalar_type(), loss.backward, ": ",
+        loss.out_arg, " must have dtype ", c10::getDtypeNames(result.scalar_type()).first,
+        " (the result's dtype), got ", c10::getDtypeNames(out.scalar_type()).first);
+    TORCH_CHECK(
+        out.sym_sizes() == result.sym_sizes(), loss.backward, ": ", loss.out_arg, " must have shape ",
+        result.sym_sizes(), " (the result's shape), got ", out.sym_sizes());
+    out.copy_(result);
+    return out;
+  }
+};
 
-at::Tensor& l1_loss_backward_out_functionalize(
-    const at::Tensor& grad_output, const at::Tensor& self, const at::Tensor& target, int64_t reduction,
-    at::Tensor& grad_input) {
-  const auto result = ops::l1_loss_backward().call(grad_output, self, target, reduction);
-  return copy_into_out("l1_loss_backward", "grad_input", grad_input, result);
-}
-
-at::Tensor& kl_div_target_backward_out_functionalize(
-    const at::Tensor& grad_output, const at::Tensor& self, const at::Tensor& target, int64_t reduction,
-    bool log_target, at::Tensor& grad_target) {
-  const auto result = ops::kl_div_target_backward().call(grad_output, self, target, reduction, log_target);
-  TORCH_CHECK_TYPE(
-      grad_target.scalar_type() == result.scalar_type(), "kl_div_target_backward: grad_target must have dtype ",
-      c10::getDtypeNames(result.scalar_type()).first, " (the result's dtype), got ",
-      c10::getDtypeNames(grad_target.scalar_type()).first);
-  return copy_into_out("kl_div_target_backward", "grad_target", grad_target, result);
+template <const auto& loss, auto handle>
+void impl_functionalize(torch::Library& m) {
+  m.impl(loss.backward_out, &FunctionalizeOut<loss, handle>::call);
 }
 
 }  // namespace
@@ -76,12 +74,14 @@ TORCH_LIBRARY_IMPL(npu_loss, CompositeExplicitAutograd, m) {
   impl_composite<kSmoothL1Loss, &composite::smooth_l1_loss, &composite::smooth_l1_loss_backward>(m);
   impl_composite<kL1Loss, &composite::l1_loss, &composite::l1_loss_backward>(m);
   impl_composite<kKlDiv, &composite::kl_div, &composite::kl_div_target_backward>(m);
+  impl_composite<kHuberLoss, &composite::huber_loss, &composite::huber_loss_backward>(m);
 }
 
 TORCH_LIBRARY_IMPL(npu_loss, Functionalize, m) {
-  m.impl("smooth_l1_loss_backward.grad_input", &smooth_l1_loss_backward_out_functionalize);
-  m.impl("l1_loss_backward.grad_input", &l1_loss_backward_out_functionalize);
-  m.impl("kl_div_target_backward.grad_target", &kl_div_target_backward_out_functionalize);
+  impl_functionalize<kSmoothL1Loss, ops::smooth_l1_loss_backward>(m);
+  impl_functionalize<kL1Loss, ops::l1_loss_backward>(m);
+  impl_functionalize<kKlDiv, ops::kl_div_target_backward>(m);
+  impl_functionalize<kHuberLoss, ops::huber_loss_backward>(m);
 }
 
 }  // namespace npu_loss

@@ -31,6 +31,25 @@ at::Tensor& smooth_l1_loss_backward_out_meta(
   return grad_input;
 }
 
+at::Tensor huber_loss_meta(const at::Tensor& self, const at::Tensor& target, int64_t reduction, double delta) {
+  const auto spec = check_huber_loss<c10::SymInt>(self, target, reduction, delta);
+  return empty_result(spec, self.options());
+}
+
+at::Tensor huber_loss_backward_meta(
+    const at::Tensor& grad_output, const at::Tensor& self, const at::Tensor& target, int64_t reduction,
+    double delta) {
+  const auto spec = check_huber_loss_backward<c10::SymInt>(grad_output, self, target, reduction, delta);
+  return empty_result(spec, self.options());
+}
+
+at::Tensor& huber_loss_backward_out_meta(
+    const at::Tensor& grad_output, const at::Tensor& self, const at::Tensor& target, int64_t reduction,
+    double delta, at::Tensor& grad_input) {
+  check_huber_loss_backward_out<c10::SymInt>(grad_output, self, target, reduction, delta, grad_input);
+  return grad_input;
+}
+
 at::Tensor l1_loss_meta(const at::Tensor& self, const at::Tensor& target, int64_t reduction) {
   const auto spec = check_l1_loss<c10::SymInt>(self, target, reduction);
   return empty_result(spec, self.options());
@@ -80,6 +99,9 @@ TORCH_LIBRARY_IMPL(npu_loss, Meta, m) {
   m.impl("kl_div", &kl_div_meta);
   m.impl("kl_div_target_backward", &kl_div_target_backward_meta);
   m.impl("kl_div_target_backward.grad_target", &kl_div_target_backward_out_meta);
+  m.impl("huber_loss", &huber_loss_meta);
+  m.impl("huber_loss_backward", &huber_loss_backward_meta);
+  m.impl("huber_loss_backward.out", &huber_loss_backward_out_meta);
 }
 
 }  // namespace npu_loss

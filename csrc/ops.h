@@ -14,6 +14,8 @@ using LossKl = at::Tensor(const at::Tensor&, const at::Tensor&, int64_t, bool);
 using BackwardSmoothL1 = at::Tensor(const at::Tensor&, const at::Tensor&, const at::Tensor&, int64_t, double);
 using BackwardL1 = at::Tensor(const at::Tensor&, const at::Tensor&, const at::Tensor&, int64_t);
 using BackwardKl = at::Tensor(const at::Tensor&, const at::Tensor&, const at::Tensor&, int64_t, bool);
+using LossHuber = LossSmoothL1;          // delta in beta's place
+using BackwardHuber = BackwardSmoothL1;
 
 template <typename Schema>
 c10::TypedOperatorHandle<Schema> find(const char* name) {
@@ -33,6 +35,8 @@ NPU_LOSS_OP(kl_div, LossKl)
 NPU_LOSS_OP(smooth_l1_loss_backward, BackwardSmoothL1)
 NPU_LOSS_OP(l1_loss_backward, BackwardL1)
 NPU_LOSS_OP(kl_div_target_backward, BackwardKl)
+NPU_LOSS_OP(huber_loss, LossHuber)
+NPU_LOSS_OP(huber_loss_backward, BackwardHuber)
 
 #undef NPU_LOSS_OP
 

@@ -24,4 +24,12 @@ TORCH_LIBRARY(npu_loss, m) {
   m.def(
       "kl_div_target_backward.grad_target(Tensor grad_output, Tensor self, Tensor target, int reduction, "
       "bool log_target, *, Tensor(a!) grad_target) -> Tensor(a!)");
+
+  m.def("huber_loss(Tensor self, Tensor target, int reduction=1, float delta=1.0) -> Tensor");
+  m.def(
+      "huber_loss_backward(Tensor grad_output, Tensor self, Tensor target, int reduction, "
+      "float delta) -> Tensor");
+  m.def(
+      "huber_loss_backward.out(Tensor grad_output, Tensor self, Tensor target, int reduction, "
+      "float delta, *, Tensor(a!) grad_input) -> Tensor(a!)");
 }

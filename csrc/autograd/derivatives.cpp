@@ -65,6 +65,43 @@ at::Tensor odd_slope_tangent(const Dual& self, const Dual& target, int64_t reduc
   return reduce_values(values, reduction);
 }
 
+// The double backward of a slope that is linear inside |d| < width (with derivative `inside` there) and
+// constant outside (smooth L1: d / beta, Huber: d clamped to delta); `inside == 0` is a piecewise-constant
+// slope, whose derivative w.r.t. self and target is zero. The backward op is linear in grad_output:
+// `backward_op(g)` is it with g as grad_output.
+template <typename BackwardOp>
+variable_list clipped_slope_grads(
+    const at::Tensor& gg, const Needs<3>& needs, const at::Tensor& grad_output, const at::Tensor& self,
+    const at::Tensor& target, int64_t reduction, double width, double inside, const BackwardOp& backward_op) {
+  variable_list out(3);
+  if (needs[0]) out[0] = reduce_to(backward_op(gg), grad_output);
+  if (!(needs[1] || needs[2])) return out;
+  if (inside == 0) {
+    if (needs[1]) out[1] = at::zeros_like(self);
+    if (needs[2]) out[2] = at::zeros_like(target);
+    return out;
+  }
+  const auto d = self - target;
+  const auto values = apply_mean((d.abs() < width) * (grad_output * gg) * inside, reduction, self.sym_numel());
+  if (needs[1]) out[1] = reduce_to(values, self);
+  if (needs[2]) out[2] = reduce_to(values.neg(), target);
+  return out;
+}
+
+// Its tangent: the backward op on grad_output's tangent, plus the slope's derivative times d's tangent.
+template <typename BackwardOp>
+at::Tensor clipped_slope_tangent(
+    const Dual& grad_output, const Dual& self, const Dual& target, int64_t reduction, double width, double inside,
+    const BackwardOp& backward_op) {
+  at::Tensor out;
+  if (grad_output.has_tangent()) out = backward_op(grad_output.t);
+  if (!(self.has_tangent() || target.has_tangent()) || inside == 0) return out;
+  const auto d_tangent = self.has_tangent() ? (target.has_tangent() ? self.t - target.t : self.t) : target.t.neg();
+  const auto d = self.p - target.p;
+  return add_defined(
+      out, apply_mean((d.abs() < width) * (grad_output.p * d_tangent) * inside, reduction, self.p.sym_numel()));
+}
+
 // What every block shares: its signature, how many leading arguments are (saved, differentiable) tensors,
 // and its dispatcher handle.
 template <typename Sig, size_t N, const c10::TypedOperatorHandle<Sig>& (*Handle)()>
@@ -105,35 +142,61 @@ struct SmoothL1LossBackward : Block<ops::BackwardSmoothL1, 3, ops::smooth_l1_los
   static variable_list backward(
       const at::Tensor& gg, const Needs<3>& needs, const at::Tensor& grad_output, const at::Tensor& self,
       const at::Tensor& target, int64_t reduction, double beta) {
-    variable_list out(3);
-    if (needs[0]) out[0] = reduce_to(op().call(gg, self, target, reduction, beta), grad_output);
-    if (!(needs[1] || needs[2])) return out;
-    if (beta > 0) {
-      // The slope d / beta has derivative 1 / beta inside |d| < beta and 0 elsewhere.
-      const auto d = self - target;
-      const auto inner = apply_mean((d.abs() < beta) * (grad_output * gg) / beta, reduction, self.sym_numel());
-      if (needs[1]) out[1] = reduce_to(inner, self);
-      if (needs[2]) out[2] = reduce_to(inner.neg(), target);
-    } else {
-      // beta == 0 is the L1 slope sign(d): piecewise constant, a zero derivative.
-      if (needs[1]) out[1] = at::zeros_like(self);
-      if (needs[2]) out[2] = at::zeros_like(target);
-    }
-    return out;
+    // The slope d / beta has derivative 1 / beta inside |d| < beta and 0 elsewhere; beta == 0 is the L1
+    // slope sign(d), piecewise constant: a zero derivative.
+    return clipped_slope_grads(
+        gg, needs, grad_output, self, target, reduction, beta, beta > 0 ? 1.0 / beta : 0.0,
+        [&](const at::Tensor& g) { return op().call(g, self, target, reduction, beta); });
   }
 
   static at::Tensor tangent(
       const Dual& grad_output, const Dual& self, const Dual& target, int64_t reduction, double beta) {
-    at::Tensor out;
-    if (grad_output.has_tangent()) out = op().call(grad_output.t, self.p, target.p, reduction, beta);
-    if ((self.has_tangent() || target.has_tangent()) && beta > 0) {
-      // The slope d / beta has derivative 1 / beta inside |d| < beta, 0 elsewhere (and everywhere at beta == 0).
-      const auto d_tangent = self.has_tangent() ? (target.has_tangent() ? self.t - target.t : self.t) : target.t.neg();
-      const auto d = self.p - target.p;
-      out = add_defined(
-          out, apply_mean((d.abs() < beta) * (grad_output.p * d_tangent) / beta, reduction, self.p.sym_numel()));
-    }
-    return out;
+    return clipped_slope_tangent(
+        grad_output, self, target, reduction, beta, beta > 0 ? 1.0 / beta : 0.0,
+        [&](const at::Tensor& g) { return op().call(g, self.p, target.p, reduction, beta); });
+  }
+};
+
+// ---- huber_loss(self, target, reduction, delta) ----
+struct HuberLoss : Block<ops::LossHuber, 2, ops::huber_loss> {
+  static constexpr const char* kName = "huber_loss";
+  static constexpr const char* kNode = "NpuLossHuberLossBackward0";
+
+  static variable_list backward(
+      const at::Tensor& grad, const Needs<2>& needs, const at::Tensor& self, const at::Tensor& target,
+      int64_t reduction, double delta) {
+    return odd_slope_grads(grad, needs, self, target, [&](const at::Tensor& g, const at::Tensor& a, const at::Tensor& b) {
+      return ops::huber_loss_backward().call(g, a, b, reduction, delta);
+    });
+  }
+
+  static at::Tensor tangent(const Dual& self, const Dual& target, int64_t reduction, double delta) {
+    return odd_slope_tangent(self, target, reduction, [&](const at::Tensor& g, const at::Tensor& a, const at::Tensor& b) {
+      return ops::huber_loss_backward().call(g, a, b, kNone, delta);
+    });
+  }
+};
+
+// ---- huber_loss_backward(grad_output, self, target, reduction, delta) ----
+struct HuberLossBackward : Block<ops::BackwardHuber, 3, ops::huber_loss_backward> {
+  static constexpr const char* kName = "huber_loss_backward";
+  static constexpr const char* kNode = "NpuLossHuberLossBackwardBackward0";
+  static constexpr VmapBackward kVmap{MeanCount::Self, /*result_like_target=*/false, /*promotes=*/false};
+
+  // The slope, d clamped to delta, has derivative 1 inside |d| < delta and 0 elsewhere.
+  static variable_list backward(
+      const at::Tensor& gg, const Needs<3>& needs, const at::Tensor& grad_output, const at::Tensor& self,
+      const at::Tensor& target, int64_t reduction, double delta) {
+    return clipped_slope_grads(
+        gg, needs, grad_output, self, target, reduction, delta, 1.0,
+        [&](const at::Tensor& g) { return op().call(g, self, target, reduction, delta); });
+  }
+
+  static at::Tensor tangent(
+      const Dual& grad_output, const Dual& self, const Dual& target, int64_t reduction, double delta) {
+    return clipped_slope_tangent(
+        grad_output, self, target, reduction, delta, 1.0,
+        [&](const at::Tensor& g) { return op().call(g, self.p, target.p, reduction, delta); });
   }
 };
 
@@ -294,8 +357,9 @@ struct Blocks {
   }
 };
 
-using AllBlocks =
-    Blocks<SmoothL1Loss, SmoothL1LossBackward, L1Loss, L1LossBackward, KlDiv, KlDivTargetBackward>;
+using AllBlocks = Blocks<
+    SmoothL1Loss, SmoothL1LossBackward, HuberLoss, HuberLossBackward, L1Loss, L1LossBackward, KlDiv,
+    KlDivTargetBackward>;
 
 }  // namespace
 

@@ -103,14 +103,20 @@ struct LossOps {
   const char* forward;
   const char* backward;
   const char* backward_out;
+  const char* out_arg;  // the out= tensor's name in the schema
+  OutDtype out_dtype;   // what its dtype may be (core/checks.h)
 };
 
 inline constexpr LossOps<&check_smooth_l1_loss_backward<int64_t>, &check_smooth_l1_loss_backward_out<int64_t>> kSmoothL1Loss{
-    "smooth_l1_loss", "smooth_l1_loss_backward", "smooth_l1_loss_backward.grad_input"};
+    "smooth_l1_loss", "smooth_l1_loss_backward", "smooth_l1_loss_backward.grad_input", "grad_input",
+    OutDtype::AnyFloating};
+inline constexpr LossOps<&check_huber_loss_backward<int64_t>, &check_huber_loss_backward_out<int64_t>> kHuberLoss{
+    "huber_loss", "huber_loss_backward", "huber_loss_backward.out", "grad_input", OutDtype::AnyFloating};
 inline constexpr LossOps<&check_l1_loss_backward<int64_t>, &check_l1_loss_backward_out<int64_t>> kL1Loss{
-    "l1_loss", "l1_loss_backward", "l1_loss_backward.grad_input"};
+    "l1_loss", "l1_loss_backward", "l1_loss_backward.grad_input", "grad_input", OutDtype::AnyFloating};
 inline constexpr LossOps<&check_kl_div_target_backward<int64_t>, &check_kl_div_target_backward_out<int64_t>> kKlDiv{
-    "kl_div", "kl_div_target_backward", "kl_div_target_backward.grad_target"};
+    "kl_div", "kl_div_target_backward", "kl_div_target_backward.grad_target", "grad_target",
+    OutDtype::EqualsResult};
 
 // Registers a backend's kernels for `loss`: `forward`, and the backward's functional and out= kernels made
 // from `into`.

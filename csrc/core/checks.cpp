@@ -121,6 +121,11 @@ void check_reduction(const char* op, int64_t reduction) {
       reduction);
 }
 
+void check_delta(const char* op, double delta) {
+  // Written so that NaN fails too; +inf is allowed (0.5 * d^2 everywhere, as in F).
+  TORCH_CHECK_VALUE(delta > 0, op, ": delta must be > 0, got ", delta);
+}
+
 void check_beta(const char* op, double beta) {
   // Written so that NaN fails too.
   TORCH_CHECK_VALUE(beta >= 0, op, ": beta must be >= 0, got ", beta);
@@ -373,6 +378,25 @@ BasicResultSpec<Int> check_smooth_l1_loss_backward(
 }
 
 template <typename Int>
+BasicResultSpec<Int> check_huber_loss(
+    const at::Tensor& self, const at::Tensor& target, int64_t reduction, double delta) {
+  constexpr const char* op = "huber_loss";
+  check_common(op, {{"self", &self}, {"target", &target}}, reduction);
+  check_delta(op, delta);
+  return forward_spec<Int>(op, self, target, reduction);
+}
+
+template <typename Int>
+BasicResultSpec<Int> check_huber_loss_backward(
+    const at::Tensor& grad_output, const at::Tensor& self, const at::Tensor& target, int64_t reduction,
+    double delta) {
+  constexpr const char* op = "huber_loss_backward";
+  check_common(op, {{"grad_output", &grad_output}, {"self", &self}, {"target", &target}}, reduction);
+  check_delta(op, delta);
+  return self_gradient_spec<Int>(op, grad_output, self, target, self.scalar_type());
+}
+
+template <typename Int>
 BasicResultSpec<Int> check_l1_loss(const at::Tensor& self, const at::Tensor& target, int64_t reduction) {
   constexpr const char* op = "l1_loss";
   check_common(op, {{"self", &self}, {"target", &target}}, reduction);
@@ -427,6 +451,17 @@ BasicResultSpec<Int> check_smooth_l1_loss_backward_out(
 }
 
 template <typename Int>
+BasicResultSpec<Int> check_huber_loss_backward_out(
+    const at::Tensor& grad_output, const at::Tensor& self, const at::Tensor& target, int64_t reduction,
+    double delta, const at::Tensor& grad_input) {
+  auto spec = check_huber_loss_backward<Int>(grad_output, self, target, reduction, delta);
+  check_out<Int>(
+      "huber_loss_backward", "grad_input", grad_input, spec, OutDtype::AnyFloating,
+      {{"grad_output", &grad_output}, {"self", &self}, {"target", &target}});
+  return spec;
+}
+
+template <typename Int>
 BasicResultSpec<Int> check_l1_loss_backward_out(
     const at::Tensor& grad_output, const at::Tensor& self, const at::Tensor& target, int64_t reduction,
     const at::Tensor& grad_input) {
@@ -453,6 +488,7 @@ const std::vector<std::string>& checked_ops() {
       "smooth_l1_loss", "smooth_l1_loss_backward", "smooth_l1_loss_backward.grad_input",
       "l1_loss",        "l1_loss_backward",        "l1_loss_backward.grad_input",
       "kl_div",         "kl_div_target_backward",  "kl_div_target_backward.grad_target",
+      "huber_loss",     "huber_loss_backward",     "huber_loss_backward.out",
   };
   return names;
 }
@@ -462,6 +498,11 @@ const std::vector<std::string>& checked_ops() {
   template BasicResultSpec<Int> check_smooth_l1_loss<Int>(const at::Tensor&, const at::Tensor&, int64_t, double); \
   template BasicResultSpec<Int> check_smooth_l1_loss_backward<Int>(                                              \
       const at::Tensor&, const at::Tensor&, const at::Tensor&, int64_t, double);                                 \
+  template BasicResultSpec<Int> check_huber_loss<Int>(const at::Tensor&, const at::Tensor&, int64_t, double);     \
+  template BasicResultSpec<Int> check_huber_loss_backward<Int>(                                                  \
+      const at::Tensor&, const at::Tensor&, const at::Tensor&, int64_t, double);                                 \
+  template BasicResultSpec<Int> check_huber_loss_backward_out<Int>(                                              \
+      const at::Tensor&, const at::Tensor&, const at::Tensor&, int64_t, double, const at::Tensor&);              \
   template BasicResultSpec<Int> check_l1_loss<Int>(const at::Tensor&, const at::Tensor&, int64_t);               \
   template BasicResultSpec<Int> check_l1_loss_backward<Int>(                                                     \
       const at::Tensor&, const at::Tensor&, const at::Tensor&, int64_t);                                         \

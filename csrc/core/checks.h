@@ -51,6 +51,13 @@ BasicResultSpec<Int> check_smooth_l1_loss_backward(
     const at::Tensor& grad_output, const at::Tensor& self, const at::Tensor& target, int64_t reduction,
     double beta);
 template <typename Int = int64_t>
+BasicResultSpec<Int> check_huber_loss(
+    const at::Tensor& self, const at::Tensor& target, int64_t reduction, double delta);
+template <typename Int = int64_t>
+BasicResultSpec<Int> check_huber_loss_backward(
+    const at::Tensor& grad_output, const at::Tensor& self, const at::Tensor& target, int64_t reduction,
+    double delta);
+template <typename Int = int64_t>
 BasicResultSpec<Int> check_l1_loss(const at::Tensor& self, const at::Tensor& target, int64_t reduction);
 template <typename Int = int64_t>
 BasicResultSpec<Int> check_l1_loss_backward(
@@ -100,6 +107,10 @@ template <typename Int = int64_t>
 BasicResultSpec<Int> check_smooth_l1_loss_backward_out(
     const at::Tensor& grad_output, const at::Tensor& self, const at::Tensor& target, int64_t reduction,
     double beta, const at::Tensor& grad_input);
+template <typename Int = int64_t>
+BasicResultSpec<Int> check_huber_loss_backward_out(
+    const at::Tensor& grad_output, const at::Tensor& self, const at::Tensor& target, int64_t reduction,
+    double delta, const at::Tensor& grad_input);
 template <typename Int = int64_t>
 BasicResultSpec<Int> check_l1_loss_backward_out(
     const at::Tensor& grad_output, const at::Tensor& self, const at::Tensor& target, int64_t reduction,

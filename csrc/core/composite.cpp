@@ -70,6 +70,26 @@ at::Tensor smooth_l1_loss_backward(
   return with_memory_format((g * slope).expand(spec.shape).to(spec.dtype), spec.memory_format);
 }
 
+at::Tensor huber_loss(const at::Tensor& self, const at::Tensor& target, int64_t reduction, double delta) {
+  const auto spec = check_huber_loss(self, target, reduction, delta);
+  const auto c = compute_dtype({&self, &target});
+  const auto d = operand(self, c) - operand(target, c);
+  const auto ad = d.abs();
+  const auto values = at::where(ad < delta, d * d * 0.5, (ad - 0.5 * delta) * delta);
+  return loss_result(values, reduction, spec);
+}
+
+at::Tensor huber_loss_backward(
+    const at::Tensor& grad_output, const at::Tensor& self, const at::Tensor& target, int64_t reduction,
+    double delta) {
+  const auto spec = check_huber_loss_backward(grad_output, self, target, reduction, delta);
+  const auto c = compute_dtype({&grad_output, &self, &target});
+  // d clamped to [-delta, delta]; a NaN d stays NaN, as in ATen.
+  const auto slope = (operand(self, c) - operand(target, c)).clamp(-delta, delta);
+  const auto g = operand(grad_output, c) * reduction_scale(reduction, self.numel());
+  return with_memory_format((g * slope).expand(spec.shape).to(spec.dtype), spec.memory_format);
+}
+
 at::Tensor l1_loss(const at::Tensor& self, const at::Tensor& target, int64_t reduction) {
   const auto spec = check_l1_loss(self, target, reduction);
   const auto c = compute_dtype({&self, &target});

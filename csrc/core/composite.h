@@ -11,6 +11,10 @@ at::Tensor smooth_l1_loss(const at::Tensor& self, const at::Tensor& target, int6
 at::Tensor smooth_l1_loss_backward(
     const at::Tensor& grad_output, const at::Tensor& self, const at::Tensor& target, int64_t reduction,
     double beta);
+at::Tensor huber_loss(const at::Tensor& self, const at::Tensor& target, int64_t reduction, double delta);
+at::Tensor huber_loss_backward(
+    const at::Tensor& grad_output, const at::Tensor& self, const at::Tensor& target, int64_t reduction,
+    double delta);
 at::Tensor l1_loss(const at::Tensor& self, const at::Tensor& target, int64_t reduction);
 at::Tensor l1_loss_backward(
     const at::Tensor& grad_output, const at::Tensor& self, const at::Tensor& target, int64_t reduction);

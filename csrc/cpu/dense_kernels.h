@@ -79,6 +79,29 @@ struct SmoothL1Grad {
   }
 };
 
+// Huber: |d| < delta ? 0.5 d^2 : delta (|d| - 0.5 delta), d = x - t (beta holds delta; delta may be +inf).
+template <class V>
+struct Huber {
+  V delta, half_delta;
+  explicit Huber(const LossParams& p) : delta(cst<V>(p.beta)), half_delta(cst<V>(0.5) * delta) {}
+  NPU_LOSS_SIMD_INLINE V operator()(V x, V t) const {
+    const V d = x - t;
+    const V ad = abs(d);
+    return select(ad < delta, cst<V>(0.5) * d * d, delta * (ad - half_delta));
+  }
+};
+
+// Its gradient: g * d clamped to [-delta, delta]; a NaN d stays NaN, as in ATen.
+template <class V>
+struct HuberGrad {
+  V delta, neg_delta;
+  explicit HuberGrad(const LossParams& p) : delta(cst<V>(p.beta)), neg_delta(cst<V>(-p.beta)) {}
+  NPU_LOSS_SIMD_INLINE V operator()(V g, V x, V t) const {
+    const V d = x - t;
+    return g * select(d > delta, delta, select(d < neg_delta, neg_delta, d));
+  }
+};
+
 template <class V>
 struct L1 {
   explicit L1(const LossParams&) {}
@@ -319,6 +342,9 @@ NPU_LOSS_SIMD_INLINE void with_loss(const LossParams& p, const Fn& fn) {
   switch (p.kind) {
     case LossKind::SmoothL1:
       fn(SmoothL1<V>(p), SmoothL1Grad<V>(p));
+      break;
+    case LossKind::Huber:
+      fn(Huber<V>(p), HuberGrad<V>(p));
       break;
     case LossKind::L1:
       fn(L1<V>(p), L1Grad<V>(p));

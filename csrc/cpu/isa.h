@@ -19,14 +19,14 @@ namespace npu_loss::cpu {
 
 enum class Isa : int { Baseline = 0, Avx2 = 1, Avx512 = 2 };
 
-enum class LossKind : int { SmoothL1, L1, KlDiv, KlDivLogTarget };
+enum class LossKind : int { SmoothL1, Huber, L1, KlDiv, KlDivLogTarget };
 
 // The storage types of the dense kernels' operands (all operands of one call share it).
 enum class DType : int { Float, BFloat16, Half, Double };
 
 struct LossParams {
   LossKind kind;
-  double beta = 0;  // smooth L1 only
+  double beta = 0;  // smooth L1's beta, Huber's delta
 };
 
 // Kernels over n elements at the same offsets: element i of each operand is at its pointer + i.

@@ -111,8 +111,8 @@ def _unloadable_npu_kernels(reason: str) -> None:
 
 _load_npu_kernels()
 
-from .functional import kl_div, l1_loss, smooth_l1_loss  # noqa: E402
-from .modules import KLDivLoss, L1Loss, SmoothL1Loss  # noqa: E402
+from .functional import huber_loss, kl_div, l1_loss, smooth_l1_loss  # noqa: E402
+from .modules import HuberLoss, KLDivLoss, L1Loss, SmoothL1Loss  # noqa: E402
 
 
 def npu_kernels_available() -> bool:
@@ -141,9 +141,11 @@ def build_info() -> dict[str, Any]:
 __all__ = [
     "__version__",
     "smooth_l1_loss",
+    "huber_loss",
     "l1_loss",
     "kl_div",
     "SmoothL1Loss",
+    "HuberLoss",
     "L1Loss",
     "KLDivLoss",
     "npu_kernels_available",

@@ -17,7 +17,7 @@ from torch.overrides import handle_torch_function, has_torch_function_variadic
 
 from ._reduction import get_enum as _reduction_enum
 
-__all__ = ["smooth_l1_loss", "l1_loss", "kl_div"]
+__all__ = ["smooth_l1_loss", "huber_loss", "l1_loss", "kl_div"]
 
 
 def _legacy_reduction(size_average: bool | None, reduce: bool | None) -> str:
@@ -178,16 +178,102 @@ def smooth_l1_loss(
     return loss
 
 
+def _weighted(loss: Tensor, weight: Tensor, input: Tensor, reduction: str, divide_by_weight_sum: bool) -> Tensor:
+    """``weight * loss`` (an unreduced loss) reduced as torch.nn.functional does it for ``weight=``: torch's
+    own ops after the loss op, so the loss op's backward gets ``weight * grad`` as its grad_output."""
+    if weight.size() != input.size():
+        raise ValueError("Weights and input must have the same size.")
+    weighted = loss * weight
+    if reduction == "none":
+        return weighted
+    if reduction == "sum":
+        return torch.sum(weighted)
+    if reduction == "mean":
+        return torch.sum(weighted) / torch.sum(weight) if divide_by_weight_sum else weighted.mean()
+    raise ValueError(f"Invalid reduction mode: {reduction}. Expected one of 'none', 'mean', 'sum'.")
+
+
+def huber_loss(
+    input: Tensor,
+    target: Tensor,
+    reduction: str = "mean",
+    delta: float = 1.0,
+    weight: Tensor | None = None,
+) -> Tensor:
+    """Compute the Huber loss: squared below ``delta``, delta-scaled L1 above it, optionally weighted.
+
+    A drop-in for :func:`torch.nn.functional.huber_loss` whose kernels (forward and gradient) are
+    ``torch.ops.npu_loss.huber_loss`` / ``huber_loss_backward``. With ``d = input - target`` (broadcast
+    together), the unreduced loss is, elementwise::
+
+        l = 0.5 * d**2                     if |d| < delta
+        l = delta * (|d| - 0.5 * delta)    otherwise
+
+    which is ``delta * smooth_l1_loss(input, target, beta=delta)``. The result is then reduced by
+    ``reduction``.
+
+    Args:
+        input (Tensor): Predicted values.
+        target (Tensor): Ground truth values; broadcast against ``input`` (a warning is issued when the
+            sizes differ, as in PyTorch).
+        reduction (str, optional): ``'none'`` | ``'mean'`` | ``'sum'``. Anything else raises ``ValueError``.
+            Default: ``'mean'``
+        delta (float, optional): The threshold between the squared and the delta-scaled L1 term. Must be
+            positive; ``inf`` gives ``0.5 * d**2`` everywhere. Zero, a negative value or NaN raises
+            ``ValueError`` (PyTorch raises ``RuntimeError``). Default: ``1.0``
+        weight (Tensor, optional): A weight per element, of ``input``'s size (else ``ValueError``, as in
+            PyTorch). The weighted loss is ``weight * l``; ``'mean'`` is its mean over all elements.
+            Gradients flow to ``weight`` too. Default: ``None``
+
+    Shape:
+        - Input: ``(*)``, where ``*`` means any number of dimensions up to 8.
+        - Target: ``(*)``, same shape as the input (or broadcastable to it), up to 8 dimensions.
+        - Output: scalar. If ``reduction`` is ``'none'``, then ``(*)``, the broadcast shape.
+
+    The result dtype is PyTorch's, as for :func:`smooth_l1_loss` (and with ``weight``, promoted with the
+    weight's dtype).
+
+    Example::
+
+        >>> import torch
+        >>> from npu_loss_ops.functional import huber_loss
+        >>> input = torch.tensor([0.5, 1.0, 3.0])
+        >>> target = torch.tensor([0.0, 0.0, 0.0])
+        >>> huber_loss(input, target, reduction="none")
+        tensor([0.1250, 0.5000, 2.5000])
+        >>> huber_loss(input, target, reduction="sum", delta=2.0)
+        tensor(4.6250)
+    """
+    if has_torch_function_variadic(input, target, weight):
+        return handle_torch_function(
+            huber_loss,
+            (input, target, weight),
+            input,
+            target,
+            reduction=reduction,
+            delta=delta,
+            weight=weight,
+        )
+    _warn_if_sizes_differ(input, target)
+    input, target = _promote_like_functional(input, target, bool_ok=True, integral_result_ok=False)
+    if weight is None:
+        loss: Tensor = torch.ops.npu_loss.huber_loss(input, target, _reduction_enum(reduction), delta)
+        return loss
+    unweighted: Tensor = torch.ops.npu_loss.huber_loss(input, target, _reduction_enum("none"), delta)
+    return _weighted(unweighted, weight, input, reduction, divide_by_weight_sum=False)
+
+
 def l1_loss(
     input: Tensor,
     target: Tensor,
     size_average: bool | None = None,
     reduce: bool | None = None,
     reduction: str = "mean",
+    weight: Tensor | None = None,
 ) -> Tensor:
     """Compute the L1 loss: the element-wise absolute difference, optionally reduced.
 
-    A drop-in for :func:`torch.nn.functional.l1_loss` (without its ``weight`` argument) whose kernels
+    A drop-in for :func:`torch.nn.functional.l1_loss` whose kernels
     (forward and gradient) are ``torch.ops.npu_loss.l1_loss`` / ``l1_loss_backward``. With
     ``d = input - target`` (broadcast together), the unreduced loss is, elementwise::
 
@@ -205,6 +291,9 @@ def l1_loss(
         reduction (str, optional): ``'none'`` | ``'mean'`` | ``'sum'``. ``'none'``: no reduction,
             ``'mean'``: the mean over all elements of the broadcast result, ``'sum'``: their sum.
             Anything else raises ``ValueError``. Default: ``'mean'``
+        weight (Tensor, optional): A weight per element, of ``input``'s size (else ``ValueError``, as in
+            PyTorch). The weighted loss is ``weight * |d|``; ``'mean'`` divides its sum by
+            ``weight.sum()``. Gradients flow to ``weight`` too. Default: ``None``
 
     Shape:
         - Input: ``(*)``, where ``*`` means any number of dimensions up to 8.
@@ -212,8 +301,8 @@ def l1_loss(
         - Output: scalar. If ``reduction`` is ``'none'``, then ``(*)``, the broadcast shape.
 
     The result dtype is PyTorch's: ``torch.promote_types(input.dtype, target.dtype)`` (PyTorch broadcasts
-    the two first, so a 0-dim operand promotes like any other). An integer or bool operand is cast to the
-    floating result dtype first. When both are integral, ``'none'`` and ``'sum'`` are computed in
+    the two first, so a 0-dim operand promotes like any other), promoted with ``weight``'s dtype when one is
+    given. An integer or bool operand is cast to the floating result dtype first. When both are integral, ``'none'`` and ``'sum'`` are computed in
     ``torch.get_default_dtype()`` (PyTorch computes them in the integer dtype).
 
     Raises:
@@ -238,26 +327,29 @@ def l1_loss(
         >>> l1_loss(input, target.expand(2, 2), reduction="sum")
         tensor(6.5000)
     """
-    if has_torch_function_variadic(input, target):
+    if has_torch_function_variadic(input, target, weight):
         return handle_torch_function(
             l1_loss,
-            (input, target),
+            (input, target, weight),
             input,
             target,
             size_average=size_average,
             reduce=reduce,
             reduction=reduction,
+            weight=weight,
         )
     _warn_if_sizes_differ(input, target)
     if size_average is not None or reduce is not None:
         reduction = _legacy_reduction(size_average, reduce)
-    reduction_enum = _reduction_enum(reduction)
     # F computes an all-integral 'none'/'sum' in the integer dtype, rejects its 'mean' and rejects bool.
     input, target = _promote_like_functional(
         input, target, bool_ok=False, integral_result_ok=reduction != "mean"
     )
-    loss: Tensor = torch.ops.npu_loss.l1_loss(input, target, reduction_enum)
-    return loss
+    if weight is None:
+        loss: Tensor = torch.ops.npu_loss.l1_loss(input, target, _reduction_enum(reduction))
+        return loss
+    unweighted: Tensor = torch.ops.npu_loss.l1_loss(input, target, _reduction_enum("none"))
+    return _weighted(unweighted, weight, input, reduction, divide_by_weight_sum=True)
 
 
 def kl_div(

@@ -1,6 +1,7 @@
 """torch.nn-style loss modules backed by the ``torch.ops.npu_loss`` ops.
 
-Drop-ins for :class:`torch.nn.SmoothL1Loss`, :class:`torch.nn.L1Loss` and :class:`torch.nn.KLDivLoss`:
+Drop-ins for :class:`torch.nn.SmoothL1Loss`, :class:`torch.nn.HuberLoss`, :class:`torch.nn.L1Loss` and
+:class:`torch.nn.KLDivLoss`:
 same constructor arguments, attributes and legacy ``size_average``/``reduce`` handling (they subclass
 torch's ``_Loss``), with ``forward`` calling :mod:`npu_loss_ops.functional`. They compile with
 ``torch.jit.script``, alone or inside a model.
@@ -10,7 +11,7 @@ from torch.nn.modules.loss import _Loss
 
 from . import functional
 
-__all__ = ["SmoothL1Loss", "L1Loss", "KLDivLoss"]
+__all__ = ["SmoothL1Loss", "HuberLoss", "L1Loss", "KLDivLoss"]
 
 
 class SmoothL1Loss(_Loss):
@@ -74,6 +75,38 @@ class SmoothL1Loss(_Loss):
     def forward(self, input: Tensor, target: Tensor) -> Tensor:
         """Runs the forward pass."""
         return functional.smooth_l1_loss(input, target, reduction=self.reduction, beta=self.beta)
+
+
+class HuberLoss(_Loss):
+    """Creates a criterion that uses a squared term if the absolute element-wise error falls below
+    ``delta`` and a delta-scaled L1 term otherwise.
+
+    A drop-in for :class:`torch.nn.HuberLoss`; see :func:`npu_loss_ops.functional.huber_loss`. With
+    ``d = input - target``, the unreduced loss is, elementwise::
+
+        l = 0.5 * d**2                     if |d| < delta
+        l = delta * (|d| - 0.5 * delta)    otherwise
+
+    then its mean (``reduction='mean'``) or sum (``'sum'``), or the elementwise loss itself (``'none'``).
+
+    Args:
+        reduction (str, optional): ``'none'`` | ``'mean'`` | ``'sum'``. Default: ``'mean'``
+        delta (float, optional): The threshold; must be positive (``inf`` allowed). Default: ``1.0``
+
+    Attributes:
+        reduction (str): the reduction in use.
+        delta (float): the threshold.
+    """
+
+    __constants__ = ["reduction", "delta"]
+
+    def __init__(self, reduction: str = "mean", delta: float = 1.0) -> None:
+        super().__init__(reduction=reduction)
+        self.delta = delta
+
+    def forward(self, input: Tensor, target: Tensor) -> Tensor:
+        """The loss of ``input`` against ``target``."""
+        return functional.huber_loss(input, target, reduction=self.reduction, delta=self.delta)
 
 
 class L1Loss(_Loss):

@@ -114,6 +114,7 @@ _load_npu_kernels()
 from . import _fake  # noqa: E402,F401  (fake kernels; autograd is registered in C++)
 from .functional import kl_div, l1_loss, smooth_l1_loss  # noqa: E402
 from .modules import KLDivLoss, L1Loss, SmoothL1Loss  # noqa: E402
+from ._enable import disable, enable, is_enabled  # noqa: E402  (routes torch's own losses here; off at import)
 
 
 def npu_kernels_available() -> bool:
@@ -147,6 +148,9 @@ __all__ = [
     "SmoothL1Loss",
     "L1Loss",
     "KLDivLoss",
+    "enable",
+    "disable",
+    "is_enabled",
     "npu_kernels_available",
     "build_info",
 ]

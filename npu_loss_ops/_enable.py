@@ -24,11 +24,11 @@ from typing import Any, Callable, Iterable, cast
 
 import torch
 
-from . import _checks
-from ._checks import MAX_DIMS
-
 __all__ = ["enable", "disable", "is_enabled"]
 
+# The package's rules (docs/validation.md, csrc/core/checks.cpp) that torch does not have: at most 8 dims
+# (aclnn's limit, kMaxDims in csrc/core/checks.h) and these dtypes, plus float64 off the NPU.
+_MAX_DIMS = 8
 _ACCEPTED = (torch.float32, torch.float16, torch.bfloat16)
 _STRIDED = torch.strided
 
@@ -46,7 +46,7 @@ _BACKENDS = ("CPU", "PrivateUse1", "CUDA", "XPU", "MPS", "HPU")
 
 
 def _tensors_ok(npu: str, *tensors: torch.Tensor) -> bool:
-    """Same device, strided, at most MAX_DIMS dims, an accepted dtype (float64 off the NPU), broadcastable.
+    """Same device, strided, at most 8 dims, an accepted dtype (float64 off the NPU), broadcastable.
 
     Written for speed (it runs on every routed call): the device type, slow to read, only for float64."""
     first = tensors[0]
@@ -57,7 +57,7 @@ def _tensors_ok(npu: str, *tensors: torch.Tensor) -> bool:
         dtype = t.dtype
         if dtype not in _ACCEPTED and (dtype != torch.float64 or device.type == npu):
             return False
-        if t.layout != _STRIDED or t.dim() > MAX_DIMS:
+        if t.layout != _STRIDED or t.dim() > _MAX_DIMS:
             return False
         if t is not first:
             if t.device != device:
@@ -95,9 +95,8 @@ def _forward_ok(npu: str, scalar_ok: _ScalarOk | None) -> Callable[..., bool]:
     return ok
 
 
-def _backward_ok(npu: str, scalar_ok: _ScalarOk | None, op: str) -> Callable[..., bool]:
-    """The check of a backward (grad_output, self, target, reduction, scalar[, *, out]); `op` is its name."""
-    check_op = _untyped(getattr(_checks, f"check_{op}"))
+def _backward_ok(npu: str, scalar_ok: _ScalarOk | None) -> Callable[..., bool]:
+    """The check of a backward (grad_output, self, target, reduction, scalar[, *, out])."""
 
     def ok(grad_output: torch.Tensor, self: torch.Tensor, target: torch.Tensor, reduction: int, scalar: float,
            **out: torch.Tensor) -> bool:
@@ -106,25 +105,20 @@ def _backward_ok(npu: str, scalar_ok: _ScalarOk | None, op: str) -> Callable[...
             return False
         if not out:
             return True
-        # An out= overload: the out tensor must pass the package's out= rules too (it must already have the
-        # result's shape, where ATen resizes it; no overlap). Rare calls, so the Python mirror of the checks
-        # (_checks, the fake kernels' rules) decides, exactly.
-        ((name, tensor),) = out.items()
-        if tensor.layout != _STRIDED:
-            return False
-        try:
-            spec = check_op(grad_output, self, target, reduction, scalar)
-            _untyped(_checks.check_out)(op, name, tensor, spec, False,
-                                        [("grad_output", grad_output), ("self", self), ("target", target)])
-        except (RuntimeError, TypeError, ValueError):
-            return False
-        return True
+        # An out= overload: ATen resizes the out tensor and casts into it only where the cast is safe; the
+        # package's op does neither. So only an out tensor with the result's shape and dtype (self's) on the
+        # same device, strided and not overlapping itself, is routed; anything else gets torch's handling.
+        (result,) = out.values()
+        return (result.layout == _STRIDED and result.dtype == self.dtype and result.device == self.device
+                and list(result.shape) == list(_untyped(torch.broadcast_shapes)(
+                    grad_output.shape, self.shape, target.shape))
+                and not any(size > 1 and stride == 0 for size, stride in zip(result.shape, result.stride())))
 
     return ok
 
 
 def _untyped(f: object) -> Callable[..., Any]:
-    """A function torch or _checks does not annotate for --strict, callable from annotated code."""
+    """A function torch does not annotate for --strict, callable from annotated code."""
     return cast(Callable[..., Any], f)
 
 
@@ -140,9 +134,8 @@ class _Route:
 
     def accepts(self, npu: str) -> Callable[..., bool]:
         """The argument check: whether the npu_loss op takes these arguments (`npu`: PrivateUse1's name)."""
-        packet = self.op.partition(".")[0]
-        if "backward" in packet:
-            return _backward_ok(npu, self.scalar_ok, packet)
+        if "_backward" in self.op:
+            return _backward_ok(npu, self.scalar_ok)
         return _forward_ok(npu, self.scalar_ok)
 
 

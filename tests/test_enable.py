@@ -154,6 +154,9 @@ def test_aten_backward_op_and_its_out_overload():
     backward = torch.ops.aten.smooth_l1_loss_backward
     want = backward(g, x, t, 0, 0.5)
     want_mean = backward(torch.tensor(2.0), x, t, 1, 0.5)
+    # out= tensors ATen takes and the package's op does not: one to resize, two to cast into.
+    outs = [torch.empty(0), torch.empty(3, 4, dtype=torch.float64), torch.empty(3, 4, dtype=torch.half)]
+    want_outs = [backward.grad_input(g, x, t, 0, 0.5, grad_input=torch.empty_like(out)) for out in outs]
     with npu_loss_ops.enable():
         ran = _npu_loss_ops_ran(lambda: backward(g, x, t, 0, 0.5))
         assert ran == {"npu_loss::smooth_l1_loss_backward"}
@@ -163,12 +166,11 @@ def test_aten_backward_op_and_its_out_overload():
         ran = _npu_loss_ops_ran(lambda: backward.grad_input(g, x, t, 0, 0.5, grad_input=out))
         assert ran == {"npu_loss::smooth_l1_loss_backward"}  # the profiler names no overload
         torch.testing.assert_close(out, want)
-        # An out= tensor ATen resizes but the package's rules reject (wrong shape): torch's kernel.
-        out = torch.empty(0)
-        ran = _npu_loss_ops_ran(lambda: backward.grad_input(g, x, t, 0, 0.5, grad_input=out))
-        assert ran == set()
-        assert out.shape == (3, 4)
-        torch.testing.assert_close(out, want)
+        for out, want_out in zip(outs, want_outs):  # torch's kernel, as without enable()
+            ran = _npu_loss_ops_ran(lambda: backward.grad_input(g, x, t, 0, 0.5, grad_input=out))
+            assert ran == set()
+            assert out.shape == (3, 4) and out.dtype == want_out.dtype
+            torch.testing.assert_close(out, want_out, rtol=0, atol=0)
 
 
 def test_reference_taken_before_enable(tmp_path):
@@ -548,6 +550,15 @@ def test_nine_dims_run_torchs_kernel(loss):
     for g, w in zip(got, want):
         torch.testing.assert_close(g, w)
     torch.testing.assert_close(vmapped[0], want[0])
+
+
+def test_the_dimension_limit_is_the_ops():
+    """Routing's limit is the op's own: 8 dims route, and the op itself rejects 9."""
+    x, t = _data("l1_loss", shape=(2, 1, 3, 1, 1, 2, 1, 3))
+    _assert_routed_like_torch(F.l1_loss, x, t, "l1_loss")
+    x9, t9 = _nine_dims("l1_loss")
+    with pytest.raises(RuntimeError, match="at most 8"):
+        torch.ops.npu_loss.l1_loss(x9, t9)
 
 
 def test_other_rejected_inputs_run_torchs_kernel():

@@ -113,6 +113,7 @@ _load_npu_kernels()
 
 from .functional import huber_loss, kl_div, l1_loss, smooth_l1_loss  # noqa: E402
 from .modules import HuberLoss, KLDivLoss, L1Loss, SmoothL1Loss  # noqa: E402
+from ._enable import disable, enable, is_enabled  # noqa: E402  (routes torch's own losses here; off at import)
 
 
 def npu_kernels_available() -> bool:
@@ -148,6 +149,9 @@ __all__ = [
     "HuberLoss",
     "L1Loss",
     "KLDivLoss",
+    "enable",
+    "disable",
+    "is_enabled",
     "npu_kernels_available",
     "build_info",
 ]

@@ -77,6 +77,19 @@ def installation() -> tuple[str, bool, dict[str, Any]]:
     return version, available, info
 
 
+def routing(pred: Tensor, target: Tensor) -> tuple[bool, bool, str]:
+    """enable() on its own, as a context manager, with one name or several; is_enabled with and without a name."""
+    import torch.nn.functional as F
+
+    npu_loss_ops.enable()
+    with npu_loss_ops.enable(ops="l1_loss"), npu_loss_ops.enable(ops=["l1_loss", "kl_div"]):
+        in_block: bool = npu_loss_ops.is_enabled("kl_div")
+        node: str = F.l1_loss(pred, target).grad_fn.name()  # type: ignore[union-attr]  # grad_fn is Optional
+    npu_loss_ops.disable()
+    off: bool = npu_loss_ops.is_enabled()
+    return in_block, off, node
+
+
 def main() -> None:
     pred, target = torch.randn(4, 5, requires_grad=True), torch.randn(4, 5)
     for loss in functional_losses(pred, target) + legacy_arguments(pred, target):
@@ -86,6 +99,7 @@ def main() -> None:
     assert training_step() > 0
     version, _, info = installation()
     assert info["version"] == version
+    assert routing(pred, target) == (True, False, "NpuLossL1LossBackward0")
 
 
 if __name__ == "__main__":

@@ -21,7 +21,7 @@ import torch.multiprocessing as mp
 import torch.nn.functional as F
 
 import npu_loss_ops
-from helpers import free_port
+from helpers import init_gloo
 from npu_loss_ops import _enable
 from test_ddp import _batch, _model
 
@@ -478,10 +478,8 @@ def test_autocast_left_to_torch_where_aten_has_no_autocast_kernel():
         assert casting(None, x, t).dtype == torch.float32  # the package's own Autocast kernel
 
 
-def _ddp_worker(rank, world, port, result_dir):
-    os.environ["MASTER_ADDR"] = "127.0.0.1"
-    os.environ["MASTER_PORT"] = str(port)
-    dist.init_process_group("gloo", rank=rank, world_size=world)
+def _ddp_worker(rank, world, result_dir):
+    init_gloo(rank, world, result_dir)
     try:
         npu_loss_ops.enable()  # process-wide, per process: each rank enables its own
         x, y = _batch()
@@ -518,7 +516,7 @@ def test_ddp_two_processes():
     """Two gloo ranks, each enable()d: the loss nodes are the package's and DDP's averaged gradients equal one
     process's gradients on the whole batch with torch's own losses."""
     with tempfile.TemporaryDirectory() as result_dir:
-        mp.start_processes(_ddp_worker, args=(2, free_port(), result_dir), nprocs=2, join=True,
+        mp.start_processes(_ddp_worker, args=(2, result_dir), nprocs=2, join=True,
                            start_method="spawn")
         ddp = torch.load(os.path.join(result_dir, "enable_ddp.pt"))
     x, y = _batch()

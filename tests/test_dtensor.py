@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import datetime
 import os
+import socket
 import subprocess
 import sys
 import tempfile
@@ -27,7 +28,6 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 
 import npu_loss_ops
-from helpers import free_port
 
 pytestmark = pytest.mark.skipif(
     not dist.is_available() or not dist.is_gloo_available(), reason="torch.distributed with gloo"
@@ -168,10 +168,14 @@ def _run(case: Case, distribute) -> dict[str, object]:
     return full
 
 
-def _worker(rank: int, port: int, result_dir: str) -> None:
-    os.environ["MASTER_ADDR"] = "127.0.0.1"
-    os.environ["MASTER_PORT"] = str(port)
-    dist.init_process_group("gloo", rank=rank, world_size=WORLD, timeout=datetime.timedelta(seconds=120))
+def _worker(rank: int, result_dir: str) -> None:
+    if "lo" in {name for _, name in socket.if_nameindex()}:
+        os.environ["GLOO_SOCKET_IFNAME"] = "lo"  # gloo's connections on the loopback interface only
+    # A file store, not a TCP one, as in test_ddp.py: the rank hosting a TCPStore can abort at exit.
+    store = f"file://{os.path.join(result_dir, 'store')}"
+    dist.init_process_group(
+        "gloo", init_method=store, rank=rank, world_size=WORLD, timeout=datetime.timedelta(seconds=120)
+    )
     try:
         from torch.distributed.device_mesh import init_device_mesh
         from torch.distributed.tensor import DTensor, distribute_tensor
@@ -201,7 +205,7 @@ def _worker(rank: int, port: int, result_dir: str) -> None:
 def dtensor_results():
     with tempfile.TemporaryDirectory() as result_dir:
         context = mp.start_processes(
-            _worker, args=(free_port(), result_dir), nprocs=WORLD, join=False, start_method="spawn"
+            _worker, args=(result_dir,), nprocs=WORLD, join=False, start_method="spawn"
         )
         deadline = time.monotonic() + TIME_LIMIT
         while not context.join(timeout=5):

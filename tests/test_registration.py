@@ -130,6 +130,12 @@ def _sample_ops() -> set[str]:
     )
 
 
+def _dtensor_ops() -> set[str]:
+    from npu_loss_ops._dtensor import LOSSES
+
+    return {name for row in LOSSES for name in (row.forward, row.backward, f"{row.backward}.{row.backward_out}")}
+
+
 def _per_op_tables() -> dict[str, set[str]]:
     """Each per-op table, as the set of ops (or functional ops) it has a block for."""
     from npu_loss_ops import _C
@@ -140,6 +146,7 @@ def _per_op_tables() -> dict[str, set[str]]:
         "derivatives blocks (csrc/autograd/derivatives.cpp)": set(_C._differentiable_ops()),
         "NPU routing rows (csrc/npu/routing.cpp)": {row["op"] for row in _C._npu_routing_table()},
         "sample families (tests/samples.py)": _sample_ops(),
+        "DTensor rows (npu_loss_ops/_dtensor.py)": _dtensor_ops(),
     }
 
 

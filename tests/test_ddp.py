@@ -10,7 +10,6 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 
 import npu_loss_ops
-from helpers import free_port
 
 # (module class name, constructor kwargs) for each of the three losses.
 CRITERIA = [
@@ -39,10 +38,11 @@ def _loss(kind, kwargs, out, y):
     return criterion(out, y)
 
 
-def _worker(rank, world, port, result_dir):
-    os.environ["MASTER_ADDR"] = "127.0.0.1"
-    os.environ["MASTER_PORT"] = str(port)
-    dist.init_process_group("gloo", rank=rank, world_size=world)
+def _worker(rank, world, result_dir):
+    # A file store rather than a TCP one: the rank hosting a TCPStore can abort at exit while its peer is
+    # still disconnecting ("terminate called without an active exception"); a file store has no server thread.
+    store = f"file://{os.path.join(result_dir, 'store')}"
+    dist.init_process_group("gloo", init_method=store, rank=rank, world_size=world)
     try:
         x, y = _batch()
         half = x.shape[0] // world
@@ -61,7 +61,7 @@ def _worker(rank, world, port, result_dir):
 @pytest.mark.skipif(not dist.is_available() or not dist.is_gloo_available(), reason="torch.distributed gloo")
 def test_two_process_ddp_gradients_equal_single_process():
     with tempfile.TemporaryDirectory() as result_dir:
-        mp.start_processes(_worker, args=(2, free_port(), result_dir), nprocs=2, join=True, start_method="spawn")
+        mp.start_processes(_worker, args=(2, result_dir), nprocs=2, join=True, start_method="spawn")
         ddp = torch.load(os.path.join(result_dir, "ddp_grads.pt"))
     x, y = _batch()
     worst = 0.0

@@ -535,13 +535,12 @@ def _run_worker(device, first, last, trace_file):
     return proc.returncode, rows, proc.stderr
 
 
-def _rejected_or_aclop(trace_file):
-    """The emulator's counts of calls aclnn rejected and of aclop fallbacks, from a worker's trace."""
+def _trace(trace_file):
+    """The emulator's counts from a worker's run (tests/npu_emulator/README.md, "The trace")."""
     if not trace_file or not os.path.exists(trace_file):
         return {}
     with open(trace_file) as f:
-        trace = json.load(f)
-    return {k: v for k, v in trace.items() if "GetWorkspaceSize:" in k or k.startswith("aclop:")}
+        return json.load(f)
 
 
 def test_error_matrix(device):
@@ -551,7 +550,7 @@ def test_error_matrix(device):
     message on every path."""
     cases = all_cases(device)
     outcomes = [dict() for _ in cases]
-    crashes, bad_calls = {}, collections.Counter()
+    crashes, trace = {}, collections.Counter()
     with tempfile.TemporaryDirectory() as tmp:
         traced = device != "cpu" and TRACE_VARIABLE in os.environ
         for first in range(0, len(cases), BATCH):
@@ -559,7 +558,7 @@ def test_error_matrix(device):
             while first < last:
                 trace_file = os.path.join(tmp, f"trace-{first}.json") if traced else None
                 code, rows, err = _run_worker(device, first, last, trace_file)
-                bad_calls.update(_rejected_or_aclop(trace_file))
+                trace.update(_trace(trace_file))
                 for row in rows:
                     assert row["id"] == cases[row["case"]][1].id, "the worker built another matrix"
                     outcomes[row["case"]][row["path"]] = (row["cls"], row["msg"])
@@ -580,8 +579,9 @@ def test_error_matrix(device):
             continue
         for problem in problems(case, got, device):
             wrong.append((overload, case.id, problem))
+    bad_calls = {k: v for k, v in trace.items() if "GetWorkspaceSize:" in k or k.startswith("aclop:")}
     print(f"\nerror matrix on {device}: {len(cases)} cases on {runs} (case, path) runs, {len(crashes)} crashes, "
-          f"{len(wrong)} wrong outcomes")
+          f"{len(wrong)} wrong outcomes" + (f"; {sum(trace.values())} emulated aclnn calls" if traced else ""))
     assert not crashes, list(crashes.values())
     assert not wrong, "\n".join(map(str, wrong[:20]))
     assert not bad_calls, f"calls the emulated aclnn rejected, or aclop fallbacks: {bad_calls}"

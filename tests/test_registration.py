@@ -65,6 +65,45 @@ def test_a_torch_other_than_the_build_one_is_a_clear_rebuild_error():
     assert npu_loss_ops._BUILT_WITH_TORCH == torch.__version__
 
 
+def test_fake_tensors_run_the_cpp_meta_kernels_on_symbolic_sizes():
+    """No op has a Python fake kernel: FakeTensorMode runs the C++ Meta kernels (csrc/meta_kernels.cpp,
+    the checks on SymInt sizes), on symbolic sizes too (a ShapeEnv, as torch.compile(dynamic=True) and
+    torch.export use): each result keeps the symbolic batch size."""
+    from torch._library.simple_registry import singleton
+    from torch._subclasses.fake_tensor import FakeTensor, FakeTensorMode
+    from torch.fx.experimental.symbolic_shapes import DimDynamic, ShapeEnv, StatelessSymbolicContext
+
+    for schema in SCHEMAS:
+        assert singleton.find(schema.split("(")[0]).fake_impl.kernel is None, schema
+    mode = FakeTensorMode(shape_env=ShapeEnv())
+    dynamic_batch = StatelessSymbolicContext(dynamic_sizes=[DimDynamic.DYNAMIC, DimDynamic.STATIC])
+    x = mode.from_tensor(torch.randn(6, 4), symbolic_context=dynamic_batch)
+    ops = torch.ops.npu_loss
+    with mode:
+        t, g = x.sigmoid(), x.cos()  # the same symbolic batch size
+        n = x.shape[0]
+        assert isinstance(n, torch.SymInt)
+        results = {
+            "smooth_l1_loss": ops.smooth_l1_loss(x, t, 0, 0.5),
+            "smooth_l1_loss_backward": ops.smooth_l1_loss_backward(g, x, t, 0, 0.5),
+            "smooth_l1_loss_backward.grad_input": ops.smooth_l1_loss_backward.grad_input(
+                g, x, t, 0, 0.5, grad_input=torch.empty_like(x)),
+            "l1_loss": ops.l1_loss(x, t, 0),
+            "l1_loss_backward": ops.l1_loss_backward(g, x, t, 0),
+            "l1_loss_backward.grad_input": ops.l1_loss_backward.grad_input(g, x, t, 0, grad_input=torch.empty_like(x)),
+            "kl_div": ops.kl_div(x, t, 0),
+            "kl_div_target_backward": ops.kl_div_target_backward(g, x, t, 0, False),
+            "kl_div_target_backward.grad_target": ops.kl_div_target_backward.grad_target(
+                g, x, t, 0, False, grad_target=torch.empty_like(t)),
+        }
+        mean = ops.l1_loss(x, t, 1)
+    assert len(results) == len(SCHEMAS)
+    for name, r in results.items():
+        assert isinstance(r, FakeTensor) and r.dtype == torch.float32, name
+        assert isinstance(r.shape[0], torch.SymInt) and str(r.shape[0]) == str(n) and r.shape[1] == 4, (name, r.shape)
+    assert mean.shape == ()
+
+
 # ---- every op has its block in every per-op table (docs/adding_a_loss.md) ----
 
 
@@ -91,6 +130,12 @@ def _sample_ops() -> set[str]:
     )
 
 
+def _dtensor_ops() -> set[str]:
+    from npu_loss_ops._dtensor import LOSSES
+
+    return {name for row in LOSSES for name in (row.forward, row.backward, f"{row.backward}.{row.backward_out}")}
+
+
 def _per_op_tables() -> dict[str, set[str]]:
     """Each per-op table, as the set of ops (or functional ops) it has a block for."""
     from npu_loss_ops import _C
@@ -101,6 +146,7 @@ def _per_op_tables() -> dict[str, set[str]]:
         "derivatives blocks (csrc/autograd/derivatives.cpp)": set(_C._differentiable_ops()),
         "NPU routing rows (csrc/npu/routing.cpp)": {row["op"] for row in _C._npu_routing_table()},
         "sample families (tests/samples.py)": _sample_ops(),
+        "DTensor rows (npu_loss_ops/_dtensor.py)": _dtensor_ops(),
     }
 
 

@@ -1,0 +1,278 @@
+"""DTensor sharding rules for every ``torch.ops.npu_loss`` op and out= overload.
+
+With them each op takes DTensor arguments placed ``Shard(d)`` or ``Replicate`` (``Partial`` ones are reduced
+first), and its result, and every gradient autograd computes through the ops, equals one process on the
+whole tensors; docs/semantics.md, "DTensor", says what a caller sees. The rules are registered with
+DTensor's op-strategy API when ``torch.distributed.tensor`` is imported: that import takes about half a
+second, more than the rest of ``import npu_loss_ops``, so the package never makes it itself (:func:`install`).
+(``torch.distributed.tensor.experimental.register_sharding`` would be the public way, but in torch 2.13 it
+leaves an out= tensor out of DTensor's cache key, so a second call with the out tensor placed differently
+reuses the first call's rule and fails.)
+
+Every op is elementwise over the broadcast shape of its tensor arguments (the "space"), then reduced to its
+result: forwards to 0-dim ("sum", "mean") or not at all ("none"), the smooth L1 and L1 gradients not at
+all, KL's target gradient by a sum to target's shape. A rule for one mesh dimension either replicates every
+argument (always exact: each rank makes the whole call), or shards one dimension ``i`` of the space: each
+argument that spans ``i`` (has it at full size) is sharded on its own matching dimension and each one
+broadcast along it is replicated, so each rank makes the same call on its slice of the space. The result is
+  - ``Shard`` where ``i`` is a dimension of the result: each rank computes its slice;
+  - ``Partial("sum")`` where the op sums over ``i``: the sum of the ranks' sums;
+  - where "mean" divides by a count that sharding ``i`` shrinks (the space's count, or, for smooth L1's
+    backward, ``self.numel()`` when self spans ``i``), a rank divides by its own count, which is right for
+    no slice of the result, so that rule is not offered. Where the op also reduces over ``i`` and every rank
+    holds the same count (every argument evenly sharded), the mean of the ranks' means is the mean:
+    ``Partial("avg")``.
+DTensor picks among the rules the one whose input redistribution costs least (none when the arguments
+already have its placements) and redistributes the arguments. It never redistributes an out= tensor, so the
+rule must give the out tensor's own placement.
+"""
+from __future__ import annotations
+
+import importlib.abc
+import importlib.machinery
+import sys
+import warnings
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from types import ModuleType
+from typing import TYPE_CHECKING, Literal
+
+import torch
+
+if TYPE_CHECKING:
+    from torch.distributed.tensor._dtensor_spec import DTensorSpec
+    from torch.distributed.tensor._op_schema import OpSchema, OpStrategy
+    from torch.distributed.tensor.placement_types import Placement
+
+__all__ = ["LossRow", "LOSSES", "install", "register"]
+
+_DTENSOR_MODULE = "torch.distributed.tensor"
+_NONE, _MEAN = 0, 1  # the ops' reduction enum (at::Reduction)
+
+
+@dataclass(frozen=True)
+class LossRow:
+    """What the sharding rules of one loss's ops (forward, backward, the backward's out= overload) need to
+    know. The forwards share the rest: their result has the broadcast shape ("none") or is 0-dim, and
+    "mean" divides by the broadcast count."""
+
+    forward: str
+    """The forward op, e.g. ``"smooth_l1_loss"``."""
+    backward: str
+    """The backward op, e.g. ``"smooth_l1_loss_backward"``."""
+    backward_out: str
+    """The overload name of the backward's out= form, e.g. ``"grad_input"``."""
+    backward_mean_count: Literal["self", "broadcast"]
+    """What the backward's "mean" divides by: ``self.numel()``, or the broadcast count of its arguments."""
+    backward_result: Literal["broadcast", "target"]
+    """The backward's result shape: the broadcast shape, or target's (summed over the broadcast dims)."""
+
+
+# One row per loss; docs/semantics.md gives each op's "mean" divisor and result shape.
+LOSSES: tuple[LossRow, ...] = (
+    LossRow("smooth_l1_loss", "smooth_l1_loss_backward", "grad_input", "self", "broadcast"),
+    LossRow("huber_loss", "huber_loss_backward", "out", "self", "broadcast"),
+    LossRow("l1_loss", "l1_loss_backward", "grad_input", "broadcast", "broadcast"),
+    LossRow("kl_div", "kl_div_target_backward", "grad_target", "broadcast", "target"),
+)
+
+
+@dataclass(frozen=True)
+class _OpShape:
+    """One op's signature and result, as its rules see them."""
+
+    tensors: int
+    """How many leading arguments are tensors; the reduction follows them."""
+    forward: bool
+    """A forward loss: its result is 0-dim unless the reduction is "none"."""
+    result_like: int | None
+    """The argument whose shape the result has, or None for the broadcast shape."""
+    mean_count: int | None
+    """The argument whose numel "mean" divides by, or None for the broadcast count."""
+    out: str | None
+    """The out= argument's name, for an out= overload."""
+
+
+def _ops_of(row: LossRow) -> list[tuple[torch._ops.OpOverload, _OpShape]]:
+    ops = torch.ops.npu_loss
+    forward = getattr(ops, row.forward).default
+    backward = getattr(ops, row.backward)
+    backward_out = getattr(backward, row.backward_out)
+    out_name = next(a.name for a in backward_out._schema.arguments if a.is_out)
+    result_like = None if row.backward_result == "broadcast" else 2
+    mean_count = 1 if row.backward_mean_count == "self" else None
+    return [
+        (forward, _OpShape(2, True, None, None, None)),
+        (backward.default, _OpShape(3, False, result_like, mean_count, None)),
+        (backward_out, _OpShape(3, False, result_like, mean_count, out_name)),
+    ]
+
+
+def _spans(shape: Sequence[int], space: Sequence[int], i: int) -> int | None:
+    """The dimension of a tensor of `shape` that is dimension `i` of the broadcast `space` at full size, or
+    None when the tensor is broadcast along it (absent there, or of size 1)."""
+    j = i - (len(space) - len(shape))
+    return j if j >= 0 and shape[j] == space[i] else None
+
+
+def _broadcast(shapes: Sequence[Sequence[int]]) -> tuple[int, ...]:
+    """The broadcast shape of `shapes` (which broadcast: DTensor has run the op's fake kernel on them)."""
+    ndim = max(len(s) for s in shapes)
+    space = [1] * ndim
+    for shape in shapes:
+        for j, extent in enumerate(shape):
+            if extent != 1:
+                space[ndim - len(shape) + j] = extent
+    return tuple(space)
+
+
+def _rules(op: _OpShape, shapes: Sequence[Sequence[int]], reduction: int) -> list[list[Placement | None]]:
+    """The rules for one mesh dimension: per rule the result's placement, then each tensor argument's (an
+    out= tensor last, with the result's)."""
+    from torch.distributed.tensor.placement_types import Partial, Replicate, Shard
+
+    space = _broadcast(shapes)
+    reduced = op.forward and reduction != _NONE
+    # Replicating everything first: of equally cheap rules DTensor keeps the first.
+    rules: list[list[Placement | None]] = [[Replicate()] * (1 + len(shapes) + (op.out is not None))]
+    for i, extent in enumerate(space):
+        if extent <= 1:
+            continue
+        inputs: list[Placement | None] = []
+        for shape in shapes:
+            j = _spans(shape, space, i)
+            inputs.append(Replicate() if j is None else Shard(j))
+        count_shrinks = reduction == _MEAN and (
+            op.mean_count is None or isinstance(inputs[op.mean_count], Shard)
+        )
+        if reduced:
+            r = None
+        elif op.result_like is None:
+            r = i
+        else:
+            r = _spans(shapes[op.result_like], space, i)
+        result: Placement
+        if r is not None:
+            if count_shrinks:
+                continue
+            result = Shard(r)
+        elif count_shrinks:
+            result = Partial("avg")  # kept by _equal_counts only where every rank's count is the same
+        else:
+            result = Partial("sum")
+        rules.append([result, *inputs, *([result] if op.out is not None else [])])
+    return rules
+
+
+def _equal_counts(inputs: list[DTensorSpec], output: DTensorSpec | tuple[DTensorSpec | None, ...]) -> bool:
+    """A Partial("avg") result is the mean only when every rank divided by the same count: when every
+    argument is evenly sharded, so that each rank holds slices of the same shapes."""
+    from torch.distributed.tensor._ops.utils import is_tensor_evenly_shardable
+    from torch.distributed.tensor.placement_types import Partial
+
+    assert not isinstance(output, tuple)  # each op has one result
+    if not any(isinstance(p, Partial) and p.reduce_op == "avg" for p in output.placements):
+        return True
+    return all(is_tensor_evenly_shardable(spec.shape, spec) for spec in inputs)
+
+
+def _strategy(op: _OpShape) -> Callable[[OpSchema], OpStrategy]:
+    def strategy(op_schema: OpSchema) -> OpStrategy:
+        from torch.distributed.tensor._ops.utils import expand_to_full_mesh_op_strategy
+
+        shapes = [s.shape for s in op_schema.args_strategy[: op.tensors]]
+        # A forward called with its default reduction reaches DTensor without it.
+        args = op_schema.args_schema
+        reduction = args[op.tensors] if len(args) > op.tensors else _MEAN
+        assert isinstance(reduction, int)
+        result = expand_to_full_mesh_op_strategy(
+            op_schema.get_mesh_from_args(),
+            op_schema,
+            _rules(op, shapes, reduction),
+            input_index=1,
+            is_valid_strategy_cb=_equal_counts,
+        )
+        if not result.strategies:
+            # Only an out= tensor, which DTensor never redistributes, can rule out every rule.
+            raise RuntimeError(
+                f"{op_schema.op}: no sharding gives {op.out} its placements exactly for these arguments "
+                f"(reduction {reduction}); a Replicate {op.out} always works"
+            )
+        return result
+
+    return strategy
+
+
+def register() -> None:
+    """Registers the rules of every op in `LOSSES` with DTensor (imports torch.distributed.tensor)."""
+    from torch.distributed.tensor._op_schema import RuntimeSchemaInfo
+    from torch.distributed.tensor._ops.utils import register_op_strategy
+
+    for row in LOSSES:
+        for overload, op in _ops_of(row):
+            # DTensor caches a rule per argument placements and shapes, plus what schema_info names: the
+            # reduction and the scalars after it, and the out= tensor's placement.
+            schema_info = RuntimeSchemaInfo(op.tensors, [op.out] if op.out is not None else None)
+            register_op_strategy(overload, schema_info)(_strategy(op))
+
+
+def _register_or_warn() -> None:
+    try:
+        register()
+    except Exception as exc:  # a DTensor API that changed must not break the user's import of it
+        warnings.warn(
+            f"npu_loss_ops: registering the DTensor sharding rules failed ({type(exc).__name__}: {exc}); "
+            "npu_loss ops on DTensors will raise",
+            RuntimeWarning,
+            stacklevel=2,
+        )
+
+
+class _ThenRegister(importlib.abc.Loader):
+    """torch.distributed.tensor's own loader, registering the rules once the module has run."""
+
+    def __init__(self, loader: importlib.abc.Loader) -> None:
+        self.loader = loader
+
+    def create_module(self, spec: importlib.machinery.ModuleSpec) -> ModuleType | None:
+        return self.loader.create_module(spec)
+
+    def exec_module(self, module: ModuleType) -> None:
+        # The module keeps its own loader, as if this one had never been there.
+        module.__loader__ = self.loader
+        if module.__spec__ is not None:
+            module.__spec__.loader = self.loader
+        self.loader.exec_module(module)
+        _register_or_warn()
+
+
+class _RegisterOnImport(importlib.abc.MetaPathFinder):
+    """Finds torch.distributed.tensor with the other finders and has its loader register the rules; removes
+    itself on that first import."""
+
+    def find_spec(
+        self, fullname: str, path: Sequence[str] | None, target: ModuleType | None = None
+    ) -> importlib.machinery.ModuleSpec | None:
+        if fullname != _DTENSOR_MODULE:
+            return None
+        sys.meta_path.remove(self)
+        for finder in sys.meta_path:
+            find_spec = getattr(finder, "find_spec", None)
+            spec: importlib.machinery.ModuleSpec | None = (
+                find_spec(fullname, path, target) if find_spec is not None else None
+            )
+            if spec is not None:
+                if spec.loader is not None:
+                    spec.loader = _ThenRegister(spec.loader)
+                return spec
+        return None
+
+
+def install() -> None:
+    """Registers the rules now if torch.distributed.tensor is imported, else as soon as it is."""
+    if not torch.distributed.is_available():
+        return
+    if _DTENSOR_MODULE in sys.modules:
+        _register_or_warn()
+    elif not any(isinstance(f, _RegisterOnImport) for f in sys.meta_path):
+        sys.meta_path.insert(0, _RegisterOnImport())

@@ -1,0 +1,306 @@
+"""DTensor: every npu_loss op and out= overload, with its arguments placed Shard(0), Shard(1), Replicate,
+Partial or a mix, broadcast or not, on a 1-D and a 2-D mesh of two gloo processes (loopback), gives what one
+process gives on the whole tensors: the
+forward values (through the Python API, KL's 'batchmean' included), the gradients w.r.t. self and target
+(autograd's C++ nodes calling the backward ops on DTensors), the backward ops called directly and their out=
+overloads. One spawn of two processes runs every case; each case is then its own test here.
+
+The shapes make both kinds of "mean" rule run: dim 0 (6) splits evenly over two ranks, so a mean over it is
+the ranks' average (Partial("avg")), and dim 1 (5) does not (3 and 2), so a mean there replicates. Also
+here: the rules are registered only once torch.distributed.tensor is imported (import npu_loss_ops does not
+import it), and every op and overload under torch.ops.npu_loss has a rule.
+"""
+from __future__ import annotations
+
+import datetime
+import os
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+import warnings
+from dataclasses import dataclass
+
+import pytest
+import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
+
+import npu_loss_ops
+
+pytestmark = pytest.mark.skipif(
+    not dist.is_available() or not dist.is_gloo_available(), reason="torch.distributed with gloo"
+)
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+WORLD = 2
+SHAPE = (6, 5)
+TIME_LIMIT = 300  # seconds for the two processes, all cases
+
+ops = torch.ops.npu_loss
+REDUCTIONS = {"none": 0, "mean": 1, "sum": 2}
+# Placements of (self, target) by name, one per mesh dimension: "S0" is Shard(0), "R" Replicate, "P"
+# Partial("sum"), "S1/S0" is Shard(1) on the first dimension of a 2-D mesh (of size 1) and Shard(0) on the
+# second.
+PAIRS = [("S0", "S0"), ("S1", "S1"), ("R", "R"), ("S0", "R"), ("R", "S1"), ("P", "S0"), ("S1/S0", "R/S0")]
+# Broadcasting: (self's shape, target's shape, self's placement, target's placement).
+BROADCASTS = [
+    (SHAPE, (5,), "S0", "R"),
+    (SHAPE, (5,), "S1", "S0"),
+    (SHAPE, (6, 1), "S0", "S0"),
+    (SHAPE, (6, 1), "S1", "R"),
+    ((5,), SHAPE, "R", "S0"),
+    ((6, 1), SHAPE, "S0", "S1"),
+]
+LOSSES = {
+    # name: (Python API function, its extra keyword arguments, the backward op's scalar arguments)
+    "smooth_l1": (npu_loss_ops.smooth_l1_loss, {"beta": 0.5}, (0.5,)),
+    "huber": (npu_loss_ops.huber_loss, {"delta": 0.5}, (0.5,)),
+    "l1": (npu_loss_ops.l1_loss, {}, ()),
+    "kl": (npu_loss_ops.kl_div, {"log_target": False}, (False,)),
+    "kl_log_target": (npu_loss_ops.kl_div, {"log_target": True}, (True,)),
+}
+BACKWARD = {
+    # name: (the backward op, its out= overload, the out tensor's argument name)
+    "smooth_l1": (ops.smooth_l1_loss_backward, "grad_input", "grad_input"),
+    "huber": (ops.huber_loss_backward, "out", "grad_input"),
+    "l1": (ops.l1_loss_backward, "grad_input", "grad_input"),
+    "kl": (ops.kl_div_target_backward, "grad_target", "grad_target"),
+    "kl_log_target": (ops.kl_div_target_backward, "grad_target", "grad_target"),
+}
+
+
+@dataclass(frozen=True)
+class Case:
+    id: str
+    kind: str  # "loss" (the Python API and autograd), "backward" (the op), "out" (its out= overload)
+    loss: str
+    reduction: str
+    self_placement: str
+    target_placement: str
+    self_shape: tuple[int, ...] = SHAPE
+    target_shape: tuple[int, ...] = SHAPE
+    out_placement: str | None = None
+
+
+def _cases() -> list[Case]:
+    cases = []
+    for loss in LOSSES:
+        reductions = [*REDUCTIONS, "batchmean"] if loss.startswith("kl") else list(REDUCTIONS)
+        layouts = [(SHAPE, SHAPE, s, t) for s, t in PAIRS] + BROADCASTS
+        for reduction in reductions:
+            for self_shape, target_shape, s, t in layouts:
+                name = f"{loss}-{reduction}-self{s}-target{t}"
+                for label, shape in (("self", self_shape), ("target", target_shape)):
+                    name += "" if shape == SHAPE else f"-{label}{list(shape)}"
+                shapes = (self_shape, target_shape)
+                cases.append(Case(f"loss-{name}", "loss", loss, reduction, s, t, *shapes))
+                if reduction == "batchmean":
+                    continue
+                cases.append(Case(f"backward-{name}", "backward", loss, reduction, s, t, *shapes))
+                # out= tensors: Replicate always has an exact rule; a sharded one where the reduction
+                # allows it (not "mean", whose local call divides by a shard's count), and is refused there.
+                for out in ("R", "S0", "S1"):
+                    if (shapes != (SHAPE, SHAPE) or "/" in s) and out != "R":
+                        continue
+                    cases.append(Case(f"out{out}-{name}", "out", loss, reduction, s, t, *shapes, out))
+    return cases
+
+
+CASES = _cases()
+
+
+def _inputs(case: Case) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """self, target and a weight or grad_output of the broadcast shape, from a seed of the case's own."""
+    g = torch.Generator().manual_seed(CASES.index(case))
+    x = torch.randn(case.self_shape, generator=g)
+    t = torch.randn(case.target_shape, generator=g)
+    w = torch.randn(SHAPE, generator=g)
+    if case.loss == "kl":
+        x = torch.log_softmax(x, -1)
+        t = torch.softmax(t, -1)
+        t.view(-1)[::4] = 0  # zero probabilities: their target gradient is exactly 0
+    elif case.loss == "kl_log_target":
+        x = torch.log_softmax(x, -1)
+        t = torch.log_softmax(t, -1)
+    return x, t, w
+
+
+def _placements(name: str) -> list:
+    from torch.distributed.tensor import Partial, Replicate, Shard
+
+    kinds = {"R": Replicate(), "P": Partial("sum")}
+    return [kinds[p] if p in kinds else Shard(int(p[1:])) for p in name.split("/")]
+
+
+def _run(case: Case, distribute) -> dict[str, object]:
+    """Runs a case; `distribute(tensor, placement name)` makes its DTensor arguments (the identity with
+    tensors for one process). Returns its results as plain tensors, and the result's placements."""
+    x, t, w = _inputs(case)
+    fn, kwargs, scalars = LOSSES[case.loss]
+    reduction = REDUCTIONS.get(case.reduction, 2)
+    replicate = "/".join(["R"] * (case.self_placement.count("/") + 1))
+    results: dict[str, object] = {}
+    if case.kind == "loss":
+        xd = distribute(x, case.self_placement).requires_grad_()
+        td = distribute(t, case.target_placement).requires_grad_()
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")  # sizes that differ; KL's 'mean'
+            value = fn(xd, td, reduction=case.reduction, **kwargs)
+        # For "none", a gradient that differs from element to element.
+        (value * distribute(w, replicate) if case.reduction == "none" else value).sum().backward()
+        results.update(value=value, grad_self=xd.grad, grad_target=td.grad)
+    else:
+        op, out_overload, out_name = BACKWARD[case.loss]
+        grad_output = w if case.reduction == "none" else torch.tensor(1.5)
+        g = distribute(grad_output, case.self_placement if grad_output.dim() else replicate)
+        xd, td = distribute(x, case.self_placement), distribute(t, case.target_placement)
+        args = (g, xd, td, reduction, *scalars)
+        if case.kind == "backward":
+            results["value"] = op(*args)
+        else:
+            like = t if out_name == "grad_target" else w
+            out_placement = replicate if case.out_placement == "R" else case.out_placement
+            out = distribute(torch.full_like(like, float("nan")), out_placement)
+            results["value"] = getattr(op, out_overload)(*args, **{out_name: out})
+            results["out"] = out
+    placements = getattr(results["value"], "placements", None)
+    full = {k: v.full_tensor() if hasattr(v, "full_tensor") else v for k, v in results.items()}
+    full["placements"] = str(placements)
+    return full
+
+
+def _worker(rank: int, result_dir: str) -> None:
+    if "lo" in {name for _, name in socket.if_nameindex()}:
+        os.environ["GLOO_SOCKET_IFNAME"] = "lo"  # gloo's connections on the loopback interface only
+    # A file store, not a TCP one, as in test_ddp.py: the rank hosting a TCPStore can abort at exit.
+    store = f"file://{os.path.join(result_dir, 'store')}"
+    dist.init_process_group(
+        "gloo", init_method=store, rank=rank, world_size=WORLD, timeout=datetime.timedelta(seconds=120)
+    )
+    try:
+        from torch.distributed.device_mesh import init_device_mesh
+        from torch.distributed.tensor import DTensor, distribute_tensor
+
+        meshes = {1: init_device_mesh("cpu", (WORLD,)), 2: init_device_mesh("cpu", (1, WORLD))}
+
+        def distribute(tensor, placement):
+            placements = _placements(placement)
+            mesh = meshes[len(placements)]
+            if placement == "P":  # rank 0 holds the value, rank 1 zeros
+                return DTensor.from_local(tensor if rank == 0 else torch.zeros_like(tensor), mesh, placements)
+            return distribute_tensor(tensor, mesh, placements)
+
+        results = {}
+        for case in CASES:
+            try:
+                results[case.id] = _run(case, distribute)
+            except Exception as exc:  # every rank raises alike: the rules are deterministic
+                results[case.id] = {"error": f"{type(exc).__name__}: {exc}"}
+        if rank == 0:
+            torch.save(results, os.path.join(result_dir, "dtensor.pt"))
+    finally:
+        dist.destroy_process_group()
+
+
+@pytest.fixture(scope="module")
+def dtensor_results():
+    with tempfile.TemporaryDirectory() as result_dir:
+        context = mp.start_processes(
+            _worker, args=(result_dir,), nprocs=WORLD, join=False, start_method="spawn"
+        )
+        deadline = time.monotonic() + TIME_LIMIT
+        while not context.join(timeout=5):
+            if time.monotonic() > deadline:
+                for process in context.processes:
+                    process.kill()
+                pytest.fail(f"the two DTensor processes took more than {TIME_LIMIT} s")
+        return torch.load(os.path.join(result_dir, "dtensor.pt"))
+
+
+def _expected(case: Case) -> dict[str, object]:
+    return _run(case, lambda tensor, placement: tensor)
+
+
+def _close(got, expected, what):
+    torch.testing.assert_close(got, expected, rtol=2e-6, atol=1e-6, msg=lambda m: f"{what}: {m}")
+
+
+@pytest.mark.parametrize("case", CASES, ids=[c.id for c in CASES])
+def test_equals_one_process(case, dtensor_results):
+    got = dtensor_results[case.id]
+    refused = case.kind == "out" and case.out_placement != "R" and case.reduction == "mean"
+    if refused:
+        # The local call's mean divides by a shard's count, and DTensor never redistributes an out= tensor.
+        assert "a Replicate" in got.get("error", ""), got
+        return
+    assert "error" not in got, got["error"]
+    expected = _expected(case)
+    for key in ("value", "grad_self", "grad_target"):
+        if key in expected:
+            _close(got[key], expected[key], key)
+    if case.kind == "out":
+        _close(got["out"], expected["value"], "the out= tensor")
+
+
+# The result's placements for a few cases: the rules shard and reduce where exact, rather than replicate.
+PLACEMENTS = {
+    "loss-l1-none-selfS1-targetS1": "(Shard(dim=1),)",
+    "loss-l1-sum-selfS0-targetR": "(Partial(sum),)",
+    "loss-smooth_l1-mean-selfS0-targetS0": "(Partial(avg),)",  # 6 rows: 3 per rank, equal counts
+    "loss-smooth_l1-mean-selfS1-targetS1": "(Replicate(),)",  # 5 columns: 3 and 2, unequal counts
+    "backward-smooth_l1-sum-selfS0-targetS0": "(Shard(dim=0),)",
+    "backward-smooth_l1-mean-selfS0-targetS0": "(Replicate(),)",  # divides by self.numel(): whole self
+    "backward-smooth_l1-mean-selfR-targetS0-self[5]": "(Shard(dim=0),)",  # self is whole on every rank
+    "loss-kl-batchmean-selfS0-targetS0": "(Partial(sum),)",
+    "loss-l1-mean-selfS1/S0-targetR/S0": "(Partial(avg), Partial(avg))",
+    "backward-kl-none-selfS0-targetR-target[5]": "(Partial(sum),)",  # summed over dim 0 to target's shape
+    "backward-kl-mean-selfS0-targetR-target[5]": "(Partial(avg),)",
+    "backward-kl-sum-selfS1-targetS0-target[5]": "(Shard(dim=0),)",
+    "outS1-l1-none-selfS1-targetS1": "(Shard(dim=1),)",
+}
+
+
+@pytest.mark.parametrize("case_id", PLACEMENTS)
+def test_result_placements(case_id, dtensor_results):
+    assert dtensor_results[case_id]["placements"] == PLACEMENTS[case_id]
+
+
+def _python(code: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-W", "error", "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=300
+    )
+
+
+ALL_REGISTERED = """
+from torch.distributed.tensor import DTensor
+funcs = DTensor._op_dispatcher.sharding_propagator.op_strategy_funcs
+overloads = [getattr(getattr(torch.ops.npu_loss, p), o) for p in torch.ops.npu_loss
+             for o in getattr(torch.ops.npu_loss, p).overloads()]
+assert len(overloads) >= 9, overloads
+missing = [str(o) for o in overloads if o not in funcs]
+assert not missing, missing
+"""
+
+
+def test_rules_registered_when_torch_distributed_tensor_is_imported_later():
+    code = (
+        "import sys, torch, npu_loss_ops\n"
+        "assert 'torch.distributed.tensor' not in sys.modules\n"
+        "import torch.distributed.tensor\n"
+        "import importlib.machinery\n"
+        "assert isinstance(torch.distributed.tensor.__loader__, importlib.machinery.SourceFileLoader)\n"
+        "assert not [f for f in sys.meta_path if type(f).__module__ == 'npu_loss_ops._dtensor']\n"
+        + ALL_REGISTERED + "print('ok')\n"
+    )
+    result = _python(code)
+    assert result.returncode == 0 and result.stderr == "", result.stderr
+    assert result.stdout.strip() == "ok"
+
+
+def test_rules_registered_when_torch_distributed_tensor_was_imported_first():
+    code = "import torch, torch.distributed.tensor, npu_loss_ops\n" + ALL_REGISTERED + "print('ok')\n"
+    result = _python(code)
+    assert result.returncode == 0 and result.stderr == "", result.stderr
+    assert result.stdout.strip() == "ok"

@@ -217,12 +217,12 @@ def test_aclnn_api_per_chip(npu, op, dtype, beta, log_target):
 def huber_launches(op, dtype, delta):
     """Every aclnn launch a Huber call makes where its row names the aclnn API (docs/npu_routing.md, the
     launch table): smooth L1's kernel, plus one scaling of the result (forward) or of grad_output (backward)
-    unless delta == 1; with a half dtype and delta > 1 the forward's two inputs and the backward's
-    grad_output are first copied to float32."""
+    unless delta == 1; with a half dtype the forward's two inputs (delta != 1) and the backward's grad_output
+    (delta > 1) are first copied to float32."""
     api = "aclnnSmoothL1Loss" if op == "huber_loss" else "aclnnSmoothL1LossBackward"
     if delta == 1:
         return {api: 1}
-    in_float32 = dtype in HALF and delta > 1
+    in_float32 = dtype in HALF and (op == "huber_loss" or delta > 1)
     if op == "huber_loss":
         return {api: 1, "aclnnInplaceCopy": 2, "aclnnMuls": 1} if in_float32 else {api: 1, "aclnnInplaceMuls": 1}
     return {api: 1, "aclnnInplaceCopy": 1, "aclnnInplaceMuls": 1} if in_float32 else {api: 1, "aclnnMuls": 1}
@@ -262,7 +262,8 @@ def test_huber_launches(npu, op, dtype, reduction, delta):
 def test_huber_half_dtype_range(npu, dtype):
     """delta * smooth L1 where the half dtype cannot hold smooth L1's value or delta * grad_output: float16
     'none' at delta = 1e4 and d = 1e-2 is 5e-5 (smooth L1's 5e-9 underflows float16), and its gradient at
-    grad_output = 10 is 0.1 (delta * 10 overflows float16)."""
+    grad_output = 10 is 0.1 (delta * 10 overflows float16); at delta = 0.5 and d = 1.2e5 (beyond float16)
+    huber is 6e4 (smooth L1's 1.2e5 overflows)."""
     x = torch.tensor([1e-2, 0.0, -2.0, 3e4], dtype=dtype)
     t = torch.zeros(4, dtype=dtype)
     g = torch.full((4,), 10.0, dtype=dtype)
@@ -275,6 +276,12 @@ def test_huber_half_dtype_range(npu, dtype):
         want = torch.ops.npu_loss.huber_loss_backward(grad, x, t, reduction, 1e4)
         torch.testing.assert_close(got, want, rtol=TOLERANCE[dtype], atol=0)
     assert torch.ops.npu_loss.huber_loss(x[:1].to(npu), t[:1].to(npu), 0, 1e4).item() > 0
+    x, t = torch.tensor([6e4, 1.0], dtype=dtype), torch.tensor([-6e4, 0.0], dtype=dtype)
+    for reduction in (0, 1, 2):
+        got = torch.ops.npu_loss.huber_loss(x.to(npu), t.to(npu), reduction, 0.5).cpu()
+        torch.testing.assert_close(got, torch.ops.npu_loss.huber_loss(x, t, reduction, 0.5),
+                                   rtol=TOLERANCE[dtype], atol=0)
+    assert torch.ops.npu_loss.huber_loss(x.to(npu), t.to(npu), 0, 0.5)[0].item() < float("inf")
 
 
 def test_chip_reported_before_first_op(npu):

@@ -5,9 +5,9 @@
 //   tensor for "mean"/"sum", a full-size one for "none");
 // - forward: the result (0-dim for "mean"/"sum") is scaled by delta after the call.
 // At delta == 1 the two losses are the same and the call is smooth L1's, nothing added. At delta == +inf
-// delta * smooth L1 is inf * 0 (the composite serves it), and with a half dtype and delta > 1 the scaled
-// grad_output or the unscaled huber / delta can leave the dtype's range, so those calls run in float32
-// (Fix::Float32Delta).
+// delta * smooth L1 is inf * 0 (the composite serves it), and in a half dtype the unscaled huber / delta
+// (delta != 1) or the scaled grad_output (delta > 1) can leave the dtype's range, so those calls run in
+// float32 (Fix::Float32Delta).
 #include <ATen/ScalarOps.h>
 #include <torch/library.h>
 
@@ -20,9 +20,10 @@
 namespace npu_loss::npu {
 namespace {
 
-// Whether a call whose operands (or result) have dtype `dtype` runs in float32 on this path.
-bool in_float32(const Route& path, double delta, c10::ScalarType dtype) {
-  return path.has(Fix::Float32Delta) && delta > 1 && dtype != at::kFloat;
+// Whether a call whose values would otherwise be in `dtype` runs in float32 (Fix::Float32Delta), where
+// `out_of_range` says that delta takes them out of a half dtype's range.
+bool in_float32(const Route& path, bool out_of_range, c10::ScalarType dtype) {
+  return path.has(Fix::Float32Delta) && out_of_range && dtype != at::kFloat;
 }
 
 at::Tensor huber_loss_npu(const at::Tensor& self, const at::Tensor& target, int64_t reduction, double delta) {
@@ -39,10 +40,12 @@ at::Tensor huber_loss_npu(const at::Tensor& self, const at::Tensor& target, int6
     NPU_LOSS_EXEC_ACLNN(aclnnSmoothL1Loss, self_nd, target_nd, reduction, beta, out);
     return out;
   }
-  if (in_float32(path, delta, spec.dtype)) {
-    // The kernel writes huber / delta in the promoted dtype, which for a half dtype underflows where delta
-    // is large (float16, delta = 1e4, d = 1e-2: 5e-9). Float32 inputs make it write float32; the one
-    // scaling launch then rounds delta * that to out's dtype once.
+  // delta != 1 here. The kernel writes huber / delta in the promoted dtype, which for a half dtype underflows
+  // where delta is large (float16, delta = 1e4, d = 1e-2: 5e-9) and overflows where delta < 1 and |d| is
+  // beyond the dtype's largest value (float16, delta = 0.5, d = 1.2e5: huber = 6e4 fits, huber / delta not).
+  if (in_float32(path, true, spec.dtype)) {
+    // Float32 inputs make the kernel write float32; the one scaling launch then rounds delta * that to
+    // out's dtype once.
     at::Tensor self32 = self_nd.to(at::kFloat), target32 = target_nd.to(at::kFloat);
     ResultSpec spec32 = spec;
     spec32.dtype = at::kFloat;
@@ -73,9 +76,10 @@ void huber_loss_backward_into(
   if (delta != 1) {
     // delta * grad_output, a new tensor (out may be grad_output itself). In a half dtype with delta > 1 it
     // is made in float32, where it cannot overflow; the kernel then computes in float32 (the promoted
-    // dtype) and rounds the gradient once, to out's dtype.
-    grad_output = in_float32(path, delta, grad_output.scalar_type()) ? grad_output.to(at::kFloat).mul_(delta)
-                                                                     : grad_output * delta;
+    // dtype) and rounds the gradient once, to out's dtype. Below 1 it only shrinks: where it underflows,
+    // the gradient it scales is as small.
+    grad_output = in_float32(path, delta > 1, grad_output.scalar_type()) ? grad_output.to(at::kFloat).mul_(delta)
+                                                                         : grad_output * delta;
   }
   const float beta = static_cast<float>(delta);
   NPU_LOSS_EXEC_ACLNN(aclnnSmoothL1LossBackward, grad_output, self, target, reduction, beta, result);

@@ -353,7 +353,7 @@ std::string fixes_cell(uint8_t fixes) {
   for (auto [fix, name] : {std::pair{kPrescaledMean, "prescaled mean"},
                            std::pair{kZeroWhereTargetZero, "zero where target == 0"},
                            std::pair{kFloat32Sum, "fp32 sum"},
-                           std::pair{kFloat32Delta, "fp32 above delta 1"}}) {
+                           std::pair{kFloat32Delta, "fp32 for half dtypes"}}) {
     if (fixes & fix) text += (text.empty() ? "" : ", ") + std::string(name);
   }
   return text.empty() ? "-" : text;

@@ -81,9 +81,10 @@ enum class Fix : uint8_t {
   ZeroWhereTargetZero = 2,
   // float16/bfloat16 results summed over broadcast dims are computed and summed in float32, rounded once.
   Float32Sum = 4,
-  // Huber with delta > 1 and a float16/bfloat16 operand or result: the call runs in float32 (the inputs of
-  // the forward, delta * grad_output of the backward), since delta * grad_output grows and smooth L1's
-  // huber / delta shrinks by delta and can leave the half dtype's range; the result is rounded once.
+  // Huber in float16/bfloat16, where smooth L1's huber / delta or delta * grad_output can leave the dtype's
+  // range, runs in float32 and rounds its result once: the forward at every delta != 1 (huber / delta
+  // overflows where delta < 1 and |self - target| exceeds the dtype's largest value, underflows where
+  // delta > 1), the backward at delta > 1 (delta * grad_output overflows; below 1 it shrinks, harmlessly).
   Float32Delta = 8,
 };
 
@@ -97,9 +98,9 @@ struct Route {
   }
 };
 
-// The path of one call. `beta` (Huber: delta_class) is BetaClass::None for the ops without one; `log_target` is false for the
-// ops without one. Whether the installed CANN has the API is the caller's question (an older one may lack
-// it, and then the call runs the composite).
+// The path of one call. `beta` (Huber: delta_class) is BetaClass::None for the ops without one; `log_target`
+// is false for the ops without one. Whether the installed CANN has the API is the caller's question (an
+// older one may lack it, and then the call runs the composite).
 Route route(Op op, Chip chip, DtypeClass dtypes, BetaClass beta, bool log_target);
 
 // One row of the table, each cell as docs/npu_routing.md writes it: "any" for every value of a column, "-"

@@ -34,6 +34,10 @@ TOLERANCE = TBE_BIAS_TOLERANCE
 # small enough that the TBE kernels' beta + 1e-6 bias exceeds float32's tolerance (and float16's at 1e-4),
 # an ordinary beta, and +inf (the 950 kernel's d * (1/beta) is NaN at d = +-inf).
 BETAS = [0.0, 1e-7, 1e-4, 1e-3, 1.0, float("inf")]
+# Huber's deltas: the beta classes but 0 (delta > 0), around delta == 1 (the scaling and the float32 path of
+# half dtypes start above it), a delta whose half-dtype scaling would leave float16's range, and +inf.
+DELTAS = [1e-7, 1e-4, 1e-3, 0.25, 1.0, 3.0, 1e4, float("inf")]
+HALF = (torch.float16, torch.bfloat16)
 
 
 DOC = os.path.join(os.path.dirname(os.path.abspath(__file__)), os.pardir, "docs", "npu_routing.md")
@@ -132,6 +136,13 @@ def expected_api(op, dtype, beta=1.0, log_target=False):
     bf16 = dtype == torch.bfloat16
     if fam in ("310B", "unknown"):
         return None
+    if op == "huber_loss":  # smooth L1's forward with beta = delta, the composite at delta == +inf
+        ok = beta < float("inf") and have("aclnnSmoothL1Loss") and not (fam == "910" and bf16)
+        return "aclnnSmoothL1Loss" if ok else None
+    if op == "huber_loss_backward":  # smooth L1's gradient with beta = delta, the composite at delta == +inf
+        if beta == float("inf"):
+            return None
+        return expected_api("smooth_l1_loss_backward", dtype, beta)
     if op == "smooth_l1_loss_backward":
         if fam == "950":
             if beta == 0:
@@ -171,6 +182,8 @@ def call(op, dtype, beta, log_target, dev):
         "l1_loss_backward": lambda x, t, g: ops.l1_loss_backward(g, x, t, 0),
         "kl_div": lambda x, t, g: ops.kl_div(x, t, 0, log_target=log_target),
         "kl_div_target_backward": lambda x, t, g: ops.kl_div_target_backward(g, x, t, 0, log_target),
+        "huber_loss": lambda x, t, g: ops.huber_loss(x, t, 0, beta),
+        "huber_loss_backward": lambda x, t, g: ops.huber_loss_backward(g, x, t, 0, beta),
     }[op]
     emulator.trace_reset()
     got = args(x.to(dev), t.to(dev), g.to(dev)).cpu()
@@ -185,6 +198,7 @@ CASES = (
     + [("smooth_l1_loss", dt, 1.0, False) for dt in DTYPES]
     + [(op, dt, 1.0, False) for op in ("l1_loss", "l1_loss_backward") for dt in DTYPES]
     + [(op, dt, 1.0, lt) for op in ("kl_div", "kl_div_target_backward") for dt in DTYPES for lt in (False, True)]
+    + [(op, dt, delta, False) for op in ("huber_loss", "huber_loss_backward") for dt in DTYPES for delta in DELTAS]
 )
 
 
@@ -198,6 +212,76 @@ def test_aclnn_api_per_chip(npu, op, dtype, beta, log_target):
     assert not [k for k in trace if k.startswith("aclop:")], f"the aclop path was taken: {trace}"
     assert not [k for k in trace if "GetWorkspaceSize:" in k], f"an aclnn call was rejected: {trace}"
     torch.testing.assert_close(got, want, rtol=TOLERANCE[dtype], atol=TOLERANCE[dtype])
+
+
+def huber_launches(op, dtype, delta):
+    """Every aclnn launch a Huber call makes where its row names the aclnn API (docs/npu_routing.md, the
+    launch table): smooth L1's kernel, plus one scaling of the result (forward) or of grad_output (backward)
+    unless delta == 1; with a half dtype the forward's two inputs (delta != 1) and the backward's grad_output
+    (delta > 1) are first copied to float32."""
+    api = "aclnnSmoothL1Loss" if op == "huber_loss" else "aclnnSmoothL1LossBackward"
+    if delta == 1:
+        return {api: 1}
+    in_float32 = dtype in HALF and (op == "huber_loss" or delta > 1)
+    if op == "huber_loss":
+        return {api: 1, "aclnnInplaceCopy": 2, "aclnnMuls": 1} if in_float32 else {api: 1, "aclnnInplaceMuls": 1}
+    return {api: 1, "aclnnInplaceCopy": 1, "aclnnInplaceMuls": 1} if in_float32 else {api: 1, "aclnnMuls": 1}
+
+
+HUBER_LAUNCH_CASES = [(op, dt, red, delta) for op in ("huber_loss", "huber_loss_backward") for dt in DTYPES
+                      for red in (0, 1, 2) for delta in (0.25, 1.0, 3.0)]
+
+
+@pytest.mark.parametrize("op,dtype,reduction,delta", HUBER_LAUNCH_CASES,
+                         ids=[f"{op}-{str(dt)[6:]}-red{red}-delta{delta:g}" for op, dt, red, delta in HUBER_LAUNCH_CASES])
+def test_huber_launches(npu, op, dtype, reduction, delta):
+    """Huber on smooth L1's kernels: the aclnn calls of one call, each counted, per reduction (the scaling
+    of 'mean'/'sum' touches a 0-dim tensor, of 'none' a full-size one)."""
+    gen = torch.Generator().manual_seed(2)
+    x, t = (torch.randn(3, 5, generator=gen).mul(4).to(dtype) for _ in range(2))
+    g = torch.randn((3, 5) if reduction == 0 else (), generator=gen).to(dtype)
+    args = (x, t, reduction, delta) if op == "huber_loss" else (g, x, t, reduction, delta)
+    fn = getattr(torch.ops.npu_loss, op)
+    dev_args = [a.to(npu) if isinstance(a, torch.Tensor) else a for a in args]
+    torch.npu.synchronize()
+    emulator.trace_reset()
+    got = fn(*dev_args)
+    torch.npu.synchronize()
+    trace = emulator.trace()
+    launches = {k: v for k, v in trace.items() if k.startswith("aclnn") and ":" not in k}
+    api = expected_api(op, dtype, delta)
+    if api is None:
+        assert not set(launches) & LOSS_APIS, launches
+    else:
+        assert launches == huber_launches(op, dtype, delta), f"{op} on {family()}: {launches}"
+    assert not [k for k in trace if "GetWorkspaceSize:" in k or k.startswith("aclop:")], trace
+    torch.testing.assert_close(got.cpu(), fn(*args), rtol=TOLERANCE[dtype], atol=TOLERANCE[dtype])
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16], ids=lambda dt: str(dt)[6:])
+def test_huber_half_dtype_range(npu, dtype):
+    """delta * smooth L1 where the half dtype cannot hold smooth L1's value or delta * grad_output: float16
+    'none' at delta = 1e4 and d = 1e-2 is 5e-5 (smooth L1's 5e-9 underflows float16), and its gradient at
+    grad_output = 10 is 0.1 (delta * 10 overflows float16); at delta = 0.5 and d = 1.2e5 (beyond float16)
+    huber is 6e4 (smooth L1's 1.2e5 overflows)."""
+    x = torch.tensor([1e-2, 0.0, -2.0, 3e4], dtype=dtype)
+    t = torch.zeros(4, dtype=dtype)
+    g = torch.full((4,), 10.0, dtype=dtype)
+    for reduction in (0, 1, 2):
+        got = torch.ops.npu_loss.huber_loss(x.to(npu), t.to(npu), reduction, 1e4).cpu()
+        want = torch.ops.npu_loss.huber_loss(x, t, reduction, 1e4)
+        torch.testing.assert_close(got, want, rtol=TOLERANCE[dtype], atol=0)
+        grad = g if reduction == 0 else g[0]
+        got = torch.ops.npu_loss.huber_loss_backward(grad.to(npu), x.to(npu), t.to(npu), reduction, 1e4).cpu()
+        want = torch.ops.npu_loss.huber_loss_backward(grad, x, t, reduction, 1e4)
+        torch.testing.assert_close(got, want, rtol=TOLERANCE[dtype], atol=0)
+    assert torch.ops.npu_loss.huber_loss(x[:1].to(npu), t[:1].to(npu), 0, 1e4).item() > 0
+    x, t = torch.tensor([6e4, 1.0], dtype=dtype), torch.tensor([-6e4, 0.0], dtype=dtype)
+    for reduction in (0, 1, 2):
+        got = torch.ops.npu_loss.huber_loss(x.to(npu), t.to(npu), reduction, 0.5).cpu()
+        torch.testing.assert_close(got, torch.ops.npu_loss.huber_loss(x, t, reduction, 0.5),
+                                   rtol=TOLERANCE[dtype], atol=0)
+    assert torch.ops.npu_loss.huber_loss(x.to(npu), t.to(npu), 0, 0.5)[0].item() < float("inf")
 
 
 def test_chip_reported_before_first_op(npu):
@@ -263,7 +347,8 @@ def _private_format_case(op, torch_npu):
     t = torch.rand(16, 16, generator=gen) + 0.1
     nz = [torch_npu.npu_format_cast(v.npu(), FRACTAL_NZ) for v in (g, x, t)]
     assert [torch_npu.get_npu_format(v) for v in nz] == [FRACTAL_NZ] * 3
-    extra = {"smooth_l1_loss_backward": (0, 0.5), "l1_loss_backward": (0,), "kl_div_target_backward": (0, False)}[op]
+    extra = {"smooth_l1_loss_backward": (0, 0.5), "l1_loss_backward": (0,), "kl_div_target_backward": (0, False),
+             "huber_loss_backward": (0, 0.5)}[op]
     fn, out_fn = getattr(torch.ops.npu_loss, op).default, getattr(torch.ops.npu_loss, op).overloads()
     want = fn(g, x, t, *extra)
     emulator.trace_reset()

@@ -84,8 +84,12 @@ at::Tensor huber_loss_backward(
     double delta) {
   const auto spec = check_huber_loss_backward(grad_output, self, target, reduction, delta);
   const auto c = compute_dtype({&grad_output, &self, &target});
-  // d clamped to [-delta, delta]; a NaN d stays NaN, as in ATen.
-  const auto slope = (operand(self, c) - operand(target, c)).clamp(-delta, delta);
+  // d clamped to [-delta, delta]; a NaN d stays NaN, as in ATen. A delta beyond float's range clamps no
+  // float (ATen's clamp rejects such a bound for a float tensor, torch_npu's too).
+  const double bound = c == at::kFloat && delta > std::numeric_limits<float>::max()
+      ? std::numeric_limits<double>::infinity()
+      : delta;
+  const auto slope = (operand(self, c) - operand(target, c)).clamp(-bound, bound);
   const auto g = operand(grad_output, c) * reduction_scale(reduction, self.numel());
   return with_memory_format((g * slope).expand(spec.shape).to(spec.dtype), spec.memory_format);
 }

@@ -55,7 +55,7 @@ namespace {
 // aclnn_api_available for the API of every op, asked once: the answer is fixed for the process, so a call
 // pays no lock or lookup for it.
 bool api_available(Op op) {
-  constexpr size_t kOps = static_cast<size_t>(Op::KlDivTargetBackward) + 1;
+  constexpr size_t kOps = static_cast<size_t>(Op::HuberLossBackward) + 1;
   static const auto present = [] {
     std::array<bool, kOps> found{};
     for (size_t i = 0; i < kOps; ++i) found[i] = aclnn_api_available(aclnn_api(static_cast<Op>(i)));

@@ -5,7 +5,6 @@
 #include <cctype>
 #include <cmath>
 #include <initializer_list>
-#include <span>
 #include <string_view>
 #include <utility>
 
@@ -82,28 +81,61 @@ BetaClass beta_class(double beta, Dtype result) {
   return kTbeBetaBias / beta <= tolerance ? BetaClass::Normal : BetaClass::Small;
 }
 
+BetaClass delta_class(double delta, Dtype result) {
+  // The kernels take delta as a float: a double delta above float's range reaches them as +inf.
+  return beta_class(std::isinf(static_cast<float>(delta)) ? INFINITY : delta, result);
+}
+
 const char* beta_class_name(BetaClass beta) {
   return name_of(kBetaClassNames, beta);
 }
 
 namespace {
 
-// Each op's name, its aclnn API and the arguments that route it.
+// A column of a row is a set of values, one bit each; kAll is every value.
+using Set = uint8_t;
+constexpr Set kAll = 0xFF;
+
+template <typename E>
+constexpr Set set_of(std::initializer_list<E> values) {
+  Set s = 0;
+  for (E v : values) s |= static_cast<Set>(1u << static_cast<unsigned>(v));
+  return s;
+}
+
+template <typename E>
+constexpr bool contains(Set s, E value) {
+  return (s >> static_cast<unsigned>(value)) & 1u;
+}
+
+constexpr Set kNoBetas = 0;
+constexpr Set kEveryBeta =
+    set_of({BetaClass::Zero, BetaClass::Tiny, BetaClass::Small, BetaClass::Normal, BetaClass::Inf});
+// Huber's delta is never 0 (the checks require delta > 0).
+constexpr Set kEveryDelta = set_of({BetaClass::Tiny, BetaClass::Small, BetaClass::Normal, BetaClass::Inf});
+
+// Each op's name, its aclnn API, the beta classes it can be called with (none: it takes no beta) and
+// whether log_target routes it.
 struct OpInfo {
   Op op;
   const char* name;
   const char* aclnn;
-  bool takes_beta;
+  Set betas;
   bool takes_log_target;
+  constexpr bool takes_beta() const {
+    return betas != kNoBetas;
+  }
 };
 
 constexpr OpInfo kOps[] = {
-    {Op::SmoothL1Loss, "smooth_l1_loss", "aclnnSmoothL1Loss", true, false},
-    {Op::SmoothL1LossBackward, "smooth_l1_loss_backward", "aclnnSmoothL1LossBackward", true, false},
-    {Op::L1Loss, "l1_loss", "aclnnL1Loss", false, false},
-    {Op::L1LossBackward, "l1_loss_backward", "aclnnL1LossBackward", false, false},
-    {Op::KlDiv, "kl_div", "aclnnKlDiv", false, true},
-    {Op::KlDivTargetBackward, "kl_div_target_backward", "aclnnKlDivTargetBackward", false, true},
+    {Op::SmoothL1Loss, "smooth_l1_loss", "aclnnSmoothL1Loss", kEveryBeta, false},
+    {Op::SmoothL1LossBackward, "smooth_l1_loss_backward", "aclnnSmoothL1LossBackward", kEveryBeta, false},
+    {Op::L1Loss, "l1_loss", "aclnnL1Loss", kNoBetas, false},
+    {Op::L1LossBackward, "l1_loss_backward", "aclnnL1LossBackward", kNoBetas, false},
+    {Op::KlDiv, "kl_div", "aclnnKlDiv", kNoBetas, true},
+    {Op::KlDivTargetBackward, "kl_div_target_backward", "aclnnKlDivTargetBackward", kNoBetas, true},
+    {Op::HuberLoss, "huber_loss", "aclnnSmoothL1Loss", kEveryDelta, false},
+    {Op::HuberLossBackward, "huber_loss_backward", "aclnnSmoothL1LossBackward", kEveryDelta, false},
 };
 
 constexpr const OpInfo& op_info(Op op) {
@@ -125,22 +157,6 @@ const char* aclnn_api(Op op) {
 
 namespace {
 
-// A column of a row is a set of values, one bit each; kAll is every value.
-using Set = uint8_t;
-constexpr Set kAll = 0xFF;
-
-template <typename E>
-constexpr Set set_of(std::initializer_list<E> values) {
-  Set s = 0;
-  for (E v : values) s |= static_cast<Set>(1u << static_cast<unsigned>(v));
-  return s;
-}
-
-template <typename E>
-constexpr bool contains(Set s, E value) {
-  return (s >> static_cast<unsigned>(value)) & 1u;
-}
-
 constexpr Set k910 = set_of({Chip::Tbe910});
 constexpr Set k910B = set_of({Chip::Tbe910B});
 constexpr Set k950 = set_of({Chip::Regbase950});
@@ -155,6 +171,10 @@ constexpr Set kLogProbabilities = set_of({true});
 constexpr uint8_t kPrescaledMean = static_cast<uint8_t>(Fix::PrescaledMean);
 constexpr uint8_t kZeroWhereTargetZero = static_cast<uint8_t>(Fix::ZeroWhereTargetZero);
 constexpr uint8_t kFloat32Sum = static_cast<uint8_t>(Fix::Float32Sum);
+constexpr uint8_t kFloat32Delta = static_cast<uint8_t>(Fix::Float32Delta);
+// Huber's finite deltas: huber = delta * smooth L1 (beta = delta) holds; at +inf it is inf * 0 = NaN.
+constexpr Set kFiniteDelta = set_of({BetaClass::Tiny, BetaClass::Small, BetaClass::Normal});
+constexpr Set kInfDelta = set_of({BetaClass::Inf});
 
 struct Row {
   Op op;
@@ -221,12 +241,37 @@ constexpr Row kRoutes[] = {
     {.op = Op::KlDivTargetBackward, .chips = k950, .log_targets = kLogProbabilities,
      .aclnn = Op::KlDivTargetBackward, .fixes = kPrescaledMean | kFloat32Sum},
     {.op = Op::KlDivTargetBackward, .chips = k310B},
+
+    // Huber runs smooth L1's kernels with beta = delta and the factor delta folded into grad_output (the
+    // backward) or applied to the result (the forward): smooth L1's rows, except at delta == +inf, where
+    // delta * smooth L1 is inf * 0.
+    {.op = Op::HuberLoss, .chips = k910, .dtypes = kNoBf16, .betas = kFiniteDelta, .aclnn = Op::SmoothL1Loss,
+     .fixes = kFloat32Delta},
+    {.op = Op::HuberLoss, .chips = k910, .dtypes = kBf16},
+    {.op = Op::HuberLoss, .chips = k910, .dtypes = kNoBf16, .betas = kInfDelta},
+    {.op = Op::HuberLoss, .chips = k910B | k950, .betas = kFiniteDelta, .aclnn = Op::SmoothL1Loss,
+     .fixes = kFloat32Delta},
+    {.op = Op::HuberLoss, .chips = k910B | k950, .betas = kInfDelta},
+    {.op = Op::HuberLoss, .chips = k310B},
+
+    // As smooth L1's gradient (the TBE beta + 1e-6 divisor, the 950 kernel's 1/beta), and at delta == +inf
+    // the composite on every chip.
+    {.op = Op::HuberLossBackward, .chips = k910, .dtypes = kBf16},
+    {.op = Op::HuberLossBackward, .chips = k910, .dtypes = kNoBf16, .betas = set_of({BetaClass::Normal}),
+     .aclnn = Op::SmoothL1LossBackward, .fixes = kFloat32Delta},
+    {.op = Op::HuberLossBackward, .chips = k910, .dtypes = kNoBf16, .betas = kTbeBiased | kInfDelta},
+    {.op = Op::HuberLossBackward, .chips = k910B, .betas = set_of({BetaClass::Normal}),
+     .aclnn = Op::SmoothL1LossBackward, .fixes = kFloat32Delta},
+    {.op = Op::HuberLossBackward, .chips = k910B, .betas = kTbeBiased | kInfDelta},
+    {.op = Op::HuberLossBackward, .chips = k950, .betas = set_of({BetaClass::Small, BetaClass::Normal}),
+     .aclnn = Op::SmoothL1LossBackward, .fixes = kFloat32Delta},
+    {.op = Op::HuberLossBackward, .chips = k950, .betas = set_of({BetaClass::Tiny, BetaClass::Inf})},
+    {.op = Op::HuberLossBackward, .chips = k310B},
 };
 
 constexpr Chip kChips[] = {Chip::Tbe910, Chip::Tbe910B, Chip::Regbase950, Chip::CompositeOnly};
 constexpr DtypeClass kDtypeClasses[] = {DtypeClass::NoBFloat16, DtypeClass::BFloat16};
 constexpr BetaClass kBetas[] = {BetaClass::Zero, BetaClass::Tiny, BetaClass::Small, BetaClass::Normal, BetaClass::Inf};
-constexpr BetaClass kNoBeta[] = {BetaClass::None};
 constexpr bool kBooleans[] = {false, true};
 
 constexpr bool matches(const Row& row, Op op, Chip chip, DtypeClass dtypes, BetaClass beta, bool log_target) {
@@ -240,10 +285,13 @@ constexpr void for_each_call(const Visit& visit) {
   for (const OpInfo& info : kOps) {
     for (Chip chip : kChips) {
       for (DtypeClass dtypes : kDtypeClasses) {
-        const auto betas = info.takes_beta ? std::span<const BetaClass>(kBetas) : std::span<const BetaClass>(kNoBeta);
-        for (BetaClass beta : betas) {
+        for (BetaClass beta : kBetas) {
+          if (info.takes_beta() && !contains(info.betas, beta)) continue;
+          if (!info.takes_beta() && beta != kBetas[0]) continue;
           for (bool log_target : kBooleans) {
-            if (info.takes_log_target || !log_target) visit(info.op, chip, dtypes, beta, log_target);
+            if (info.takes_log_target || !log_target) {
+              visit(info.op, chip, dtypes, info.takes_beta() ? beta : BetaClass::None, log_target);
+            }
           }
         }
       }
@@ -270,7 +318,7 @@ constexpr bool every_row_is_well_formed() {
       reached = reached || matches(row, op, chip, dtypes, beta, log_target);
     });
     const OpInfo& info = op_info(row.op);
-    if (!reached || (!info.takes_beta && row.betas != kAll) || (!info.takes_log_target && row.log_targets != kAll) ||
+    if (!reached || (!info.takes_beta() && row.betas != kAll) || (!info.takes_log_target && row.log_targets != kAll) ||
         (!row.aclnn && row.fixes != 0)) {
       return false;
     }
@@ -283,13 +331,14 @@ static_assert(every_row_is_well_formed(), "a routing row that serves no call, co
               "not take, or fixes a composite call");
 
 // A cell: "-" when the op does not take the argument, "any" for every value, else the values in `domain`
-// the row accepts, joined by ", ".
+// the row accepts, joined by ", " (only those in `values`, the ones the op can be called with).
 template <typename E, size_t N, typename Name>
-std::string cell(bool applies, Set set, const E (&domain)[N], const Name& name) {
+std::string cell(bool applies, Set set, const E (&domain)[N], const Name& name, Set values = kAll) {
   if (!applies) return "-";
   std::string text;
   bool all = true;
   for (E value : domain) {
+    if (!contains(values, value)) continue;
     if (!contains(set, value)) {
       all = false;
       continue;
@@ -303,7 +352,8 @@ std::string fixes_cell(uint8_t fixes) {
   std::string text;
   for (auto [fix, name] : {std::pair{kPrescaledMean, "prescaled mean"},
                            std::pair{kZeroWhereTargetZero, "zero where target == 0"},
-                           std::pair{kFloat32Sum, "fp32 sum"}}) {
+                           std::pair{kFloat32Sum, "fp32 sum"},
+                           std::pair{kFloat32Delta, "fp32 for half dtypes"}}) {
     if (fixes & fix) text += (text.empty() ? "" : ", ") + std::string(name);
   }
   return text.empty() ? "-" : text;
@@ -326,7 +376,7 @@ std::vector<RouteRow> routing_table() {
         info.name,
         cell(true, row.chips, kChips, [](Chip c) { return name_of(kChipKeys, c); }),
         cell(true, row.dtypes, kDtypeClasses, [](DtypeClass d) { return name_of(kDtypeClassNames, d); }),
-        cell(info.takes_beta, row.betas, kBetas, beta_class_name),
+        cell(info.takes_beta(), row.betas, kBetas, beta_class_name, info.betas),
         cell(info.takes_log_target, row.log_targets, kBooleans, [](bool lt) { return lt ? "true" : "false"; }),
         row.aclnn ? aclnn_api(*row.aclnn) : "composite",
         fixes_cell(row.fixes),

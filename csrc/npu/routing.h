@@ -37,9 +37,11 @@ enum class Op : uint8_t {
   L1LossBackward,
   KlDiv,
   KlDivTargetBackward,
+  HuberLoss,          // runs aclnnSmoothL1Loss with beta = delta (huber = delta * smooth L1)
+  HuberLossBackward,  // runs aclnnSmoothL1LossBackward with beta = delta
 };
 
-// The name of an op's aclnn API ("aclnnL1Loss").
+// The name of the aclnn API an op runs by default ("aclnnL1Loss"; Huber's is smooth L1's).
 const char* aclnn_api(Op op);
 
 // The dtypes of a call, as the chips tell them apart: whether any operand or the result is bfloat16.
@@ -48,7 +50,8 @@ enum class DtypeClass : uint8_t { NoBFloat16, BFloat16 };
 // A floating dtype the NPU accepts (float64 never reaches the routing: the checks reject it there).
 enum class Dtype : uint8_t { Float32, Float16, BFloat16 };
 
-// Smooth L1's beta, as the chips tell it apart. None: the op takes no beta.
+// Smooth L1's beta (and Huber's delta, which the kernels pass as beta), as the chips tell it apart. None:
+// the op takes no beta.
 enum class BetaClass : uint8_t {
   None,
   Zero,    // beta == 0: the L1 gradient
@@ -62,6 +65,10 @@ enum class BetaClass : uint8_t {
 // The class of `beta` for a result of dtype `result` (the TBE bias is judged by the result's tolerance).
 BetaClass beta_class(double beta, Dtype result);
 
+// The class of Huber's `delta` (> 0, checked): beta_class of delta, and Inf where delta narrowed to the
+// kernels' float is +inf.
+BetaClass delta_class(double delta, Dtype result);
+
 // The table's name of a beta class: "0", "tiny", "small", "normal", "inf" ("-" for None).
 const char* beta_class_name(BetaClass beta);
 
@@ -74,6 +81,11 @@ enum class Fix : uint8_t {
   ZeroWhereTargetZero = 2,
   // float16/bfloat16 results summed over broadcast dims are computed and summed in float32, rounded once.
   Float32Sum = 4,
+  // Huber in float16/bfloat16, where smooth L1's huber / delta or delta * grad_output can leave the dtype's
+  // range, runs in float32 and rounds its result once: the forward at every delta != 1 (huber / delta
+  // overflows where delta < 1 and |self - target| exceeds the dtype's largest value, underflows where
+  // delta > 1), the backward at delta > 1 (delta * grad_output overflows; below 1 it shrinks, harmlessly).
+  Float32Delta = 8,
 };
 
 // What serves a call: the aclnn API of an op (its own, or another's: smooth L1's gradient at beta == 0 runs
@@ -86,9 +98,9 @@ struct Route {
   }
 };
 
-// The path of one call. `beta` is BetaClass::None for the ops without one; `log_target` is false for the
-// ops without one. Whether the installed CANN has the API is the caller's question (an older one may lack
-// it, and then the call runs the composite).
+// The path of one call. `beta` (Huber: delta_class) is BetaClass::None for the ops without one; `log_target`
+// is false for the ops without one. Whether the installed CANN has the API is the caller's question (an
+// older one may lack it, and then the call runs the composite).
 Route route(Op op, Chip chip, DtypeClass dtypes, BetaClass beta, bool log_target);
 
 // One row of the table, each cell as docs/npu_routing.md writes it: "any" for every value of a column, "-"

@@ -69,6 +69,9 @@ def elementwise_forward(s: Sample, x, t):
         if s.loss == "l1_loss":
             v = F.l1_loss(x, t, reduction="none")
             return v, v.abs()
+        if s.loss == "huber_loss":
+            v = F.huber_loss(x, t, reduction="none", delta=s.delta)
+            return v, v.abs()
         v = F.kl_div(x, t, reduction="none", log_target=s.log_target)
         x, t = torch.broadcast_tensors(x, t)
         if s.log_target:
@@ -105,6 +108,12 @@ def smooth_l1_slope(d: torch.Tensor, beta: float, divisor: float | None = None) 
     return torch.where(d.abs() >= beta, sign(d), d / (beta if divisor is None else divisor))
 
 
+def huber_slope(d: torch.Tensor, delta: float) -> torch.Tensor:
+    """docs/semantics.md: Huber's gradient is d inside |d| < delta and delta * sign(d) outside, i.e. d clamped to
+    [-delta, delta]; a NaN d stays NaN, delta = inf leaves d as it is."""
+    return d.clamp(-delta, delta)
+
+
 def l1_sign(x: torch.Tensor, t: torch.Tensor, at_nan: float = 0.0) -> torch.Tensor:
     """sign(x - t) with sign(0) = 0; `at_nan` where x or t is NaN (docs/semantics.md: 0; the TBE chips' L1 kernel: -1)."""
     d = x - t
@@ -124,6 +133,12 @@ def reference_backward(s: Sample, l1_at_nan: float = 0.0, smooth_l1_divisor: flo
         gs = g * _scale(s.reduction, x.numel())  # "mean" divides by self.numel()
         value = (gs * smooth_l1_slope(x - t, s.beta, smooth_l1_divisor)).expand(shape)
         return value, gs.abs().expand(shape), s.self.dtype, shape
+    if s.loss == "huber_loss":
+        # Smooth L1's divisor, dtype and shape; the slope reaches delta instead of 1.
+        shape = torch.broadcast_shapes(g.shape, x.shape, t.shape)
+        gs = g * _scale(s.reduction, x.numel())  # "mean" divides by self.numel()
+        slope = huber_slope(x - t, s.delta)
+        return (gs * slope).expand(shape), (gs * slope).abs().expand(shape), s.self.dtype, shape
     if s.loss == "l1_loss":
         shape = torch.broadcast_shapes(g.shape, x.shape, t.shape)
         gs = g * _scale(s.reduction, shape.numel())  # the broadcast result's count
@@ -189,6 +204,8 @@ def grad_magnitudes(s: Sample, grad_output: torch.Tensor):
     ga = g.abs() * scale
     if s.loss in ("smooth_l1_loss", "l1_loss"):
         mx = mt = ga.expand(bshape)
+    elif s.loss == "huber_loss":
+        mx = mt = (ga * (x - t).abs().clamp(max=s.delta)).expand(bshape)
     elif s.log_target:
         mx = (ga * t.exp()).expand(bshape)
         mt = (ga * t.exp() * (t.abs() + 1 + x.abs())).expand(bshape)

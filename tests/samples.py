@@ -1,9 +1,11 @@
 """The one sample generator every test kind uses.
 
 A `Sample` is one call of one loss: its `self`/`target` (and a `grad_output` for the backward op), a
-reduction, beta (smooth L1) or log_target (KL), and a `differentiable` flag that is True only when every
-broadcast element is far from the kinks (|d| == 0 and |d| == beta for the L1-type losses, target <= 0
-for KL with a probability target), so gradcheck/gradgradcheck can use it.
+reduction, beta (smooth L1), delta (Huber) or log_target (KL), and a `differentiable` flag that is True only
+when every broadcast element is far from the kinks (|d| == 0 for L1 and smooth L1, |d| == beta for smooth L1,
+|d| == delta for Huber, target <= 0 for KL with a probability target), so gradcheck/gradgradcheck can use
+it. Huber's delta is kept in the `beta` field (both are the width of the quadratic zone; `Sample.delta`
+reads it), so the code shared by the two needs no second branch.
 
 Sources:
   * `samples(loss, ...)`: our own grid over shapes (0-dim, empty, 1, odd sizes, broadcast among all three
@@ -26,21 +28,36 @@ import torch
 
 from npu_loss_ops._reduction import REDUCTION_ENUMS
 
-LOSSES = ("smooth_l1_loss", "l1_loss", "kl_div")
+LOSSES = ("smooth_l1_loss", "l1_loss", "kl_div", "huber_loss")
 BACKWARD_OP = {
     "smooth_l1_loss": "smooth_l1_loss_backward",
     "l1_loss": "l1_loss_backward",
     "kl_div": "kl_div_target_backward",
+    "huber_loss": "huber_loss_backward",
 }
+# The out= overload's name (ATen's: "grad_input" for smooth L1 and L1, "out" for Huber) ...
 OUT_OVERLOAD = {
     "smooth_l1_loss": "grad_input",
     "l1_loss": "grad_input",
     "kl_div": "grad_target",
+    "huber_loss": "out",
 }
+# ... and the name of its out tensor.
+OUT_ARG = {
+    "smooth_l1_loss": "grad_input",
+    "l1_loss": "grad_input",
+    "kl_div": "grad_target",
+    "huber_loss": "grad_input",
+}
+# The losses with a width parameter (smooth L1's beta, Huber's delta), kept in Sample.beta.
+WIDTH_LOSSES = ("smooth_l1_loss", "huber_loss")
 # The ops' reductions by name, with their int (the package's own table).
 REDUCTIONS = REDUCTION_ENUMS
 FLOAT_DTYPES = (torch.float32, torch.float64, torch.float16, torch.bfloat16)
 BETAS = (0.0, 0.5, 1.0, 2.0)
+# Huber's deltas (> 0; inf gives 0.5 * d**2 everywhere), and the ones the checks reject (ValueError).
+DELTAS = (1e-3, 0.25, 1.0, 3.0, 1e4, math.inf)
+BAD_DELTAS = (0.0, -1.0, math.nan)
 
 # How far from a kink every element of a differentiable sample stays (gradcheck's eps is 1e-6).
 KINK_MARGIN = 1e-2
@@ -53,12 +70,17 @@ class Sample:
     target: torch.Tensor
     grad_output: torch.Tensor
     reduction: str = "mean"  # "none" | "mean" | "sum" | "batchmean" (KL's functional API only)
-    beta: float = 1.0
+    beta: float = 1.0  # smooth L1's beta, or Huber's delta
     log_target: bool = False
     differentiable: bool = False
     name: str = ""
 
     # ---- what is called ----
+    @property
+    def delta(self) -> float:
+        """Huber's delta (stored in `beta`)."""
+        return self.beta
+
     @property
     def reduction_enum(self) -> int:
         return REDUCTIONS[self.reduction]
@@ -97,24 +119,25 @@ class Sample:
 
     @property
     def out_name(self) -> str:
-        return OUT_OVERLOAD[self.loss]
+        return OUT_ARG[self.loss]
 
     def forward_args(self, self_=None, target=None):
         """(args, kwargs) for torch.ops.npu_loss.<loss>."""
         x = self.self if self_ is None else self_
         t = self.target if target is None else target
-        if self.loss == "smooth_l1_loss":
+        if self.loss in WIDTH_LOSSES:
             return (x, t, self.reduction_enum, self.beta), {}
         if self.loss == "l1_loss":
             return (x, t, self.reduction_enum), {}
         return (x, t, self.reduction_enum), {"log_target": self.log_target}
 
     def backward_args(self, grad_output=None, self_=None, target=None):
-        """(args, kwargs) for torch.ops.npu_loss.<loss>_backward (kl: kl_div_target_backward)."""
+        """(args, kwargs) for torch.ops.npu_loss.<loss>_backward (kl: kl_div_target_backward); smooth L1's and
+        Huber's take beta/delta last, positionally, as their schemas order them."""
         g = self.grad_output if grad_output is None else grad_output
         x = self.self if self_ is None else self_
         t = self.target if target is None else target
-        if self.loss == "smooth_l1_loss":
+        if self.loss in WIDTH_LOSSES:
             return (g, x, t, self.reduction_enum, self.beta), {}
         if self.loss == "l1_loss":
             return (g, x, t, self.reduction_enum), {}
@@ -151,7 +174,8 @@ class Sample:
         loss = self.loss
         dtypes = tuple(str(t.dtype).removeprefix("torch.") for t in (self.self, self.target, self.grad_output))
         variant = f"logt={self.log_target}" if loss == "kl_div" else (
-            f"beta={self.beta:g}" if loss == "smooth_l1_loss" else "")
+            f"beta={self.beta:g}" if loss == "smooth_l1_loss" else (
+                f"delta={self.beta:g}" if loss == "huber_loss" else ""))
         if self.grad_output.shape == self.backward_shape:
             gkind = "full" if self.grad_output.dim() else "0dim"
         elif self.backward_shape != self.broadcast_shape:
@@ -181,10 +205,12 @@ class Sample:
 
 def functional_kwargs(loss: str, reduction: str, beta: float, log_target: bool) -> dict:
     """Keyword arguments for npu_loss_ops.<loss> and torch.nn.functional.<loss>: the reduction, and beta
-    (smooth L1) or log_target (KL) where the loss has it."""
+    (smooth L1), delta (Huber, passed as `beta`) or log_target (KL) where the loss has it."""
     kwargs = {"reduction": reduction}
     if loss == "smooth_l1_loss":
         kwargs["beta"] = beta
+    if loss == "huber_loss":
+        kwargs["delta"] = beta
     if loss == "kl_div":
         kwargs["log_target"] = log_target
     return kwargs
@@ -279,9 +305,10 @@ def _kinks_ok(loss: str, x: torch.Tensor, t: torch.Tensor, beta: float, log_targ
         return bool(log_target or (t > KINK_MARGIN).all())
     d = (x - t).abs()
     ok = bool((d > KINK_MARGIN).all())
-    if loss == "smooth_l1_loss" and beta > 0:
+    if loss in WIDTH_LOSSES and beta > 0:
         ok = ok and bool(((d - beta).abs() > KINK_MARGIN).all())
-    return ok and math.isfinite(beta)
+    # Huber at delta = inf is 0.5 * d**2 everywhere, smooth; smooth L1 at beta = inf is 0 (not tested so).
+    return ok and (math.isfinite(beta) or loss == "huber_loss")
 
 
 def away_from_kinks(s: "Sample") -> bool:
@@ -356,7 +383,8 @@ def make_sample(
     differentiable = differentiable and _kinks_ok(loss, x, t, beta, log_target)
     if name is None:
         dt = str(dtype).removeprefix("torch.")
-        extra = f"-beta{beta:g}" if loss == "smooth_l1_loss" else ("-logt" if log_target else "")
+        extra = (f"-beta{beta:g}" if loss == "smooth_l1_loss" else f"-delta{beta:g}" if loss == "huber_loss"
+                 else ("-logt" if log_target else ""))
         name = (
             f"{loss}-{_fmt(self_shape)}x{_fmt(target_shape)}-g{_fmt(gshape)}-{dt}-{reduction}"
             f"{extra}-{layout}"
@@ -395,6 +423,8 @@ def _loss_variants(loss: str, index: int):
     """(beta, log_target) combinations, cycled through the shapes so each appears often."""
     if loss == "smooth_l1_loss":
         return [(BETAS[index % len(BETAS)], False)]
+    if loss == "huber_loss":
+        return [(DELTAS[index % len(DELTAS)], False)]
     if loss == "kl_div":
         return [(1.0, bool(index % 2)), (1.0, not bool(index % 2))]
     return [(1.0, False)]
@@ -458,6 +488,24 @@ def samples(
                               dtype=torch.float32, name=f"{loss}-betainf-{reduction}")
             yield make_sample(loss, (7, 13), (7, 13), beta=1e-3, reduction=reduction,
                               dtype=torch.float32, name=f"{loss}-beta1e-3-{reduction}")
+    if loss == "huber_loss":
+        # Every delta with every reduction on one shape (the grid above cycles them through the shapes), and
+        # the ones where delta * smoothl1 breaks: fp16/bf16 with a huge or tiny delta (delta * g, 1/delta
+        # leave the range), and inf (0.5 * d**2, where delta * smoothl1 is 0 * inf).
+        for delta in DELTAS:
+            for reduction in reductions:
+                yield make_sample(loss, (7, 13), (7, 13), beta=delta, reduction=reduction, dtype=torch.float32,
+                                  name=f"{loss}-delta{delta:g}-{reduction}")
+                for dtype in (torch.float16, torch.bfloat16):
+                    if delta in (1e-3, 1e4, math.inf):
+                        yield make_sample(loss, (7, 13), (7, 13), beta=delta, reduction=reduction,
+                                          dtype=dtype, name=f"{loss}-delta{delta:g}-{dtype}-{reduction}")
+        # fp16 'none' with delta = 1e4 and d = 1e-2: 5e-5 (delta * smoothl1 in fp16 would give 0).
+        for reduction in reductions:
+            x = torch.full((4, 5), 1e-2, dtype=torch.float16)
+            t = torch.zeros((4, 5), dtype=torch.float16)
+            g = torch.ones(() if reduction != "none" else (4, 5), dtype=torch.float16)
+            yield Sample(loss, x, t, g, reduction, 1e4, False, False, f"{loss}-fp16-small-d-delta1e4-{reduction}")
     if loss == "kl_div":
         for reduction in reductions:
             for shapes in [((4, 5), (4, 5)), ((4, 5), (1, 5))]:
@@ -495,7 +543,7 @@ def _opinfo(loss: str):
     from torch.testing._internal.common_methods_invocations import op_db
 
     name = {"smooth_l1_loss": "nn.functional.smooth_l1_loss", "l1_loss": "nn.functional.l1_loss",
-            "kl_div": "nn.functional.kl_div"}[loss]
+            "kl_div": "nn.functional.kl_div", "huber_loss": "nn.functional.huber_loss"}[loss]
     (info,) = [o for o in op_db if o.name == name]
     return info
 
@@ -508,7 +556,7 @@ def opinfo_samples(loss: str, dtype=torch.float64, requires_grad=False) -> Itera
         x, (t, *rest) = s.input, s.args
         assert not rest, rest
         reduction = kwargs.pop("reduction", "mean")
-        beta = float(kwargs.pop("beta", 1.0))
+        beta = float(kwargs.pop("beta", kwargs.pop("delta", 1.0)))  # smooth L1's beta or Huber's delta
         log_target = bool(kwargs.pop("log_target", False))
         assert not kwargs, kwargs
         if loss == "kl_div" and not log_target:

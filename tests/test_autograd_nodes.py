@@ -16,6 +16,11 @@ NODE_NAMES = {
     "smooth_l1_loss": "NpuLossSmoothL1LossBackward0",
     "l1_loss": "NpuLossL1LossBackward0",
     "kl_div": "NpuLossKlDivBackward0",
+    "huber_loss": "NpuLossHuberLossBackward0",
+}
+# The node of the backward op's own derivative (recorded by a create_graph=True backward).
+DOUBLE_BACKWARD_NODE_NAMES = {
+    "huber_loss": "NpuLossHuberLossBackwardBackward0",
 }
 
 
@@ -45,6 +50,23 @@ def test_graph_nodes_and_edges(loss):
     (x_edge, t_edge) = out.grad_fn.next_functions
     assert x_edge[0].name() == "torch::autograd::AccumulateGrad"
     assert t_edge[0] is None  # target does not require grad
+
+
+@pytest.mark.parametrize("loss", sorted(DOUBLE_BACKWARD_NODE_NAMES))
+def test_double_backward_node(loss):
+    """A create_graph=True backward records the backward op's own node, with edges to grad_output's
+    producer and to self and target."""
+    ours, ref = _fns(loss)
+    x, t = _pair(loss)
+    x.requires_grad_()
+    t.requires_grad_()
+    (gx,) = torch.autograd.grad(ours(x, t), x, create_graph=True)
+    assert gx.grad_fn.name() == DOUBLE_BACKWARD_NODE_NAMES[loss]
+    second = torch.autograd.grad(gx.sum(), (x, t))
+    x2, t2 = x.detach().requires_grad_(), t.detach().requires_grad_()
+    (rgx,) = torch.autograd.grad(ref(x2, t2), x2, create_graph=True)
+    for a, e in zip(second, torch.autograd.grad(rgx.sum(), (x2, t2))):
+        torch.testing.assert_close(a, e)
 
 
 @pytest.mark.parametrize("loss", LOSSES)
@@ -138,8 +160,16 @@ def test_mixed_dtypes_give_each_input_its_own_dtype(loss):
     x = x.float().requires_grad_()
     t = t.requires_grad_()
     grads = torch.autograd.grad(ours(x, t), (x, t))
-    expected = torch.autograd.grad(ref(x, t), (x, t))
     assert [g.dtype for g in grads] == [torch.float32, torch.float64]
+    if loss == "huber_loss":
+        # F.huber_loss's own backward fails on float32 input with a float64 target ("Found dtype Double but
+        # expected Float"): compare with it on float64 values, each gradient in its input's dtype.
+        with pytest.raises(RuntimeError, match="Found dtype Double but expected Float"):
+            torch.autograd.grad(ref(x, t), (x, t))
+        x64 = x.detach().double().requires_grad_()
+        expected = [e.to(g.dtype) for e, g in zip(torch.autograd.grad(ref(x64, t), (x64, t)), grads)]
+    else:
+        expected = torch.autograd.grad(ref(x, t), (x, t))
     for g, e in zip(grads, expected):
         torch.testing.assert_close(g, e)
 
@@ -219,7 +249,7 @@ def test_vmap_batch_dims_anywhere_and_broadcast(loss):
 @pytest.mark.parametrize("loss", LOSSES)
 def test_vmap_backward_ops_with_batch_dims_anywhere(loss):
     op = getattr(torch.ops.npu_loss, BACKWARD_OP[loss])
-    extra = {"smooth_l1_loss": (0.5,), "l1_loss": (), "kl_div": (False,)}[loss]
+    extra = {"smooth_l1_loss": (0.5,), "l1_loss": (), "kl_div": (False,), "huber_loss": (0.5,)}[loss]
     g = torch.randn(6, dtype=torch.float64)
     x = torch.randn(3, 4, 6, dtype=torch.float64)
     t = torch.rand(6, 4, dtype=torch.float64) + 0.1
@@ -263,6 +293,8 @@ def test_vmap_errors_are_the_ops_errors():
         torch.func.vmap(lambda a, b: torch.ops.npu_loss.l1_loss(a, b, 5))(x, t)
     with pytest.raises(ValueError, match="beta must be >= 0"):
         torch.func.vmap(lambda a, b: torch.ops.npu_loss.smooth_l1_loss(a, b, 1, -1.0))(x, t)
+    with pytest.raises(ValueError, match="delta must be > 0"):
+        torch.func.vmap(lambda a, b: torch.ops.npu_loss.huber_loss(a, b, 1, 0.0))(x, t)
     with pytest.raises(RuntimeError, match="without enlarging it"):
         torch.func.vmap(lambda g, a, b: torch.ops.npu_loss.kl_div_target_backward(g, a, b, 0, False))(
             torch.randn(4, 2, 3), x, t)

@@ -41,6 +41,8 @@ LOSS_CONFIGS = {
     "smooth_l1_loss": [dict(reduction="mean", beta=0.5), dict(reduction="sum", beta=0.0)],
     "l1_loss": [dict(reduction="mean"), dict(reduction="none")],
     "kl_div": [dict(reduction="batchmean"), dict(reduction="sum", log_target=True)],
+    "huber_loss": [dict(reduction="mean", delta=0.5), dict(reduction="none", delta=1e4),
+                   dict(reduction="sum", delta=float("inf"))],
 }
 
 
@@ -144,6 +146,10 @@ def test_compiled_out_overload_is_functionalized(loss):
     elif loss == "l1_loss":
         def f(g, x, t, buf):
             op.grad_input(g, x, t, 0, grad_input=buf)
+            return buf * 2
+    elif loss == "huber_loss":
+        def f(g, x, t, buf):
+            op.out(g, x, t, 0, 0.5, grad_input=buf)
             return buf * 2
     else:
         def f(g, x, t, buf):

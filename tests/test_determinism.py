@@ -43,6 +43,7 @@ FORWARDS = {
     "smooth_l1_loss": lambda x, t, r: torch.ops.npu_loss.smooth_l1_loss(x, t, r, 0.5),
     "l1_loss": lambda x, t, r: torch.ops.npu_loss.l1_loss(x, t, r),
     "kl_div": lambda x, t, r: torch.ops.npu_loss.kl_div(x, t, r, log_target=False),
+    "huber_loss": lambda x, t, r: torch.ops.npu_loss.huber_loss(x, t, r, 0.5),
 }
 
 
@@ -77,12 +78,12 @@ def test_kl_target_backward_broadcast_sum_bitwise(target_shape, layout, log_targ
     _assert_bitwise_same(results)
 
 
-@pytest.mark.parametrize("name", ["smooth_l1_loss_backward", "l1_loss_backward"])
+@pytest.mark.parametrize("name", ["smooth_l1_loss_backward", "l1_loss_backward", "huber_loss_backward"])
 def test_elementwise_backward_bitwise(name):
     x, t = _inputs(torch.float32, "transposed")
     g = torch.tensor(0.5)
     op = getattr(torch.ops.npu_loss, name)
-    args = (g, x, t, 1, 0.5) if name.startswith("smooth") else (g, x, t, 1)
+    args = (g, x, t, 1, 0.5) if name.startswith(("smooth", "huber")) else (g, x, t, 1)
     _assert_bitwise_same(_results_under(1, lambda: op(*args)) + _results_under(2, lambda: op(*args)))
 
 

@@ -17,11 +17,13 @@ FUNCS = {
     "smooth_l1_loss": ["input", "target", "size_average", "reduce", "reduction", "beta"],
     "l1_loss": ["input", "target", "size_average", "reduce", "reduction"],
     "kl_div": ["input", "target", "size_average", "reduce", "reduction", "log_target"],
+    "huber_loss": ["input", "target", "reduction", "delta", "weight"],
 }
 MODULES = {
     "SmoothL1Loss": ["size_average", "reduce", "reduction", "beta"],
     "L1Loss": ["size_average", "reduce", "reduction"],
     "KLDivLoss": ["size_average", "reduce", "reduction", "log_target"],
+    "HuberLoss": ["reduction", "delta"],
 }
 
 
@@ -53,14 +55,16 @@ def test_module_signature_and_attributes_match_nn(name):
     for p in MODULES[name]:
         assert ours[p].default == theirs[p].default, p
     assert issubclass(ours_cls, torch.nn.Module)
-    for kwargs in [{}, {"reduction": "sum"}, {"reduction": "none"}, {"size_average": False},
-                   {"reduce": False}, {"size_average": True, "reduce": True}]:
+    legacy = [{"size_average": False}, {"reduce": False}, {"size_average": True, "reduce": True}]
+    for kwargs in [{}, {"reduction": "sum"}, {"reduction": "none"}] + (legacy if "reduce" in theirs else []):
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
             a, b = ours_cls(**kwargs), theirs_cls(**kwargs)
         assert a.reduction == b.reduction, kwargs
     if name == "SmoothL1Loss":
         assert ours_cls(beta=0.25).beta == 0.25 and ours_cls().beta == 1.0
+    if name == "HuberLoss":
+        assert ours_cls(delta=0.25).delta == 0.25 and ours_cls().delta == 1.0
     if name == "KLDivLoss":
         assert ours_cls(log_target=True).log_target is True and ours_cls().log_target is False
         assert ours_cls(reduction="batchmean").reduction == "batchmean"
@@ -84,6 +88,9 @@ CALLS = [
     ("kl_div", {}), ("kl_div", {"reduction": "batchmean"}), ("kl_div", {"reduction": "sum", "log_target": True}),
     ("kl_div", {"reduction": "none"}), ("kl_div", {"size_average": False}), ("kl_div", {"reduce": False}),
     ("kl_div", {"reduction": "batchmean", "log_target": True}),
+    ("huber_loss", {}), ("huber_loss", {"delta": 0.5}), ("huber_loss", {"delta": 2.5, "reduction": "sum"}),
+    ("huber_loss", {"delta": 1e-3, "reduction": "none"}), ("huber_loss", {"delta": 1e4}),
+    ("huber_loss", {"delta": math.inf, "reduction": "sum"}),
 ]
 
 
@@ -145,6 +152,23 @@ def test_integer_operand_is_cast_like_F(name, int_arg):
     assert f.grad is not None and torch.isfinite(f.grad).all()
 
 
+def test_huber_integer_operand():
+    """An integer target with a floating input: F's result. An integer input with a floating target: F
+    raises (its result takes input's dtype: "result type Float can't be cast to ... Long"); the package
+    casts it as it does for smooth L1, the loss of input.float()."""
+    x = torch.randint(-5, 5, (4, 5))
+    t = torch.randn(4, 5)
+    ours = npu_loss_ops.huber_loss(t, x, reduction="none", delta=0.5)
+    theirs = F.huber_loss(t, x, reduction="none", delta=0.5)
+    assert ours.dtype == theirs.dtype
+    torch.testing.assert_close(ours, theirs)
+    with pytest.raises(RuntimeError, match="can't be cast"):
+        F.huber_loss(x, t, reduction="none")
+    ours = npu_loss_ops.huber_loss(x, t, reduction="none", delta=0.5)
+    assert ours.dtype == torch.float32
+    torch.testing.assert_close(ours, F.huber_loss(x.float(), t, reduction="none", delta=0.5))
+
+
 def test_both_integer_operands():
     """Where F accepts two integer tensors (l1 'none'/'sum') the API computes in the default dtype; where F
     rejects them (smooth L1, l1 'mean'), the API raises TypeError."""
@@ -194,10 +218,26 @@ def test_bad_beta_is_value_error_from_the_api(beta):
         npu_loss_ops.SmoothL1Loss(beta=beta)(x, t)
 
 
+@pytest.mark.parametrize("delta", [0.0, -1.0, -math.inf, math.nan])
+def test_bad_delta_is_value_error_from_the_api(delta):
+    """delta must be > 0 and not NaN: ValueError naming delta (F raises RuntimeError, docs/semantics.md)."""
+    x, t = _pair("huber_loss")
+    match = f"huber_loss: delta must be > 0, got {delta:g}" if delta == 0 else "delta must be > 0"
+    with pytest.raises(ValueError, match=match):
+        npu_loss_ops.huber_loss(x, t, delta=delta)
+    with pytest.raises(ValueError, match=match):
+        npu_loss_ops.HuberLoss(delta=delta)(x, t)
+    with pytest.raises(ValueError, match="delta must be > 0"):
+        npu_loss_ops.huber_loss(x, t, delta=delta, weight=torch.ones_like(x))
+    with pytest.raises(RuntimeError):  # the documented difference: F's error is a RuntimeError
+        F.huber_loss(x, t, delta=delta)
+
+
 @pytest.mark.parametrize("name,cls,kwargs", [
     ("smooth_l1_loss", "SmoothL1Loss", {"beta": 0.5, "reduction": "sum"}),
     ("l1_loss", "L1Loss", {"reduction": "none"}),
     ("kl_div", "KLDivLoss", {"reduction": "batchmean", "log_target": True}),
+    ("huber_loss", "HuberLoss", {"delta": 0.5, "reduction": "sum"}),
 ])
 def test_module_equals_functional(name, cls, kwargs):
     x, t = _pair(name)

@@ -5,7 +5,7 @@ import torch
 from torch.autograd import gradcheck, gradgradcheck
 
 import npu_loss_ops
-from samples import LOSSES, differentiable_samples, opinfo_samples, params
+from samples import DELTAS, LOSSES, differentiable_samples, opinfo_samples, params
 
 DIFF = [s for loss in LOSSES for s in differentiable_samples(loss)]
 # Keep gradgradcheck (the slow one) to the small samples; every shape kind still appears.
@@ -115,3 +115,4 @@ def test_differentiable_samples_cover_what_they_should():
         assert {s.reduction for s in ds} == {"none", "mean", "sum"}, loss
     assert {s.beta for s in DIFF if s.loss == "smooth_l1_loss"} >= {0.0, 0.5, 1.0, 2.0}
     assert {s.log_target for s in DIFF if s.loss == "kl_div"} == {False, True}
+    assert {s.delta for s in DIFF if s.loss == "huber_loss"} >= set(DELTAS)

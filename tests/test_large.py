@@ -33,3 +33,19 @@ def test_backward_over_2_pow_31_elements():
     out = torch.ops.npu_loss.smooth_l1_loss_backward(g, x, t, 2, 1.0)
     assert out.shape == (N,)
     assert out[0].item() == 1.5 and out[-1].item() == 1.5 and out[2**31].item() == 1.5
+
+
+def test_huber_forward_and_backward_over_2_pow_31_elements():
+    """Huber's kernels index in 64 bits too: the last element, past 2**31, is outside delta."""
+    x = torch.full((N,), 0.5, dtype=torch.bfloat16)
+    t = torch.zeros(N, dtype=torch.bfloat16)
+    t[-1] = 4.5  # |d| = 4 > delta = 2: 2 * (4 - 1) = 6 instead of 0.125
+    out = torch.ops.npu_loss.huber_loss(x, t, 2, 2.0)
+    assert out.dtype == torch.bfloat16
+    expected = 0.125 * (N - 1) + 6.0
+    assert abs(out.float().item() - expected) <= 1e-2 * expected
+    del out
+    g = torch.tensor(3.0, dtype=torch.bfloat16)
+    grad = torch.ops.npu_loss.huber_loss_backward(g, x, t, 2, 2.0)
+    assert grad.shape == (N,)
+    assert grad[0].item() == 1.5 and grad[2**31].item() == 1.5 and grad[-1].item() == -6.0

@@ -18,7 +18,7 @@ from reference import (
     reference_forward,
     reference_grads,
 )
-from samples import LOSSES, make_sample
+from samples import DELTAS, LOSSES, make_sample
 
 SETTINGS = settings(max_examples=600, deadline=None, derandomize=True, database=None,
                     suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
@@ -42,11 +42,14 @@ def broadcast_shapes(draw):
 def samples(draw):
     loss = draw(st.sampled_from(LOSSES))
     xs, ts = draw(broadcast_shapes())
+    # smooth L1's beta, or Huber's delta (> 0: the rejected ones are test_errors')
+    width = st.sampled_from(DELTAS) if loss == "huber_loss" else st.sampled_from([0.0, 1e-7, 0.25, 1.0, 3.0, 1e4,
+                                                                                    math.inf])
     return make_sample(
         loss, xs, ts,
         dtype=draw(st.sampled_from([torch.float32, torch.float64, torch.float16, torch.bfloat16])),
         reduction=draw(st.sampled_from(["none", "mean", "sum"])),
-        beta=draw(st.sampled_from([0.0, 1e-7, 0.25, 1.0, 3.0, 1e4, math.inf])),
+        beta=draw(width),
         log_target=draw(st.booleans()),
         layout=draw(st.sampled_from(["contiguous", "transposed", "sliced", "expanded"])),
         grad_kind=draw(st.sampled_from(["auto", "scalar", "partial", "partial_last"])),
@@ -88,7 +91,7 @@ SPECIALS = [0.0, -0.0, math.nan, math.inf, -math.inf]
 
 @st.composite
 def special_samples(draw):
-    """Contiguous samples whose self/target carry ±0, NaN, ±inf, ties (d == 0) and |d| == beta."""
+    """Contiguous samples whose self/target carry ±0, NaN, ±inf, ties (d == 0) and |d| == beta (or delta)."""
     s = draw(samples())
     x = s.self.contiguous().clone()
     t = s.target.contiguous().clone()

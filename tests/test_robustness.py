@@ -1,5 +1,6 @@
 """Concurrency and memory: eight Python threads calling every op at once get the single-threaded results,
 and 10,000 calls of each op (and of each error path) leave the process's resident memory flat."""
+import math
 import threading
 
 import pytest
@@ -32,6 +33,10 @@ def _calls():
         ("kl_div_target_backward", lambda: ops.kl_div_target_backward(one, x, row, 1, False)),
         ("kl_div_target_backward.grad_target",
          lambda: ops.kl_div_target_backward.grad_target(go, x, t, 0, True, grad_target=torch.empty_like(t))),
+        ("huber_loss", lambda: ops.huber_loss(x, t, 1, 0.5)),
+        ("huber_loss_backward", lambda: ops.huber_loss_backward(go, x, t, 0, 0.5)),
+        ("huber_loss_backward.out",
+         lambda: ops.huber_loss_backward.out(one, x, t, 1, 0.5, grad_input=torch.empty_like(x))),
     ]
 
 
@@ -76,6 +81,9 @@ def _bad_calls():
         lambda: ops.kl_div(x.reshape(2, 2, 2, 1, 1, 1, 1, 1, 4), x, 1),
         lambda: ops.kl_div_target_backward(torch.randn(2, 8, 4), x, x, 0, False),
         lambda: ops.kl_div_target_backward.grad_target(x, x, x, 0, False, grad_target=x.double()),
+        lambda: ops.huber_loss(x, x, 1, 0.0),
+        lambda: ops.huber_loss_backward(x, x, x, 0, math.nan),
+        lambda: ops.huber_loss_backward.out(x, x, x, 0, 1.0, grad_input=torch.empty(3)),
     ]
 
 
@@ -94,6 +102,9 @@ def test_ten_thousand_calls_leave_rss_flat(kind):
             lambda: ops.kl_div(x, t, 2, log_target=True),
             lambda: ops.kl_div_target_backward(g, x, t, 0, False),
             lambda: ops.kl_div_target_backward.grad_target(g, x, t, 0, False, grad_target=out),
+            lambda: ops.huber_loss(x, t, 1, 0.5),
+            lambda: ops.huber_loss_backward(g, x, t, 0, 0.5),
+            lambda: ops.huber_loss_backward.out(g, x, t, 0, 0.5, grad_input=out),
         ]
     else:
         thunks = _bad_calls()

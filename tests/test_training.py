@@ -16,6 +16,8 @@ CASES = [
     ("L1Loss", {}),
     ("KLDivLoss", {"reduction": "batchmean"}),
     ("KLDivLoss", {"reduction": "sum", "log_target": True}),
+    ("HuberLoss", {}),
+    ("HuberLoss", {"delta": 0.5, "reduction": "sum"}),
 ]
 
 

@@ -1,4 +1,4 @@
-"""Every PyTorch transform on the three losses and on their backward ops, each compared with the same call
+"""Every PyTorch transform on the four losses and on their backward ops, each compared with the same call
 on torch.nn.functional.
 
 Transforms: torch.func grad, vjp, jacrev, jacfwd, jvp, hessian; vmap(grad) per-sample gradients (vmap runs
@@ -8,11 +8,12 @@ gradients; gradgradcheck (reverse over reverse and forward over reverse); compil
 
 The losses are compared with torch.nn.functional's; the backward ops with the same transform applied to
 torch.func.vjp of F's loss (w.r.t. self for the L1 losses, w.r.t. target for KL). Every reduction, both
-log_target modes, beta 0 / 0.5 / 1, same-shape and broadcast targets, float64, small shapes; inputs stay
-away from the kinks (d == 0, |d| == beta) and KL's probability targets are positive (the package's one
+log_target modes, beta 0 / 0.5 / 1, Huber's delta 0.5 / 3 / inf, same-shape and broadcast targets, float64,
+small shapes; inputs stay away from the kinks (d == 0, |d| == beta or delta) and KL's probability targets are positive (the package's one
 deliberate difference is at target == 0).
 """
 import dataclasses
+import math
 
 import pytest
 import torch
@@ -69,7 +70,8 @@ class Case:
         return BROADCAST_TARGET_SHAPE if self.broadcast else SHAPE
 
     def __str__(self):
-        extra = {"smooth_l1_loss": f"-beta{self.beta}", "kl_div": f"-log{int(self.log_target)}"}.get(self.loss, "")
+        extra = {"smooth_l1_loss": f"-beta{self.beta}", "kl_div": f"-log{int(self.log_target)}",
+                 "huber_loss": f"-delta{self.beta}"}.get(self.loss, "")
         return f"{self.loss}{extra}-{self.reduction}{'-bcast' if self.broadcast else ''}"
 
 
@@ -80,6 +82,10 @@ VARIANTS = [
     ("l1_loss", {}),
     ("kl_div", {"log_target": False}),
     ("kl_div", {"log_target": True}),
+    # Huber's delta is kept in Case.beta (functional_kwargs passes it as delta=).
+    ("huber_loss", {"beta": 0.5}),
+    ("huber_loss", {"beta": 3.0}),
+    ("huber_loss", {"beta": math.inf}),
 ]
 CASES = [
     Case(loss, reduction, broadcast=broadcast, **kw)
@@ -123,7 +129,16 @@ def _backward_fns(case: Case):
     op = getattr(torch.ops.npu_loss, BACKWARD_OP[case.loss])
     r = REDUCTIONS[case.reduction]
     _, ref_loss = _loss_fns(case)
-    if case.loss == "smooth_l1_loss":
+    if case.loss == "huber_loss":
+        # ATen's huber_loss_backward has no forward AD (jvp, jacfwd, hessian of F's vjp raise
+        # NotImplementedError): the same function written with ops that have it, delta * smooth_l1(beta=delta)
+        # (0.5 * d**2 at delta == inf).
+        def ref_loss(x, t):
+            if math.isinf(case.beta):
+                v = 0.5 * (x - t) ** 2
+                return {"none": v, "mean": v.mean(), "sum": v.sum()}[case.reduction]
+            return case.beta * F.smooth_l1_loss(x, t, reduction=case.reduction, beta=case.beta)
+    if case.loss in ("smooth_l1_loss", "huber_loss"):
         ours = lambda g, x, t: op(g, x, t, r, case.beta)  # noqa: E731
     elif case.loss == "l1_loss":
         ours = lambda g, x, t: op(g, x, t, r)  # noqa: E731
@@ -336,6 +351,7 @@ COMPILED_CASES = [
     for case in CASES
     if (case.reduction == "mean") == (not case.broadcast)
     and (case.loss != "smooth_l1_loss" or case.beta != 0.5 or kind == "loss")
+    and (case.loss != "huber_loss" or case.beta != math.inf or kind == "loss")
 ]
 
 
@@ -431,7 +447,7 @@ def test_per_sample_gradients_functional_call(name, kwargs):
             out = torch.func.functional_call(model, params, (xi.unsqueeze(0),))
             if name == "kl_div":
                 out = out.log_softmax(-1)
-            return loss_fn(out, yi.unsqueeze(0), **kwargs)
+            return loss_fn(out, yi.unsqueeze(0), **Case(name, "mean", **kwargs).kwargs())
 
         return compute
 

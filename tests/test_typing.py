@@ -47,7 +47,8 @@ def test_typed_usage_runs():
 # Each line of the snippet, and whether mypy must reject it.
 BAD_CALLS = [
     ("import torch", False),
-    ("from npu_loss_ops import KLDivLoss, L1Loss, SmoothL1Loss, kl_div, l1_loss, smooth_l1_loss", False),
+    ("from npu_loss_ops import HuberLoss, KLDivLoss, L1Loss, SmoothL1Loss, huber_loss, kl_div, l1_loss, smooth_l1_loss",
+     False),
     ("x = torch.zeros(3)", False),
     ('SmoothL1Loss(beta="oops")', True),
     ('smooth_l1_loss(x, x, beta="oops")', True),
@@ -58,6 +59,13 @@ BAD_CALLS = [
     ("kl_div(x, x, log_target=None)", True),
     ("smooth_l1_loss(x, x, size_average=None, reduce=True, reduction='sum', beta=0)", False),
     ("SmoothL1Loss(None, None, 'none', 0.5)", False),
+    ('HuberLoss(delta="oops")', True),
+    ('huber_loss(x, x, delta="oops")', True),
+    ("huber_loss(x, x, weight=1.0)", True),
+    ("l1_loss(x, x, weight=[1.0])", True),
+    ("HuberLoss(size_average=False)", True),  # torch.nn.HuberLoss has no legacy arguments
+    ("huber_loss(x, x, 'sum', 2.0, x)", False),
+    ("HuberLoss('none', 0.5)", False),
 ]
 
 

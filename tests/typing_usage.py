@@ -11,7 +11,7 @@ import torch
 from torch import Tensor
 
 import npu_loss_ops
-from npu_loss_ops import KLDivLoss, L1Loss, SmoothL1Loss, kl_div, l1_loss, smooth_l1_loss
+from npu_loss_ops import HuberLoss, KLDivLoss, L1Loss, SmoothL1Loss, huber_loss, kl_div, l1_loss, smooth_l1_loss
 from npu_loss_ops import functional as NF
 from npu_loss_ops.modules import SmoothL1Loss as SmoothL1LossFromModules
 
@@ -28,8 +28,23 @@ def functional_losses(pred: Tensor, target: Tensor) -> list[Tensor]:
         kl_div(log_probs, probs, reduction="batchmean"),
         kl_div(log_probs, probs.log(), reduction="sum", log_target=True),
         NF.l1_loss(pred, target, reduction="mean"),
+        huber_loss(pred, target),
+        huber_loss(pred, target, "sum", 0.5),
+        huber_loss(pred, target, reduction="none", delta=2),  # an int is a float here too
+        NF.huber_loss(pred, target, delta=float("inf")),
     ]
     return losses
+
+
+def weighted(pred: Tensor, target: Tensor) -> list[Tensor]:
+    weight: Tensor | None = torch.rand_like(pred)
+    return [
+        l1_loss(pred, target, weight=weight),
+        l1_loss(pred, target, None, None, "sum", weight),
+        huber_loss(pred, target, weight=weight),
+        huber_loss(pred, target, "none", 0.5, weight),
+        huber_loss(pred, target, weight=None),
+    ]
 
 
 def legacy_arguments(pred: Tensor, target: Tensor) -> list[Tensor]:
@@ -50,12 +65,15 @@ def modules(pred: Tensor, target: Tensor) -> Tensor:
     reduction: str = smooth.reduction
     kl = KLDivLoss(reduction="batchmean", log_target=True)
     log_target: bool = kl.log_target
-    criteria: list[torch.nn.Module] = [smooth, L1Loss(reduction="sum"), kl]
-    assert beta == 0.2 and reduction == "mean" and log_target
+    huber = HuberLoss(reduction="sum", delta=0.5)
+    delta: float = huber.delta
+    criteria: list[torch.nn.Module] = [smooth, L1Loss(reduction="sum"), kl, huber]
+    assert beta == 0.2 and reduction == "mean" and log_target and delta == 0.5
     # torch.nn.Module.__call__ is typed as returning Any: annotate what a loss module returns.
     total: Tensor = smooth(pred, target) + criteria[1](pred, target)
     divergence: Tensor = kl(pred.log_softmax(-1), target.log_softmax(-1))
-    return total + divergence
+    robust: Tensor = huber(pred, target)
+    return total + divergence + robust
 
 
 def training_step() -> float:
@@ -92,7 +110,7 @@ def routing(pred: Tensor, target: Tensor) -> tuple[bool, bool, str]:
 
 def main() -> None:
     pred, target = torch.randn(4, 5, requires_grad=True), torch.randn(4, 5)
-    for loss in functional_losses(pred, target) + legacy_arguments(pred, target):
+    for loss in functional_losses(pred, target) + weighted(pred, target) + legacy_arguments(pred, target):
         assert loss.requires_grad
     torch.autograd.backward(modules(pred, target))
     assert pred.grad is not None

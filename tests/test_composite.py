@@ -72,9 +72,6 @@ def test_composite_empty(loss):
         assert torch.equal(grad, torch.zeros(3))
 
 
-@pytest.mark.xfail(strict=True, raises=RuntimeError,
-                   reason="known bug: the composite huber_loss_backward raises 'value cannot be converted to "
-                          "type float without overflow' for a finite delta beyond float32's range")
 @pytest.mark.parametrize("overload", ["default", "out"])
 def test_composite_huber_backward_delta_beyond_float32_range(overload):
     """delta = 1e300 is accepted (delta > 0) and the CPU kernel gives g * d (|d| < delta); the composite

@@ -202,6 +202,7 @@ def _worker(rank: int, result_dir: str) -> None:
             torch.save(results, os.path.join(result_dir, "dtensor.pt"))
     finally:
         dist.destroy_process_group()
+    os._exit(0)  # no interpreter teardown: see test_ddp._worker
 
 
 @pytest.fixture(scope="module")

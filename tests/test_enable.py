@@ -496,6 +496,7 @@ def _ddp_worker(rank, world, result_dir):
             torch.save(results, os.path.join(result_dir, "enable_ddp.pt"))
     finally:
         dist.destroy_process_group()
+    os._exit(0)  # no interpreter teardown: see test_ddp._worker
 
 
 _DDP_CRITERIA = {

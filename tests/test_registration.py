@@ -98,6 +98,9 @@ def test_fake_tensors_run_the_cpp_meta_kernels_on_symbolic_sizes():
             "kl_div_target_backward": ops.kl_div_target_backward(g, x, t, 0, False),
             "kl_div_target_backward.grad_target": ops.kl_div_target_backward.grad_target(
                 g, x, t, 0, False, grad_target=torch.empty_like(t)),
+            "huber_loss": ops.huber_loss(x, t, 0, 0.5),
+            "huber_loss_backward": ops.huber_loss_backward(g, x, t, 0, 0.5),
+            "huber_loss_backward.out": ops.huber_loss_backward.out(g, x, t, 0, 0.5, grad_input=torch.empty_like(x)),
         }
         mean = ops.l1_loss(x, t, 1)
     assert len(results) == len(SCHEMAS)

@@ -113,111 +113,90 @@ struct Block {
   }
 };
 
-// ---- smooth_l1_loss(self, target, reduction, beta) ----
-struct SmoothL1Loss : Block<ops::LossSmoothL1, 2, ops::smooth_l1_loss> {
-  static constexpr const char* kName = "smooth_l1_loss";
-  static constexpr const char* kNode = "NpuLossSmoothL1LossBackward0";
+// A forward loss whose slope is odd in d (smooth L1, Huber, L1): its gradients and tangent are its backward
+// op's (odd_slope_grads, odd_slope_tangent), whatever its scalars.
+template <auto Handle, auto BackwardHandle, typename = decltype(Handle)>
+struct OddSlopeLoss;
 
+template <auto Handle, auto BackwardHandle, typename... Scalars>
+struct OddSlopeLoss<
+    Handle, BackwardHandle,
+    const c10::TypedOperatorHandle<at::Tensor(const at::Tensor&, const at::Tensor&, int64_t, Scalars...)>& (*)()>
+    : Block<at::Tensor(const at::Tensor&, const at::Tensor&, int64_t, Scalars...), 2, Handle> {
   static variable_list backward(
       const at::Tensor& grad, const Needs<2>& needs, const at::Tensor& self, const at::Tensor& target,
-      int64_t reduction, double beta) {
+      int64_t reduction, Scalars... s) {
     return odd_slope_grads(grad, needs, self, target, [&](const at::Tensor& g, const at::Tensor& a, const at::Tensor& b) {
-      return ops::smooth_l1_loss_backward().call(g, a, b, reduction, beta);
+      return BackwardHandle().call(g, a, b, reduction, s...);
     });
   }
 
-  static at::Tensor tangent(const Dual& self, const Dual& target, int64_t reduction, double beta) {
+  static at::Tensor tangent(const Dual& self, const Dual& target, int64_t reduction, Scalars... s) {
     return odd_slope_tangent(self, target, reduction, [&](const at::Tensor& g, const at::Tensor& a, const at::Tensor& b) {
-      return ops::smooth_l1_loss_backward().call(g, a, b, kNone, beta);
+      return BackwardHandle().call(g, a, b, kNone, s...);
     });
   }
 };
 
-// ---- smooth_l1_loss_backward(grad_output, self, target, reduction, beta) ----
-struct SmoothL1LossBackward : Block<ops::BackwardSmoothL1, 3, ops::smooth_l1_loss_backward> {
-  static constexpr const char* kName = "smooth_l1_loss_backward";
-  static constexpr const char* kNode = "NpuLossSmoothL1LossBackwardBackward0";
+// The backward op of a slope linear inside |d| < width and constant outside (smooth L1's, Huber's), whose
+// derivative inside is Derived::inside(width): clipped_slope_grads and clipped_slope_tangent.
+template <typename Derived, auto Handle>
+struct ClippedSlopeBackward : Block<ops::BackwardSmoothL1, 3, Handle> {
   static constexpr VmapBackward kVmap{MeanCount::Self, /*result_like_target=*/false, /*promotes=*/false};
 
   static variable_list backward(
       const at::Tensor& gg, const Needs<3>& needs, const at::Tensor& grad_output, const at::Tensor& self,
-      const at::Tensor& target, int64_t reduction, double beta) {
-    // The slope d / beta has derivative 1 / beta inside |d| < beta and 0 elsewhere; beta == 0 is the L1
-    // slope sign(d), piecewise constant: a zero derivative.
+      const at::Tensor& target, int64_t reduction, double width) {
     return clipped_slope_grads(
-        gg, needs, grad_output, self, target, reduction, beta, beta > 0 ? 1.0 / beta : 0.0,
-        [&](const at::Tensor& g) { return op().call(g, self, target, reduction, beta); });
+        gg, needs, grad_output, self, target, reduction, width, Derived::inside(width),
+        [&](const at::Tensor& g) { return Handle().call(g, self, target, reduction, width); });
   }
 
   static at::Tensor tangent(
-      const Dual& grad_output, const Dual& self, const Dual& target, int64_t reduction, double beta) {
+      const Dual& grad_output, const Dual& self, const Dual& target, int64_t reduction, double width) {
     return clipped_slope_tangent(
-        grad_output, self, target, reduction, beta, beta > 0 ? 1.0 / beta : 0.0,
-        [&](const at::Tensor& g) { return op().call(g, self.p, target.p, reduction, beta); });
+        grad_output, self, target, reduction, width, Derived::inside(width),
+        [&](const at::Tensor& g) { return Handle().call(g, self.p, target.p, reduction, width); });
+  }
+};
+
+// ---- smooth_l1_loss(self, target, reduction, beta) ----
+struct SmoothL1Loss : OddSlopeLoss<ops::smooth_l1_loss, ops::smooth_l1_loss_backward> {
+  static constexpr const char* kName = "smooth_l1_loss";
+  static constexpr const char* kNode = "NpuLossSmoothL1LossBackward0";
+};
+
+// ---- smooth_l1_loss_backward(grad_output, self, target, reduction, beta) ----
+struct SmoothL1LossBackward : ClippedSlopeBackward<SmoothL1LossBackward, ops::smooth_l1_loss_backward> {
+  static constexpr const char* kName = "smooth_l1_loss_backward";
+  static constexpr const char* kNode = "NpuLossSmoothL1LossBackwardBackward0";
+  // The slope d / beta has derivative 1 / beta inside |d| < beta; beta == 0 is the L1 slope sign(d),
+  // piecewise constant: a zero derivative.
+  static double inside(double beta) {
+    return beta > 0 ? 1.0 / beta : 0.0;
   }
 };
 
 // ---- huber_loss(self, target, reduction, delta) ----
-struct HuberLoss : Block<ops::LossHuber, 2, ops::huber_loss> {
+struct HuberLoss : OddSlopeLoss<ops::huber_loss, ops::huber_loss_backward> {
   static constexpr const char* kName = "huber_loss";
   static constexpr const char* kNode = "NpuLossHuberLossBackward0";
-
-  static variable_list backward(
-      const at::Tensor& grad, const Needs<2>& needs, const at::Tensor& self, const at::Tensor& target,
-      int64_t reduction, double delta) {
-    return odd_slope_grads(grad, needs, self, target, [&](const at::Tensor& g, const at::Tensor& a, const at::Tensor& b) {
-      return ops::huber_loss_backward().call(g, a, b, reduction, delta);
-    });
-  }
-
-  static at::Tensor tangent(const Dual& self, const Dual& target, int64_t reduction, double delta) {
-    return odd_slope_tangent(self, target, reduction, [&](const at::Tensor& g, const at::Tensor& a, const at::Tensor& b) {
-      return ops::huber_loss_backward().call(g, a, b, kNone, delta);
-    });
-  }
 };
 
 // ---- huber_loss_backward(grad_output, self, target, reduction, delta) ----
-struct HuberLossBackward : Block<ops::BackwardHuber, 3, ops::huber_loss_backward> {
+struct HuberLossBackward : ClippedSlopeBackward<HuberLossBackward, ops::huber_loss_backward> {
   static constexpr const char* kName = "huber_loss_backward";
   static constexpr const char* kNode = "NpuLossHuberLossBackwardBackward0";
-  static constexpr VmapBackward kVmap{MeanCount::Self, /*result_like_target=*/false, /*promotes=*/false};
-
-  // The slope, d clamped to delta, has derivative 1 inside |d| < delta and 0 elsewhere.
-  static variable_list backward(
-      const at::Tensor& gg, const Needs<3>& needs, const at::Tensor& grad_output, const at::Tensor& self,
-      const at::Tensor& target, int64_t reduction, double delta) {
-    return clipped_slope_grads(
-        gg, needs, grad_output, self, target, reduction, delta, 1.0,
-        [&](const at::Tensor& g) { return op().call(g, self, target, reduction, delta); });
-  }
-
-  static at::Tensor tangent(
-      const Dual& grad_output, const Dual& self, const Dual& target, int64_t reduction, double delta) {
-    return clipped_slope_tangent(
-        grad_output, self, target, reduction, delta, 1.0,
-        [&](const at::Tensor& g) { return op().call(g, self.p, target.p, reduction, delta); });
+  // The slope, d clamped to delta, has derivative 1 inside |d| < delta.
+  static double inside(double /*delta*/) {
+    return 1.0;
   }
 };
 
 // ---- l1_loss(self, target, reduction) ----
-struct L1Loss : Block<ops::LossL1, 2, ops::l1_loss> {
+struct L1Loss : OddSlopeLoss<ops::l1_loss, ops::l1_loss_backward> {
   static constexpr const char* kName = "l1_loss";
   static constexpr const char* kNode = "NpuLossL1LossBackward0";
-
-  static variable_list backward(
-      const at::Tensor& grad, const Needs<2>& needs, const at::Tensor& self, const at::Tensor& target,
-      int64_t reduction) {
-    return odd_slope_grads(grad, needs, self, target, [&](const at::Tensor& g, const at::Tensor& a, const at::Tensor& b) {
-      return ops::l1_loss_backward().call(g, a, b, reduction);
-    });
-  }
-
-  static at::Tensor tangent(const Dual& self, const Dual& target, int64_t reduction) {
-    return odd_slope_tangent(self, target, reduction, [](const at::Tensor& g, const at::Tensor& a, const at::Tensor& b) {
-      return ops::l1_loss_backward().call(g, a, b, kNone);
-    });
-  }
 };
 
 // ---- l1_loss_backward(grad_output, self, target, reduction) ----

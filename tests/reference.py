@@ -220,9 +220,10 @@ def grad_magnitudes(s: Sample, grad_output: torch.Tensor):
 
 
 def assert_close(actual: torch.Tensor, expected: torch.Tensor, magnitude: torch.Tensor | None = None,
-                 dtype: torch.dtype | None = None, msg: str = "", rtol: float | None = None) -> None:
-    """|actual - expected| <= RTOL[dtype] * magnitude + tiny, elementwise; NaN where expected is NaN and
-    equal infinities. `dtype` defaults to actual's; `rtol` overrides RTOL[dtype]."""
+                 dtype: torch.dtype | None = None, msg: str = "", rtol: float | None = None,
+                 atol: float = 0.0) -> None:
+    """|actual - expected| <= RTOL[dtype] * magnitude + tiny + atol, elementwise; NaN where expected is NaN
+    and equal infinities. `dtype` defaults to actual's; `rtol` overrides RTOL[dtype]."""
     dtype = dtype or actual.dtype
     rtol = RTOL[dtype] if rtol is None else rtol
     assert actual.shape == expected.shape, f"{msg}: shape {tuple(actual.shape)} != {tuple(expected.shape)}"
@@ -241,7 +242,7 @@ def assert_close(actual: torch.Tensor, expected: torch.Tensor, magnitude: torch.
     assert torch.equal(a[inf_e], e[inf_e]), f"{msg}: infinities differ"
     finite = ~(nan_e | inf_e)
     a, e, m = a[finite], e[finite], m[finite]
-    bound = rtol * torch.where(m.isfinite(), m, e.abs()) + torch.finfo(dtype).tiny
+    bound = rtol * torch.where(m.isfinite(), m, e.abs()) + torch.finfo(dtype).tiny + atol
     err = (a - e).abs()
     bad = ~(err <= bound)
     if bad.any():
@@ -344,12 +345,12 @@ def on_device(s: Sample, device: str) -> Sample:
 def assert_close_on_device(actual: torch.Tensor, expected: torch.Tensor, magnitude: torch.Tensor | None = None,
                            dtype: torch.dtype | None = None, msg: str = "", *, device: str,
                            cpu: torch.Tensor | None = None, chip_differs: torch.Tensor | None = None,
-                           rtol: float | None = None) -> None:
+                           rtol: float | None = None, atol: float = 0.0) -> None:
     """`actual` is on `device` and within tolerance of the float64 `expected`; off the CPU it is also within
     tolerance of `cpu`, the CPU kernels' result for the same inputs (same dtype and shape), except where
     `chip_differs` marks a documented chip difference (there `expected` already holds the chip's value)."""
     assert actual.device.type == device, f"{msg}: result on {actual.device}, inputs on {device}"
-    assert_close(actual.cpu(), expected, magnitude, dtype, msg, rtol)
+    assert_close(actual.cpu(), expected, magnitude, dtype, msg, rtol, atol)
     if device == "cpu":
         return
     assert cpu is not None, f"{msg}: no CPU result to compare with"
@@ -358,7 +359,7 @@ def assert_close_on_device(actual: torch.Tensor, expected: torch.Tensor, magnitu
         f"{msg}: {device} gives {actual.dtype}{tuple(actual.shape)}, the CPU {cpu.dtype}{tuple(cpu.shape)}")
     if chip_differs is not None:
         cpu = torch.where(chip_differs, expected.to(cpu.dtype), cpu)
-    assert_close(actual.cpu(), cpu, magnitude, dtype, f"{msg}: {device} vs the CPU kernels", rtol)
+    assert_close(actual.cpu(), cpu, magnitude, dtype, f"{msg}: {device} vs the CPU kernels", rtol, atol)
 
 
 # The TBE chip families (SoC names as aclrtGetSocName() reports them), and those of them without bf16

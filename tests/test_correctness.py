@@ -478,8 +478,11 @@ def test_out_other_float_dtype(s, device):
         # The reference rounded to out's dtype too: a float16 out holds values below 6.1e-5 as subnormals,
         # whose fixed spacing (6e-8) no relative tolerance covers (Huber's small deltas reach them).
         expected = value.to(out_dtype).to(value.dtype) if out_dtype == torch.float16 else value
+        # A float16 result cast into another out dtype was rounded twice (the NPU computes in the result's
+        # dtype, the CPU writes out's directly): half a float16 subnormal step apart at most.
+        atol = 2.0**-25 if dtype == torch.float16 and out_dtype != torch.float16 else 0.0
         assert_close_on_device(out, expected, mag, dtype=lowest_precision(dtype, out_dtype),
-                               msg=f"{s.name} into {out_dtype}", device=device, cpu=cpu)
+                               msg=f"{s.name} into {out_dtype}", device=device, cpu=cpu, atol=atol)
 
 
 ALIAS_SAMPLES = [

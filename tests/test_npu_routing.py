@@ -217,12 +217,12 @@ def test_aclnn_api_per_chip(npu, op, dtype, beta, log_target):
 def huber_launches(op, dtype, delta):
     """Every aclnn launch a Huber call makes where its row names the aclnn API (docs/npu_routing.md, the
     launch table): smooth L1's kernel, plus one scaling of the result (forward) or of grad_output (backward)
-    unless delta == 1; with a half dtype the forward's two inputs (delta != 1) and the backward's grad_output
-    (delta > 1) are first copied to float32."""
+    unless delta == 1; with a half dtype the forward's two inputs and the backward's grad_output (delta != 1)
+    are first copied to float32."""
     api = "aclnnSmoothL1Loss" if op == "huber_loss" else "aclnnSmoothL1LossBackward"
     if delta == 1:
         return {api: 1}
-    in_float32 = dtype in HALF and (op == "huber_loss" or delta > 1)
+    in_float32 = dtype in HALF
     if op == "huber_loss":
         return {api: 1, "aclnnInplaceCopy": 2, "aclnnMuls": 1} if in_float32 else {api: 1, "aclnnInplaceMuls": 1}
     return {api: 1, "aclnnInplaceCopy": 1, "aclnnInplaceMuls": 1} if in_float32 else {api: 1, "aclnnMuls": 1}

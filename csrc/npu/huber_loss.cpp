@@ -6,7 +6,7 @@
 // - forward: the result (0-dim for "mean"/"sum") is scaled by delta after the call.
 // At delta == 1 the two losses are the same and the call is smooth L1's, nothing added. At delta == +inf
 // delta * smooth L1 is inf * 0 (the composite serves it), and in a half dtype the unscaled huber / delta
-// (delta != 1) or the scaled grad_output (delta > 1) can leave the dtype's range, so those calls run in
+// or the scaled grad_output can leave the dtype's range or round twice (delta != 1), so those calls run in
 // float32 (Fix::Float32Delta).
 #include <ATen/ScalarOps.h>
 #include <torch/library.h>
@@ -74,12 +74,11 @@ void huber_loss_backward_into(
   at::Tensor grad_output = base_format(grad_output_in), self = base_format(self_in), target = base_format(target_in),
              result = base_format_out(out);
   if (delta != 1) {
-    // delta * grad_output, a new tensor (out may be grad_output itself). In a half dtype with delta > 1 it
-    // is made in float32, where it cannot overflow; the kernel then computes in float32 (the promoted
-    // dtype) and rounds the gradient once, to out's dtype. Below 1 it only shrinks: where it underflows,
-    // the gradient it scales is as small.
-    grad_output = in_float32(path, delta > 1, grad_output.scalar_type()) ? grad_output.to(at::kFloat).mul_(delta)
-                                                                         : grad_output * delta;
+    // delta * grad_output, a new tensor (out may be grad_output itself). In a half dtype it is made in
+    // float32, where it cannot overflow (delta > 1) nor round a second time; the kernel then computes in
+    // float32 (the promoted dtype) and rounds the gradient once, to out's dtype.
+    grad_output = in_float32(path, true, grad_output.scalar_type()) ? grad_output.to(at::kFloat).mul_(delta)
+                                                                    : grad_output * delta;
   }
   const float beta = static_cast<float>(delta);
   NPU_LOSS_EXEC_ACLNN(aclnnSmoothL1LossBackward, grad_output, self, target, reduction, beta, result);

@@ -108,10 +108,13 @@ def smooth_l1_slope(d: torch.Tensor, beta: float, divisor: float | None = None) 
     return torch.where(d.abs() >= beta, sign(d), d / (beta if divisor is None else divisor))
 
 
-def huber_slope(d: torch.Tensor, delta: float) -> torch.Tensor:
+def huber_slope(d: torch.Tensor, delta: float, divisor: float | None = None) -> torch.Tensor:
     """docs/semantics.md: Huber's gradient is d inside |d| < delta and delta * sign(d) outside, i.e. d clamped to
-    [-delta, delta]; a NaN d stays NaN, delta = inf leaves d as it is."""
-    return d.clamp(-delta, delta)
+    [-delta, delta]; a NaN d stays NaN, delta = inf leaves d as it is. `divisor`: on the TBE chips Huber runs
+    smooth L1's kernel with beta = delta, whose quadratic branch divides by delta + 1e-6: d * delta / divisor."""
+    if divisor is None:
+        return d.clamp(-delta, delta)
+    return torch.where(d.abs() >= delta, delta * sign(d), d * (delta / divisor))
 
 
 def l1_sign(x: torch.Tensor, t: torch.Tensor, at_nan: float = 0.0) -> torch.Tensor:
@@ -137,7 +140,7 @@ def reference_backward(s: Sample, l1_at_nan: float = 0.0, smooth_l1_divisor: flo
         # Smooth L1's divisor, dtype and shape; the slope reaches delta instead of 1.
         shape = torch.broadcast_shapes(g.shape, x.shape, t.shape)
         gs = g * _scale(s.reduction, x.numel())  # "mean" divides by self.numel()
-        slope = huber_slope(x - t, s.delta)
+        slope = huber_slope(x - t, s.delta, smooth_l1_divisor)
         return (gs * slope).expand(shape), (gs * slope).abs().expand(shape), s.self.dtype, shape
     if s.loss == "l1_loss":
         shape = torch.broadcast_shapes(g.shape, x.shape, t.shape)

@@ -548,9 +548,10 @@ def test_reduced_precision_is_rounded_once(loss, log_target, dtype, reduction, l
         else:
             args, kwargs = ds.backward_args()
             out = call(ds.backward_op(), *args, **kwargs)
-            # the TBE chips' smooth L1 kernel divides by beta + 1e-6 (docs/npu_routing.md): the value it rounds once
+            # the TBE chips' smooth L1 kernel (Huber's too) divides by beta + 1e-6 (docs/npu_routing.md): the
+            # value it rounds once
             divisor = smooth_l1_tbe_divisor(device, s.beta, out, *args[:3]) if (
-                loss == "smooth_l1_loss" and path == "kernel") else None
+                loss in ("smooth_l1_loss", "huber_loss") and path == "kernel") else None
             value = reference_backward(s, smooth_l1_divisor=divisor)[0]
         assert out.device.type == device
         out = out.cpu()

@@ -110,7 +110,7 @@ def per_sample_param_variants(batch: int, features: int):
 
 def python_vmap_mirror():
     """torch.ops.npu_loss_bench.smooth_l1_loss(_backward): our ops behind a Python torch.library.register_vmap
-    rule that does what csrc/autograd/batch_rules.cpp does."""
+    rule that does what csrc/autograd/vmap.h does."""
     lib = torch.library.Library("npu_loss_bench", "DEF")
     lib.define("smooth_l1_loss(Tensor self, Tensor target, int reduction, float beta) -> Tensor")
     lib.define(

@@ -7,101 +7,56 @@
 // linker.
 #include <torch/library.h>
 
+#include "core/backend.h"
 #include "core/checks.h"
 
 namespace npu_loss {
 namespace {
 
-at::Tensor smooth_l1_loss_meta(const at::Tensor& self, const at::Tensor& target, int64_t reduction, double beta) {
-  const auto spec = check_smooth_l1_loss<c10::SymInt>(self, target, reduction, beta);
+// A forward (self, target, reduction, scalars...): its checks take the leading arguments they need (KL's
+// no log_target).
+template <auto check, typename... Scalars>
+at::Tensor forward_meta(const at::Tensor& self, const at::Tensor& target, int64_t reduction, Scalars... s) {
+  const auto spec = detail::check_leading(check, self, target, reduction, s...);
   return empty_result(spec, self.options());
 }
 
-at::Tensor smooth_l1_loss_backward_meta(
+// A backward op (grad_output, self, target, reduction, scalars...); the result's dtype and shape come from
+// the checks, its device is every input's.
+template <auto check, typename... Scalars>
+at::Tensor backward_meta(
     const at::Tensor& grad_output, const at::Tensor& self, const at::Tensor& target, int64_t reduction,
-    double beta) {
-  const auto spec = check_smooth_l1_loss_backward<c10::SymInt>(grad_output, self, target, reduction, beta);
+    Scalars... s) {
+  const auto spec = detail::check_leading(check, grad_output, self, target, reduction, s...);
   return empty_result(spec, self.options());
 }
 
-at::Tensor& smooth_l1_loss_backward_out_meta(
+// Its out= overload: the out= checks, then out itself.
+template <auto check_out, typename... Scalars>
+at::Tensor& out_meta(
     const at::Tensor& grad_output, const at::Tensor& self, const at::Tensor& target, int64_t reduction,
-    double beta, at::Tensor& grad_input) {
-  check_smooth_l1_loss_backward_out<c10::SymInt>(grad_output, self, target, reduction, beta, grad_input);
-  return grad_input;
+    Scalars... s, at::Tensor& out) {
+  detail::check_leading_and_out(check_out, out, grad_output, self, target, reduction, s...);
+  return out;
 }
 
-at::Tensor huber_loss_meta(const at::Tensor& self, const at::Tensor& target, int64_t reduction, double delta) {
-  const auto spec = check_huber_loss<c10::SymInt>(self, target, reduction, delta);
-  return empty_result(spec, self.options());
-}
-
-at::Tensor huber_loss_backward_meta(
-    const at::Tensor& grad_output, const at::Tensor& self, const at::Tensor& target, int64_t reduction,
-    double delta) {
-  const auto spec = check_huber_loss_backward<c10::SymInt>(grad_output, self, target, reduction, delta);
-  return empty_result(spec, self.options());
-}
-
-at::Tensor& huber_loss_backward_out_meta(
-    const at::Tensor& grad_output, const at::Tensor& self, const at::Tensor& target, int64_t reduction,
-    double delta, at::Tensor& grad_input) {
-  check_huber_loss_backward_out<c10::SymInt>(grad_output, self, target, reduction, delta, grad_input);
-  return grad_input;
-}
-
-at::Tensor l1_loss_meta(const at::Tensor& self, const at::Tensor& target, int64_t reduction) {
-  const auto spec = check_l1_loss<c10::SymInt>(self, target, reduction);
-  return empty_result(spec, self.options());
-}
-
-at::Tensor l1_loss_backward_meta(
-    const at::Tensor& grad_output, const at::Tensor& self, const at::Tensor& target, int64_t reduction) {
-  const auto spec = check_l1_loss_backward<c10::SymInt>(grad_output, self, target, reduction);
-  return empty_result(spec, self.options());
-}
-
-at::Tensor& l1_loss_backward_out_meta(
-    const at::Tensor& grad_output, const at::Tensor& self, const at::Tensor& target, int64_t reduction,
-    at::Tensor& grad_input) {
-  check_l1_loss_backward_out<c10::SymInt>(grad_output, self, target, reduction, grad_input);
-  return grad_input;
-}
-
-at::Tensor kl_div_meta(const at::Tensor& self, const at::Tensor& target, int64_t reduction, bool /*log_target*/) {
-  const auto spec = check_kl_div<c10::SymInt>(self, target, reduction);
-  return empty_result(spec, self.options());
-}
-
-at::Tensor kl_div_target_backward_meta(
-    const at::Tensor& grad_output, const at::Tensor& self, const at::Tensor& target, int64_t reduction,
-    bool /*log_target*/) {
-  const auto spec = check_kl_div_target_backward<c10::SymInt>(grad_output, self, target, reduction);
-  return empty_result(spec, target.options());
-}
-
-at::Tensor& kl_div_target_backward_out_meta(
-    const at::Tensor& grad_output, const at::Tensor& self, const at::Tensor& target, int64_t reduction,
-    bool /*log_target*/, at::Tensor& grad_target) {
-  check_kl_div_target_backward_out<c10::SymInt>(grad_output, self, target, reduction, grad_target);
-  return grad_target;
-}
+using Sym = c10::SymInt;
 
 }  // namespace
 
 TORCH_LIBRARY_IMPL(npu_loss, Meta, m) {
-  m.impl("smooth_l1_loss", &smooth_l1_loss_meta);
-  m.impl("smooth_l1_loss_backward", &smooth_l1_loss_backward_meta);
-  m.impl("smooth_l1_loss_backward.grad_input", &smooth_l1_loss_backward_out_meta);
-  m.impl("l1_loss", &l1_loss_meta);
-  m.impl("l1_loss_backward", &l1_loss_backward_meta);
-  m.impl("l1_loss_backward.grad_input", &l1_loss_backward_out_meta);
-  m.impl("kl_div", &kl_div_meta);
-  m.impl("kl_div_target_backward", &kl_div_target_backward_meta);
-  m.impl("kl_div_target_backward.grad_target", &kl_div_target_backward_out_meta);
-  m.impl("huber_loss", &huber_loss_meta);
-  m.impl("huber_loss_backward", &huber_loss_backward_meta);
-  m.impl("huber_loss_backward.out", &huber_loss_backward_out_meta);
+  m.impl("smooth_l1_loss", &forward_meta<&check_smooth_l1_loss<Sym>, double>);
+  m.impl("smooth_l1_loss_backward", &backward_meta<&check_smooth_l1_loss_backward<Sym>, double>);
+  m.impl("smooth_l1_loss_backward.grad_input", &out_meta<&check_smooth_l1_loss_backward_out<Sym>, double>);
+  m.impl("l1_loss", &forward_meta<&check_l1_loss<Sym>>);
+  m.impl("l1_loss_backward", &backward_meta<&check_l1_loss_backward<Sym>>);
+  m.impl("l1_loss_backward.grad_input", &out_meta<&check_l1_loss_backward_out<Sym>>);
+  m.impl("kl_div", &forward_meta<&check_kl_div<Sym>, bool>);
+  m.impl("kl_div_target_backward", &backward_meta<&check_kl_div_target_backward<Sym>, bool>);
+  m.impl("kl_div_target_backward.grad_target", &out_meta<&check_kl_div_target_backward_out<Sym>, bool>);
+  m.impl("huber_loss", &forward_meta<&check_huber_loss<Sym>, double>);
+  m.impl("huber_loss_backward", &backward_meta<&check_huber_loss_backward<Sym>, double>);
+  m.impl("huber_loss_backward.out", &out_meta<&check_huber_loss_backward_out<Sym>, double>);
 }
 
 }  // namespace npu_loss

@@ -38,8 +38,8 @@ namespace detail {
 
 // check(args...) with the leading arguments check takes: an op's checks take the tensors and the scalars
 // that decide the result (KL's take no log_target).
-template <typename... Params, typename... Args>
-ResultSpec check_leading(ResultSpec (*check)(Params...), const Args&... args) {
+template <typename Spec, typename... Params, typename... Args>
+Spec check_leading(Spec (*check)(Params...), const Args&... args) {
   const auto all = std::tie(args...);
   return [&]<size_t... I>(std::index_sequence<I...>) {
     return check(std::get<I>(all)...);
@@ -47,8 +47,8 @@ ResultSpec check_leading(ResultSpec (*check)(Params...), const Args&... args) {
 }
 
 // check_out(args..., out) with the leading arguments check_out takes before out.
-template <typename... Params, typename... Args>
-ResultSpec check_leading_and_out(ResultSpec (*check_out)(Params...), const at::Tensor& out, const Args&... args) {
+template <typename Spec, typename... Params, typename... Args>
+Spec check_leading_and_out(Spec (*check_out)(Params...), const at::Tensor& out, const Args&... args) {
   const auto all = std::tie(args...);
   return [&]<size_t... I>(std::index_sequence<I...>) {
     return check_out(std::get<I>(all)..., out);

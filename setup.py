@@ -137,6 +137,7 @@ def extensions():
         "csrc/composite_kernels.cpp",
         "csrc/meta_kernels.cpp",
         "csrc/autocast.cpp",
+        "csrc/enable.cpp",
         "csrc/module.cpp",
     ]
     sources += sorted(glob.glob("csrc/autograd/*.cpp"))

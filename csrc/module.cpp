@@ -1,4 +1,5 @@
 // The Python module _C: importing it runs the static op registrations; build_info() says what was built.
+#include <torch/csrc/jit/python/pybind_utils.h>
 #include <torch/extension.h>
 
 #include <string>
@@ -6,6 +7,7 @@
 
 #include "autograd/derivatives.h"
 #include "core/checks.h"
+#include "enable.h"
 #include "cpu/isa.h"
 #include "npu/routing.h"
 
@@ -60,6 +62,18 @@ std::string npu_beta_class(double beta, const std::string& dtype) {
   return npu_loss::npu::beta_class_name(npu_loss::npu::beta_class(beta, d));
 }
 
+// Whether enable()'s kernel for an ATen overload would call the npu_loss op for these arguments (given as
+// torch.ops.aten's overload takes them), rather than torch's kernel (for tests).
+bool aten_route_accepts(const std::string& overload, const pybind11::args& args, const pybind11::kwargs& kwargs) {
+  const auto dot = overload.find('.');
+  const auto& schema = c10::Dispatcher::singleton()
+                           .findSchemaOrThrow(("aten::" + overload.substr(0, dot)).c_str(),
+                                              dot == std::string::npos ? "" : overload.c_str() + dot + 1)
+                           .schema();
+  const torch::jit::Stack stack = torch::jit::createStackForSchema(schema, args, kwargs, std::nullopt);
+  return npu_loss::enable::accepts(overload, stack);
+}
+
 pybind11::dict build_info() {
   pybind11::dict info;
   const auto isa = npu_loss::cpu::selected_isa();
@@ -87,6 +101,12 @@ PYBIND11_MODULE(_C, m) {
   m.def("_checked_ops", &npu_loss::checked_ops,
         "The ops and out= overloads core/checks.cpp has rules for, by schema name (for tests).");
   m.def("_vec_math", &vec_math, "The CPU kernels' float log or exp, on one instruction set (for tests).");
+  m.def("_aten_routes", &npu_loss::enable::routes,
+        "enable()'s routing table: (torch.nn.functional name, ATen overload) rows (csrc/enable.cpp).");
+  m.def("_set_aten_routes", &npu_loss::enable::set_routed,
+        "Make these ATen overloads exactly the ones routed to the npu_loss ops (npu_loss_ops.enable()).");
+  m.def("_aten_route_accepts", &aten_route_accepts,
+        "Whether enable()'s kernel would call the npu_loss op for these arguments (for tests).");
   m.def("_npu_routing_table", &npu_routing_table, "The NPU routing table's rows (docs/npu_routing.md).");
   m.def("_npu_beta_class", &npu_beta_class, "The NPU routing's class of a smooth L1 beta (for tests).");
 }

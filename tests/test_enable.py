@@ -328,12 +328,13 @@ def test_unknown_names_are_value_errors():
 def test_every_routed_aten_op_has_an_npu_loss_op_of_the_same_schema():
     """The routed kernels pass ATen's arguments on unchanged, so each pair must have the same arguments
     (names, types, defaults, keyword-only) and returns; and each row is a torch.nn.functional name."""
-    for loss, routes in _enable._LOSSES.items():
+    assert sorted(_enable._LOSSES) == sorted(LOSSES)
+    for loss, overloads in _enable._LOSSES.items():
         assert hasattr(F, loss), loss
-        for route in routes:
-            aten = _enable._overload(torch.ops.aten, route.op)._schema
-            ours = _enable._overload(torch.ops.npu_loss, route.op)._schema
-            assert str(aten).removeprefix("aten::") == str(ours).removeprefix("npu_loss::"), route
+        for overload in overloads:
+            aten = _enable._overload(torch.ops.aten, overload)._schema
+            ours = _enable._overload(torch.ops.npu_loss, overload)._schema
+            assert str(aten).removeprefix("aten::") == str(ours).removeprefix("npu_loss::"), overload
 
 
 def test_switching_resets_dynamo(monkeypatch):
@@ -464,18 +465,30 @@ def test_autocast_cpu(loss):
 
 
 def test_autocast_left_to_torch_where_aten_has_no_autocast_kernel():
-    """Where the package's op has an Autocast kernel and ATen's op has none for the device, torch computes in
-    the inputs' dtype, so the routed kernel calls the package's op with that Autocast key excluded (else it
-    would cast to float32). CPU and torch_npu have Autocast kernels for the routed forwards, so the kernel
-    is built here by hand, with and without the exclusion."""
-    ours = torch.ops.npu_loss.smooth_l1_loss.default
+    """Where the package's op has an Autocast kernel and ATen's op has none (or a fallthrough) for the device,
+    torch computes in the inputs' dtype, so the routed kernel calls the package's op with that Autocast key
+    excluded (else it would cast to float32). CPU and torch_npu have Autocast kernels for the routed
+    forwards, so ATen's AutocastCPU kernel for smooth_l1_loss is made a fallthrough here, for the test."""
     x, t = (v.bfloat16() for v in _data("smooth_l1_loss"))
-    autocast_cpu = torch._C.DispatchKeySet(torch._C.DispatchKey.AutocastCPU)
-    routed = _enable._make_kernel(None, ours, lambda *a, **k: True, exclude=autocast_cpu)
-    casting = _enable._make_kernel(None, ours, lambda *a, **k: True, exclude=None)
     with torch.autocast("cpu", dtype=torch.bfloat16):
-        assert routed(None, x, t).dtype == torch.bfloat16
-        assert casting(None, x, t).dtype == torch.float32  # the package's own Autocast kernel
+        assert F.smooth_l1_loss(x, t).dtype == torch.float32  # ATen's AutocastCPU kernel: float32
+        with npu_loss_ops.enable():
+            assert F.smooth_l1_loss(x, t).dtype == torch.float32  # torch's dtype, by the package's op
+    no_autocast = torch.library.Library("aten", "IMPL")
+    try:
+        with warnings.catch_warnings():
+            warnings.filterwarnings("ignore", message=r"(?s).*Overriding a previously registered kernel")
+            no_autocast.impl("smooth_l1_loss", torch.library.fallthrough_kernel, "AutocastCPU")
+        want = F.smooth_l1_loss(x, t)
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            assert F.smooth_l1_loss(x, t).dtype == torch.bfloat16  # torch now computes in the inputs' dtype
+            with npu_loss_ops.enable():
+                assert _npu_loss_ops_ran(lambda: F.smooth_l1_loss(x, t)) == {"npu_loss::smooth_l1_loss"}
+                got = F.smooth_l1_loss(x, t)
+        assert got.dtype == torch.bfloat16
+        torch.testing.assert_close(got, want)
+    finally:
+        no_autocast._destroy()
 
 
 def _ddp_worker(rank, world, result_dir):
@@ -654,16 +667,16 @@ def test_float64_routing_decision_on_device(device):
     another. On the CPU, test_nine_dims_run_torchs_kernel and test_other_rejected_inputs_run_torchs_kernel
     run torch's kernel for real."""
     npu = torch._C._get_privateuse1_backend_name()
-    for route in (r for routes in _enable._LOSSES.values() for r in routes):
-        accepts = route.accepts(npu)
+    for overload in (o for overloads in _enable._LOSSES.values() for o in overloads):
         for dtype in (torch.float32, torch.float64):
             x, t = (v.to(device, dtype) for v in _data("l1_loss", shape=(3,)))
-            if "backward" not in route.op:
+            if "backward" not in overload:
                 args, kwargs = (x, t), {}
             else:  # grad_output, self, target, reduction, beta[, grad_input=]
                 args = (torch.ones(3, device=device, dtype=dtype), x, t, 0, 1.0)
-                kwargs = {"grad_input": torch.empty_like(x)} if "." in route.op else {}
-            assert accepts(*args, **kwargs) == (dtype == torch.float32 or device != npu), (route, dtype)
+                kwargs = {"grad_input": torch.empty_like(x)} if "." in overload else {}
+            accepted = npu_loss_ops._C._aten_route_accepts(overload, *args, **kwargs)
+            assert accepted == (dtype == torch.float32 or device != npu), (overload, dtype)
 
 
 def test_npu_backward_runs_aclnn_under_enable(device):

@@ -13,9 +13,14 @@ p20/p80 spread. Measured, float32, reduction 'mean':
   vmap-rule:<op>     64x64: vmap of the op through the package's C++ FuncTorchBatched rule, against the same rule
                      written in Python with torch.library.register_vmap (on a mirror op that calls ours), the
                      choice the package made
+  enabled:<loss>     4K and 16M elements: the step above written with F (F.<loss>(x, t).backward()) under
+                     npu_loss_ops.enable(), against npu_loss_ops.<loss>'s own step: what the routing kernels
+                     (csrc/enable.cpp) add to a call. The floor is F's own Python prelude (argument checks,
+                     the reduction's name to its enum), which runs either way.
 
-Targets: step <= 0.95x F's time, per-sample <= 1.2x F's time. Prints a markdown table (and writes it to
---markdown).
+Targets: step <= 0.95x F's time, per-sample <= 1.2x F's time, enabled <= 1.05x the package's own step.
+Prints a markdown table (and writes it to --markdown). --sections picks the measurements (all by default);
+the enabled rows are meant for --threads 2 --clock wall (the 16M step runs on both cores).
 
 --clock wall (the default) times wall-clock; --clock thread times the CPU time of the calling thread
 (time.thread_time). Nothing measured here is big enough to run in parallel (4K elements is far below ATen's
@@ -24,11 +29,12 @@ work the thread clock measures the same work without the time spent waiting for 
 --threads 1, so that no work runs on another thread.
 
     python benchmarks/bench_autograd.py [--rounds 7] [--min-run-time 0.05] [--threads 2] [--clock wall|thread]
-                                        [--markdown PATH]
+                                        [--sections step,per-sample,...] [--markdown PATH]
 """
 from __future__ import annotations
 
 import argparse
+import contextlib
 import datetime
 import os
 import statistics
@@ -43,7 +49,9 @@ from torch.utils.benchmark import Timer
 import npu_loss_ops
 from bench_common import cpu_model, git_revision, quantile  # the same run metadata as the kernel benchmark
 
-LOSSES = ("smooth_l1_loss", "l1_loss", "kl_div")
+LOSSES = ("smooth_l1_loss", "huber_loss", "l1_loss", "kl_div")
+SECTIONS = ("step", "per-sample", "per-sample-params", "vmap-rule", "enabled")
+ENABLED = "F under enable()"  # the variants timed with npu_loss_ops.enable() on
 
 
 def inputs(loss: str, shape, requires_grad_target: bool = False):
@@ -76,6 +84,25 @@ def step_variants(n: int):
                 fn(x, t).backward()
 
             out[(f"step:{loss}", impl)] = run
+    return out
+
+
+def enabled_variants(sizes):
+    out = {}
+    for n in sizes:
+        for loss in LOSSES:
+            both = loss == "kl_div"
+            x, t = inputs(loss, (n,), requires_grad_target=both)
+            x.requires_grad_()
+            for impl, fn in (("ours", getattr(npu_loss_ops, loss)), (ENABLED, getattr(F, loss))):
+
+                def run(fn=fn, x=x, t=t, both=both):
+                    x.grad = None
+                    if both:
+                        t.grad = None
+                    fn(x, t).backward()
+
+                out[(f"enabled:{loss}@{n}", impl)] = run
     return out
 
 
@@ -173,19 +200,26 @@ def check_results(variants) -> None:
 CLOCKS = {"wall": time.perf_counter, "thread": time.thread_time}
 
 
+def routing(key):
+    """enable() for the variants that measure it (a switch is not timed), nothing for the others."""
+    return npu_loss_ops.enable() if key[1] == ENABLED else contextlib.nullcontext()
+
+
 def time_interleaved(variants, rounds: int, min_run_time: float, clock: str) -> dict:
     keys = list(variants)
     samples = {k: [] for k in keys}
-    for fn in variants.values():  # warm up (and trigger every lazy initialisation)
-        for _ in range(3):
-            fn()
+    for k, fn in variants.items():  # warm up (and trigger every lazy initialisation)
+        with routing(k):
+            for _ in range(3):
+                fn()
     for r in range(rounds):
         start = r % len(keys)
         for k in keys[start:] + keys[:start]:
             # Timer sets torch's thread count to its num_threads (default 1) while it measures: pass --threads.
             timer = Timer(stmt="fn()", globals={"fn": variants[k]}, timer=CLOCKS[clock],
                           num_threads=torch.get_num_threads())
-            m = timer.blocked_autorange(min_run_time=min_run_time)
+            with routing(k):
+                m = timer.blocked_autorange(min_run_time=min_run_time)
             samples[k].extend(m.times)
         print(f"  round {r + 1}/{rounds} done", file=sys.stderr)
     return samples
@@ -195,7 +229,7 @@ def stats_us(times: list[float]) -> tuple[float, float, float]:
     return tuple(1e6 * v for v in (statistics.median(times), quantile(times, 0.2), quantile(times, 0.8)))
 
 
-TARGETS = {"step": 0.95, "per-sample": 1.2}
+TARGETS = {"step": 0.95, "per-sample": 1.2, "enabled": 1.05}
 
 
 def table(samples, args) -> str:
@@ -210,27 +244,33 @@ def table(samples, args) -> str:
         f"{args.rounds} interleaved rounds of blocked_autorange, "
         f"{'wall-clock' if args.clock == 'wall' else 'CPU time of the calling thread'}, median [p20, p80] per call.",
         "",
-        "| measurement (float32, 'mean') | ours µs | reference µs | ours / reference | target | result |",
+        "| measurement (float32, 'mean') | measured µs | reference µs | measured / reference | target | result |",
         "|---|---:|---:|---:|---:|---|",
     ]
     names = list(dict.fromkeys(name for name, _ in samples))
     for name in names:
         kind = name.split(":")[0]
-        ours_key = (name, "C++") if kind == "vmap-rule" else (name, "ours")
-        ref_key = (name, "Python") if kind == "vmap-rule" else (name, "F")
+        ours_key, ref_key = {
+            "vmap-rule": ((name, "C++"), (name, "Python")),
+            "enabled": ((name, ENABLED), (name, "ours")),
+        }.get(kind, ((name, "ours"), (name, "F")))
         o, r = stats_us(samples[ours_key]), stats_us(samples[ref_key])
         ratio = o[0] / r[0]
         limit = TARGETS.get(kind)
         verdict = "–" if limit is None else ("PASS" if ratio <= limit else "**MISS**")
         ref_name = "Python register_vmap" if kind == "vmap-rule" else "F"
+        what, _, size = name.split(":")[1].partition("@")
         label = {
             "step": "4K fwd+bwd step",
             "per-sample": "64x64 vmap(grad) per-sample",
             "per-sample-params": "64x64 per-sample Linear(64, 64) params",
             "vmap-rule": "64x64 vmap, C++ rule vs " + ref_name,
+            "enabled": f"{int(size) // 1024}K step, F under enable() vs the package's own",
         }[kind]
+        if kind == "enabled" and int(size) >= 1 << 20:
+            label = f"{int(size) >> 20}M step, F under enable() vs the package's own"
         lines.append(
-            f"| {label}: `{name.split(':')[1]}` | {o[0]:.1f} [{o[1]:.1f}, {o[2]:.1f}] | "
+            f"| {label}: `{what}` | {o[0]:.1f} [{o[1]:.1f}, {o[2]:.1f}] | "
             f"{r[0]:.1f} [{r[1]:.1f}, {r[2]:.1f}] | {ratio:.2f} | {'–' if limit is None else f'≤ {limit}'} | "
             f"{verdict} |")
     return "\n".join(lines)
@@ -243,17 +283,28 @@ def main() -> None:
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--clock", choices=sorted(CLOCKS), default="wall")
     parser.add_argument("--markdown", help="also write the table to this file")
+    parser.add_argument("--sections", default=",".join(SECTIONS),
+                        help=f"comma-separated measurements to run, of {', '.join(SECTIONS)} (default: all)")
     args = parser.parse_args()
     args.load_start = os.getloadavg()[0]
     # KL's 'mean' deprecation warning (PyTorch's own, reproduced by the package) on every call.
     warnings.filterwarnings("ignore", message="reduction: 'mean' divides the total loss")
     torch.set_num_threads(args.threads)
+    sections = args.sections.split(",")
+    unknown = set(sections) - set(SECTIONS)
+    if unknown:
+        parser.error(f"--sections: unknown {', '.join(sorted(unknown))}; choose from {', '.join(SECTIONS)}")
     python_vmap_mirror_lib = python_vmap_mirror()  # noqa: F841  (kept alive for the whole run)
+    builders = {
+        "step": lambda: step_variants(4096),
+        "per-sample": lambda: per_sample_variants(64, 64),
+        "per-sample-params": lambda: per_sample_param_variants(64, 64),
+        "vmap-rule": lambda: vmap_rule_variants(64, 64),
+        "enabled": lambda: enabled_variants((4096, 1 << 24)),
+    }
     variants = {}
-    variants.update(step_variants(4096))
-    variants.update(per_sample_variants(64, 64))
-    variants.update(per_sample_param_variants(64, 64))
-    variants.update(vmap_rule_variants(64, 64))
+    for section in sections:
+        variants.update(builders[section]())
     check_results(variants)
     samples = time_interleaved(variants, args.rounds, args.min_run_time, args.clock)
     text = table(samples, args)

@@ -12,11 +12,14 @@ FULL_SIZES = [4 << 10, 16 << 10, 64 << 10, 256 << 10, 1 << 20, 4 << 20, 16 << 20
 QUICK_SIZES = [4 << 10, 256 << 10, 16 << 20]
 # The targets are stated at 16M elements (bandwidth-bound) and 4K elements (per-call overhead), on 2 threads.
 TARGET_SIZE, SMALL_SIZE, TARGET_THREADS = 16 << 20, 4 << 10, 2
-BETA = 1.0
+BETA = 1.0  # smooth L1's beta and Huber's delta: F's defaults
 
-BACKWARD_OPS = ["smooth_l1_loss_backward", "l1_loss_backward", "kl_div_target_backward", "kl_div_target_backward[log]"]
-FORWARD_OPS = ["smooth_l1_loss", "l1_loss", "kl_div", "kl_div[log]"]
-STEP_OPS = ["step:smooth_l1_loss", "step:l1_loss", "step:kl_div"]
+BACKWARD_OPS = ["smooth_l1_loss_backward", "huber_loss_backward", "l1_loss_backward", "kl_div_target_backward",
+                "kl_div_target_backward[log]"]
+FORWARD_OPS = ["smooth_l1_loss", "huber_loss", "l1_loss", "kl_div", "kl_div[log]"]
+STEP_OPS = ["step:smooth_l1_loss", "step:huber_loss", "step:l1_loss", "step:kl_div"]
+# The backward ops ATen has as ops of their own (the others' gradients are composites of other ops).
+ATEN_BACKWARD_OPS = ["smooth_l1_loss_backward", "huber_loss_backward"]
 ALL_OPS = BACKWARD_OPS + FORWARD_OPS + STEP_OPS
 ROOFLINES = {  # name -> (ATen op as called, element streams)
     "roofline_3r1w": ("aten.addcmul", 4),
@@ -26,6 +29,7 @@ ROOFLINES = {  # name -> (ATen op as called, element streams)
 # The baseline each of our variants is compared with (same form), by op.
 BASELINE = {
     "smooth_l1_loss_backward": {"ours": "aten", "ours_out": "aten_out"},
+    "huber_loss_backward": {"ours": "aten", "ours_out": "aten_out"},
     "l1_loss_backward": {"ours": "composite", "ours_out": "composite_out"},
     "kl_div_target_backward": {"ours": "composite", "ours_out": "composite_out"},
     "kl_div_target_backward[log]": {"ours": "composite", "ours_out": "composite_out"},

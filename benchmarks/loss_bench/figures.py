@@ -23,7 +23,7 @@ DPI = 100  # 16 x 10 inches -> 1600 x 1000 pixels; 12 pt text is about 17 pixels
 DTYPE_COLOR = {"float32": "#1f6fb4", "bfloat16": "#e07b00", "float16": "#2a9d4b"}
 REDUCTION_MARKER = {"none": "o", "mean": "s", "sum": "^"}
 MISS_COLOR = "#d62728"
-OP_COLOR = dict(zip(BACKWARD_OPS, ("#1f6fb4", "#2a9d4b", "#e07b00", "#8e44ad")))
+OP_COLOR = dict(zip(BACKWARD_OPS, ("#1f6fb4", "#17becf", "#2a9d4b", "#e07b00", "#8e44ad")))
 OP_COLOR.update(zip(FORWARD_OPS, list(OP_COLOR.values())))  # a forward op and its gradient alike
 
 # The rows of the main figure, top to bottom: (group heading, [((op, variant), label)]).
@@ -38,13 +38,13 @@ PANEL_TITLES = {  # three lines each, so that the panels line up
     ROOFLINE: f"{format_size(TARGET_SIZE)} elements ÷ memory roofline:\n"
               "an ATen op with the same read and\nwrite streams, same form",
     BASELINE_PANEL: f"{format_size(TARGET_SIZE)} elements ÷ baseline, same form:\n"
-                    "ATen (smooth L1 grad, forwards), the\ncomposite (L1/KL grads), F (steps)",
+                    "ATen (smooth L1/Huber grads, forwards), the\ncomposite (L1/KL grads), F (steps)",
     SMALL: f"{format_size(SMALL_SIZE)} elements ÷ per-call overhead of\n"
            "aten.smooth_l1_loss_backward, same\nform (steps: ÷ F)",
 }
 # Where a panel has no reference for a whole group of rows, it says why.
 NO_REFERENCE = {(ROOFLINE, "forward + backward step, 'mean'"): "a step runs several ops: no single roofline"}
-OP_NAMES = {"smooth_l1_loss_backward": "smooth L1", "l1_loss_backward": "L1", "kl_div_target_backward": "KL",
+OP_NAMES = {"smooth_l1_loss_backward": "smooth L1", "huber_loss_backward": "Huber", "l1_loss_backward": "L1", "kl_div_target_backward": "KL",
             "kl_div_target_backward[log]": "KL, log_target"}
 
 

@@ -9,10 +9,21 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from .common import BACKWARD_OPS, BASELINE, FORWARD_OPS, SMALL_SIZE, STEP_OPS, TARGET_SIZE, TARGET_THREADS, \
-    backward_roofline, forward_roofline
+from .common import ATEN_BACKWARD_OPS, BACKWARD_OPS, BASELINE, FORWARD_OPS, SMALL_SIZE, STEP_OPS, TARGET_SIZE, \
+    TARGET_THREADS, backward_roofline, forward_roofline
 
 Cell = tuple[str, str]  # (dtype, reduction)
+
+# Speedup over autograd's composite gradient at 16M, and the bound beside it: the composite's element streams
+# ÷ ours ('none' / 'mean' / 'sum'; ours: g, x, t read and the result written, g 0-dim for 'mean'/'sum').
+#   L1:  sub (3) + sgn (2) + mul by g (3; 2 with a 0-dim g) + 'mean''s div_ (2)      8/4, 9/3, 7/3 streams
+#   KL:  log (2) + add 1 (2) + sub x (3) + mul by g (3; 2) + div_ (2)                 10/4, 11/3, 9/3
+#   KL, log target: exp (2) + mul g (3; 2) + add 1 (2) + sub x (3) + mul (3) + div_   13/4, 14/3, 12/3
+COMPOSITE_TARGETS = {"l1_loss_backward": 2.5, "kl_div_target_backward": 3.0, "kl_div_target_backward[log]": 3.0}
+# Speedup of a forward + backward step over F's at 16M: F's smooth L1 and Huber steps are ATen kernels (a
+# forward and a backward pass, like ours), so what is left is F's 'mean' handling; L1's and KL's steps run
+# autograd's composites.
+STEP_TARGETS = {"step:smooth_l1_loss": 1.5, "step:huber_loss": 1.5, "step:l1_loss": 3.0, "step:kl_div": 3.0}
 
 # The panels of the main figure: what each comparison's reference is.
 ROOFLINE, BASELINE_PANEL, SMALL = "roofline", "baseline", "small"
@@ -114,17 +125,22 @@ def compare(rows: list[dict], dtypes: list[str], reductions: list[str]) -> tuple
     g2 = "16M: backward allocating <= 1.10x allocating roofline"
     for op in BACKWARD_OPS:
         add(ROOFLINE, (op, "ours"), "roofline", roof("functional"), big, group=g2, label=op, limit=1.10)
-    add(BASELINE_PANEL, ("smooth_l1_loss_backward", "ours_out"), "aten out=",
-        lambda d, red: ("smooth_l1_loss_backward", "aten_out"), big,
-        group="16M: >= 2x faster than ATen's out= form", label="smooth_l1_loss_backward out=", limit=2.0,
-        speedup=True)
-    for op in BACKWARD_OPS[1:]:
+    # ATen's smooth L1 and Huber gradients already run at about the roofline: parity is the bound.
+    for op in ATEN_BACKWARD_OPS:
+        for variant, ref_variant, suffix in (("ours_out", "aten_out", " out="), ("ours", "aten", "")):
+            add(BASELINE_PANEL, (op, variant), "aten" + suffix, lambda d, red, op=op, rv=ref_variant: (op, rv), big,
+                group="16M: >= 1.0x ATen's speed, same form (ATen is at the roofline)", label=op + suffix,
+                limit=1.0, speedup=True)
+    # The composite's passes over memory bound the speedup (COMPOSITE_BOUND); its fresh intermediates also pay
+    # first-touch page faults, which ours, one pass into one result, does not.
+    for op, limit in COMPOSITE_TARGETS.items():
         add(BASELINE_PANEL, (op, "ours"), "composite", lambda d, red, op=op: (op, "composite"), big,
-            group="16M: >= 4x faster than autograd's composite formula", label=op, limit=4.0, speedup=True)
+            group="16M: >= 2.5x (L1) / 3.0x (KL) faster than autograd's composite formula", label=op, limit=limit,
+            speedup=True)
     for op in STEP_OPS:
         add(BASELINE_PANEL, (op, "ours"), "F", lambda d, red, op=op: (op, "F"), big, reds=["mean"],
-            group="16M: fwd+bwd step (mean) >= 2x faster than torch.nn.functional", label=op, limit=2.0,
-            speedup=True)
+            group="16M: fwd+bwd step (mean) >= 1.5x (smooth L1, Huber) / 3x (L1, KL) faster than torch.nn.functional",
+            label=op, limit=STEP_TARGETS[op], speedup=True)
     g6 = "4K: each op call <= 1.2x aten.smooth_l1_loss_backward (same form)"
     for op in BACKWARD_OPS:
         for variant, ref_variant, suffix in (("ours", "aten", ""), ("ours_out", "aten_out", " out=")):
@@ -136,7 +152,7 @@ def compare(rows: list[dict], dtypes: list[str], reductions: list[str]) -> tuple
             lambda d, red: ("smooth_l1_loss_backward", "aten"), small, group=g6, label=op, limit=1.2)
     for op in STEP_OPS:
         add(SMALL, (op, "ours"), "F", lambda d, red, op=op: (op, "F"), small, reds=["mean"],
-            group="4K: fwd+bwd step (mean) no slower than torch.nn.functional", label=op, limit=1.0)
+            group="4K: fwd+bwd step (mean) <= 0.95x torch.nn.functional", label=op, limit=0.95)
 
     # Comparisons without a target, for the figure: the forward ops against their roofline, and the forms
     # whose baseline has no target.

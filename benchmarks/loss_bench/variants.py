@@ -4,6 +4,7 @@ Per configuration (threads, dtype, reduction, size):
 
   backward ops (g full-size for 'none', 0-dim as autograd passes it for 'mean'/'sum'):
     smooth_l1_loss_backward      ours, ours_out (.grad_input)   vs  aten.smooth_l1_loss_backward, aten_out (.grad_input)
+    huber_loss_backward          ours, ours_out (.out)          vs  aten.huber_loss_backward, aten_out (.out)
     l1_loss_backward             ours, ours_out (.grad_input)   vs  composite: torch.sgn(x - t) * g  ('mean': .div_(n)),
                                                                     composite_out (the last op with out=),
                                                                     autograd: torch.autograd.grad of F.l1_loss through
@@ -11,7 +12,7 @@ Per configuration (threads, dtype, reduction, size):
     kl_div_target_backward       ours, ours_out (.grad_target)  vs  composite: g * (torch.log(t) + 1 - x), composite_out,
     kl_div_target_backward[log]                                     autograd;  [log]: g * torch.exp(t) * (t + 1 - x)
   forward ops:
-    smooth_l1_loss, l1_loss, kl_div, kl_div[log]   ours  vs  aten (torch.ops.aten.<op>, what F calls)
+    smooth_l1_loss, huber_loss, l1_loss, kl_div, kl_div[log]   ours  vs  aten (torch.ops.aten.<op>, what F calls)
   a training step, reduction 'mean' only (x.grad = None before each):
     step:<loss>                  npu_loss_ops.<loss>(x, t).backward()  vs  F: torch.nn.functional.<loss>(x, t).backward()
                                  (kl_div: input and target both require grad, so the target-gradient kernel runs)
@@ -125,11 +126,13 @@ class VariantSet:
 # their own variables.
 
 
-def add_smooth_l1_backward(vs: VariantSet, op: str) -> None:
+def add_aten_backward(vs: VariantSet, op: str) -> None:
+    """smooth L1's and Huber's gradients, against ATen's op of the same name and schema (beta / delta = 1)."""
     i, npu, aten = vs.inp, torch.ops.npu_loss, torch.ops.aten
     g, x, t, r, out = i.g, i.x, i.t, i.r, i.out
-    fn, fn_out = npu.smooth_l1_loss_backward, npu.smooth_l1_loss_backward.grad_input
-    ref_fn, ref_out = aten.smooth_l1_loss_backward, aten.smooth_l1_loss_backward.grad_input
+    out_overload = "grad_input" if op == "smooth_l1_loss_backward" else "out"  # ATen's overload names
+    fn, fn_out = getattr(npu, op), getattr(getattr(npu, op), out_overload)
+    ref_fn, ref_out = getattr(aten, op), getattr(getattr(aten, op), out_overload)
     roof, streams = backward_roofline(i.reduction), backward_streams(i.reduction)
     vs.add(op, "ours", lambda: fn(g, x, t, r, BETA), streams, roof)
     vs.add(op, "ours_out", lambda: fn_out(g, x, t, r, BETA, grad_input=out), streams, roof)
@@ -205,6 +208,8 @@ def add_forward(vs: VariantSet, op: str) -> None:
     ours, theirs, ref = {
         "smooth_l1_loss": (lambda: npu.smooth_l1_loss(x, t, r, BETA), lambda: aten.smooth_l1_loss(x, t, r, BETA),
                            lambda: aten.smooth_l1_loss(i.f64("x"), i.f64("t"), r, BETA)),
+        "huber_loss": (lambda: npu.huber_loss(x, t, r, BETA), lambda: aten.huber_loss(x, t, r, BETA),
+                       lambda: aten.huber_loss(i.f64("x"), i.f64("t"), r, BETA)),
         "l1_loss": (lambda: npu.l1_loss(x, t, r), lambda: aten.l1_loss(x, t, r),
                     lambda: aten.l1_loss(i.f64("x"), i.f64("t"), r)),
         "kl_div": (lambda: npu.kl_div(x, tp, r), lambda: aten.kl_div(x, tp, r),
@@ -227,6 +232,7 @@ def add_step(vs: VariantSet, op: str) -> None:
     # (KL) t.grad, each read or written once in the forward and once in the backward, roughly)
     ours, theirs, both, streams = {
         "step:smooth_l1_loss": (npu_loss_ops.smooth_l1_loss, F.smooth_l1_loss, False, 5),
+        "step:huber_loss": (npu_loss_ops.huber_loss, F.huber_loss, False, 5),
         "step:l1_loss": (npu_loss_ops.l1_loss, F.l1_loss, False, 5),
         "step:kl_div": (npu_loss_ops.kl_div, F.kl_div, True, 6),
     }[op]
@@ -275,7 +281,8 @@ def backward_streams(reduction: str) -> int:
 
 
 BACKWARD_BUILDERS = {
-    "smooth_l1_loss_backward": add_smooth_l1_backward,
+    "smooth_l1_loss_backward": add_aten_backward,
+    "huber_loss_backward": add_aten_backward,
     "l1_loss_backward": add_l1_backward,
     "kl_div_target_backward": lambda vs, op: add_kl_target_backward(vs, op, log_target=False),
     "kl_div_target_backward[log]": lambda vs, op: add_kl_target_backward(vs, op, log_target=True),

@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # Set up a fresh machine (venv, torch, the built extension, matplotlib for the figures and tqdm for the
 # progress bar) and run both benchmarks: benchmarks/bench_losses.py (the kernels), then
-# benchmarks/bench_autograd.py (what autograd and torch.func add on small tensors). benchmarks/README.md
-# says what they measure.
+# benchmarks/bench_autograd.py (what autograd and torch.func add on small tensors), then its enable() rows
+# (F under npu_loss_ops.enable() against the package's own step, 4K and 16M, 2 threads, wall clock).
+# benchmarks/README.md says what they measure.
 #
 #   bash scripts/run_benchmarks.sh [bench_losses.py arguments] [-- bench_autograd.py arguments]
 #   bash scripts/run_benchmarks.sh --quick
@@ -10,9 +11,10 @@
 #   bash scripts/run_benchmarks.sh --from-csv benchmarks/results/bench_losses.csv --out benchmarks/results
 #   bash scripts/run_benchmarks.sh --help
 #
-# Results go to benchmarks/out/ (not tracked) unless --out says otherwise; bench_autograd.py's table goes to
-# the same directory as bench_autograd.md (a --markdown after -- puts it elsewhere). --from-csv times
-# nothing, so it runs bench_autograd.py neither.
+# Results go to benchmarks/out/ (not tracked) unless --out says otherwise; bench_autograd.py's tables go to
+# the same directory as bench_autograd.md and bench_enabled.md (arguments after -- apply to the first; a
+# --markdown or --sections there replaces the defaults, and the enable() rows are then not run separately).
+# --from-csv times nothing, so it runs bench_autograd.py neither.
 set -euo pipefail
 # shellcheck source=setup_env.sh
 source "$(dirname "${BASH_SOURCE[0]}")/setup_env.sh"
@@ -34,10 +36,11 @@ for i in "${!losses_args[@]}"; do
     -h | --help) help=1 ;;
   esac
 done
-has_markdown=0
+has_markdown=0 has_sections=0
 for arg in "${autograd_args[@]}"; do
   case "$arg" in
     --markdown | --markdown=*) has_markdown=1 ;;
+    --sections | --sections=*) has_sections=1 ;;
     -h | --help) help=1 ;;
   esac
 done
@@ -60,5 +63,13 @@ if ((!has_markdown)); then
   mkdir -p "$out_dir"
   autograd_args+=(--markdown "$out_dir/bench_autograd.md")
 fi
+if ((has_sections)); then
+  echo "run_benchmarks: benchmarks/bench_autograd.py ${autograd_args[*]}" >&2
+  exec python benchmarks/bench_autograd.py "${autograd_args[@]}"
+fi
 echo "run_benchmarks: benchmarks/bench_autograd.py ${autograd_args[*]} (about a minute)" >&2
-exec python benchmarks/bench_autograd.py "${autograd_args[@]}"
+python benchmarks/bench_autograd.py --sections step,per-sample,per-sample-params,vmap-rule "${autograd_args[@]}"
+mkdir -p "$out_dir"
+enabled_args=(--sections enabled --threads 2 --clock wall --min-run-time 0.2 --markdown "$out_dir/bench_enabled.md")
+echo "run_benchmarks: benchmarks/bench_autograd.py ${enabled_args[*]} (about a minute)" >&2
+exec python benchmarks/bench_autograd.py "${enabled_args[@]}"

@@ -73,6 +73,9 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--threads", type=lambda s: [int(v) for v in s.split(",")],
                         help=f"comma-separated thread counts (default: all ({torch.get_num_threads()}) and 1; "
                              f"--quick: {TARGET_THREADS})")
+    parser.add_argument("--compile", action=argparse.BooleanOptionalAction, default=True,
+                        help="also time torch.compile(F, fullgraph=True)'s forward + backward step beside F's (its "
+                             "compile time is reported apart, in the CSV's setup_s; default on)")
     parser.add_argument("--autograd", action=argparse.BooleanOptionalAction,
                         help="also time autograd's backward alone for the L1 and KL gradients (informative, no "
                              "target; default on, --quick off)")
@@ -189,7 +192,7 @@ def main() -> int:
     if targets:
         with open(table, "w") as f:
             f.write(markdown_targets(targets, threads, dtypes, reductions, meta, os.path.relpath(csv_path, REPO),
-                                     [os.path.relpath(p, REPO) for p in figures]))
+                                     [os.path.relpath(p, REPO) for p in figures], rows))
         written.append(table)
     took = "" if args.from_csv else f" (benchmark took {meta['wall_seconds']} s)"
     print(f"\nwrote {', '.join(os.path.relpath(p) for p in written)}{took}")

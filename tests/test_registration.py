@@ -177,3 +177,29 @@ def test_every_registered_op_has_a_block_in_every_table(op):
         if ("." not in op or not table.startswith(per_functional)) and op not in ops
     ]
     assert not missing, f"{op} has no block in: {missing}"
+
+
+def _aten_twins() -> set[str]:
+    """The registered ops that have an ATen overload of the same name and schema."""
+    twins = set()
+    for op in _registered_ops():
+        name, _, overload = op.partition(".")
+        try:
+            aten = getattr(getattr(torch.ops.aten, name), overload or "default")
+        except (AttributeError, RuntimeError):
+            continue
+        ours = getattr(getattr(torch.ops.npu_loss, name), overload or "default")
+        if str(aten._schema).removeprefix("aten::") == str(ours._schema).removeprefix("npu_loss::"):
+            twins.add(op)
+    return twins
+
+
+def test_enable_routes_every_op_that_has_an_aten_twin():
+    """enable() (csrc/enable.cpp) routes exactly the ATen overloads the package has an op of the same schema
+    for: a new loss with ATen's schemas and no routing block fails here."""
+    from npu_loss_ops import _C
+
+    routed = {overload for _, overload in _C._aten_routes()}
+    twins = _aten_twins()
+    assert {"smooth_l1_loss", "huber_loss_backward.out", "kl_div"} <= twins  # the lookup itself works
+    assert routed == twins, f"twins not routed: {sorted(twins - routed)}; routed, not twins: {sorted(routed - twins)}"

@@ -10,7 +10,7 @@ from .targets import Comparison
 # CSV columns that hold numbers; the rest are text. Empty cells stay "" (not measured, or no reference).
 INT_COLUMNS = ("numel", "threads", "samples", "calls_per_sample", "streams")
 FLOAT_COLUMNS = ("median_ms", "p20_ms", "p80_ms", "GBps", "roofline_ms", "ratio_to_roofline", "baseline_ms",
-                 "ratio_to_baseline", "ratio_to_autograd")
+                 "ratio_to_baseline", "ratio_to_autograd", "setup_s")
 
 
 def write_csv(rows: list[dict], meta: dict[str, str], path: str) -> None:
@@ -40,7 +40,7 @@ def read_csv(path: str) -> tuple[list[dict], dict[str, str]]:
         for key in INT_COLUMNS:
             row[key] = int(row[key])
         for key in FLOAT_COLUMNS:
-            row[key] = float(row[key]) if row[key] != "" else ""
+            row[key] = float(row[key]) if row.get(key, "") != "" else ""  # setup_s: absent from older CSVs
         row["matches_reference"] = {"True": True, "False": False}.get(row["matches_reference"], "")
         rows.append(row)
     return rows, meta
@@ -109,8 +109,17 @@ def print_targets(targets: list[Comparison], threads: int | None, dtypes: list[s
     print(f"\n{passed}/{len(targets)} target rows PASS")
 
 
+def compile_note(rows: list[dict]) -> str:
+    """The compile times of the torch.compile(F) steps (not timed), as one sentence, or nothing."""
+    seconds = [r["setup_s"] for r in rows if r["variant"] == "compiled" and r["setup_s"] != ""]
+    if not seconds:
+        return ""
+    return (f" `torch.compile(F, fullgraph=True)` steps were compiled before the timing: "
+            f"{min(seconds):.1f}-{max(seconds):.1f} s per loss and configuration (forward and backward).")
+
+
 def markdown_targets(targets: list[Comparison], threads: int | None, dtypes: list[str], reductions: list[str],
-                     meta: dict[str, str], csv_rel: str, figures_rel: list[str]) -> str:
+                     meta: dict[str, str], csv_rel: str, figures_rel: list[str], rows: list[dict]) -> str:
     cols = target_columns(dtypes, reductions)
     figures = ", ".join(f"`{p}`" for p in figures_rel) or "none (matplotlib is not installed)"
     lines = [
@@ -125,7 +134,7 @@ def markdown_targets(targets: list[Comparison], threads: int | None, dtypes: lis
         "limit), median per call; a bold cell misses. Backward 'mean'/'sum' take a 0-dim gradient, as autograd "
         "passes it. Composite formulas: L1 `torch.sgn(x - t) * g`, KL `g * (torch.log(t) + 1 - x)`, KL log-target "
         "`g * torch.exp(t) * (t + 1 - x)` ('mean': then `.div_(n)`). Rooflines: `aten.addcmul` (3 reads + 1 "
-        "write, backward 'none') and `aten.add` (2 reads + 1 write, backward 'mean'/'sum').",
+        "write, backward 'none') and `aten.add` (2 reads + 1 write, backward 'mean'/'sum')." + compile_note(rows),
         "",
         "| target | op | " + " | ".join(f"{DTYPE_SHORT[d]} {red}" for d, red in cols) + " | limit | result |",
         "|---|---|" + "---:|" * len(cols) + "---:|---|",

@@ -43,6 +43,7 @@ def metadata(args, plan: TimingPlan, command: str) -> dict[str, str]:
         "load_average_1min_start": f"{load_average():.2f}",
         "beta": str(BETA),
         "autograd_variants": str(args.autograd),
+        "compile_variants": str(args.compile),
         "checked_up_to": f"{format_size(args.check_max)} elements (matches_reference empty above)",
         "timing": plan.describe(),
         "samples_columns": "samples: timed blocks (all rounds); calls_per_sample: calls per block (the median "
@@ -67,7 +68,7 @@ def run(args, plan: TimingPlan, meta: dict[str, str]) -> list[dict]:
         for cfg in configs:
             progress.begin(cfg.label)
             torch.set_num_threads(cfg.threads)  # for the checks; the Timer sets it around each measurement
-            variants, checks = build_variants(cfg, args.ops, args.autograd)
+            variants, checks = build_variants(cfg, args.ops, args.autograd, args.compile)
             time_variants(variants, cfg.threads, plan)
             ok = {key: check() for key, check in checks.items()} if cfg.numel <= args.check_max else {}
             extra = dict(static, load_average_1min=f"{load_average():.2f}",
@@ -101,7 +102,7 @@ def config_rows(cfg: Config, variants: list[Variant], ok: dict, extra: dict) -> 
             "streams": v.streams, "GBps": v.streams * cfg.numel * itemsize / med / 1e9,
             "roofline_op": v.desc if v.op.startswith("roofline") else "", "roofline_ms": "", "ratio_to_roofline": "",
             "baseline": "", "baseline_ms": "", "ratio_to_baseline": "", "ratio_to_autograd": "",
-            "matches_reference": ok.get(v.key, ""),
+            "matches_reference": ok.get(v.key, ""), "setup_s": "" if v.setup_s is None else v.setup_s,
         }
         roof = by_key.get(v.roofline) if v.roofline else None
         if roof is not None:

@@ -141,6 +141,10 @@ def compare(rows: list[dict], dtypes: list[str], reductions: list[str]) -> tuple
         add(BASELINE_PANEL, (op, "ours"), "F", lambda d, red, op=op: (op, "F"), big, reds=["mean"],
             group="16M: fwd+bwd step (mean) >= 1.5x (smooth L1, Huber) / 3x (L1, KL) faster than torch.nn.functional",
             label=op, limit=STEP_TARGETS[op], speedup=True)
+    for op in STEP_OPS:
+        add(BASELINE_PANEL, (op, "ours"), "torch.compile(F)", lambda d, red, op=op: (op, "compiled"), big,
+            reds=["mean"], group="16M: fwd+bwd step (mean) <= 1.05x torch.compile(F) (5 streams either way)",
+            label=op, limit=1.05)
     g6 = "4K: each op call <= 1.2x aten.smooth_l1_loss_backward (same form)"
     for op in BACKWARD_OPS:
         for variant, ref_variant, suffix in (("ours", "aten", ""), ("ours_out", "aten_out", " out=")):

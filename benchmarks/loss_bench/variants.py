@@ -15,7 +15,10 @@ Per configuration (threads, dtype, reduction, size):
     smooth_l1_loss, huber_loss, l1_loss, kl_div, kl_div[log]   ours  vs  aten (torch.ops.aten.<op>, what F calls)
   a training step, reduction 'mean' only (x.grad = None before each):
     step:<loss>                  npu_loss_ops.<loss>(x, t).backward()  vs  F: torch.nn.functional.<loss>(x, t).backward()
-                                 (kl_div: input and target both require grad, so the target-gradient kernel runs)
+                                 (kl_div: input and target both require grad, so the target-gradient kernel runs),
+                                 compiled: torch.compile(F.<loss>, fullgraph=True, dynamic=False)(x, t).backward(),
+                                 Inductor's fused forward and backward; compiled before the timing (setup_s: the
+                                 first call's seconds), Dynamo reset before each configuration
   rooflines: an ATen op with the same number of read and write streams, through torch.ops like ours,
              allocating (functional) and preallocated (out=):
     roofline_3r1w   aten.addcmul(g, x, t)   backward 'none'
@@ -26,6 +29,7 @@ Per configuration (threads, dtype, reduction, size):
 """
 from __future__ import annotations
 
+import time
 import warnings
 from dataclasses import dataclass, field
 from typing import Callable
@@ -49,6 +53,7 @@ class Variant:
     streams: int  # element streams of the op's minimal memory traffic, for the effective GB/s
     roofline: tuple[str, str] | None = None  # (roofline op, variant) this is compared with
     desc: str = ""  # rooflines: the ATen op as called
+    setup_s: float | None = None  # compiled variants: seconds of the first call (compilation), not timed
     # Filled by timing.time_variants: the per-call time of every timed block, and each round's block size.
     times: list[float] = field(default_factory=list)
     block_sizes: list[int] = field(default_factory=list)
@@ -102,21 +107,21 @@ class Inputs:
 class VariantSet:
     """Collects the variants of one configuration and the checks of ours, keyed by (op, variant)."""
 
-    def __init__(self, cfg: Config, with_autograd: bool):
-        self.cfg, self.with_autograd = cfg, with_autograd
+    def __init__(self, cfg: Config, with_autograd: bool, with_compile: bool):
+        self.cfg, self.with_autograd, self.with_compile = cfg, with_autograd, with_compile
         self.inp = Inputs(cfg)
         self.variants: list[Variant] = []
         self.checks: dict[tuple[str, str], Check] = {}
         self.rooflines: set[str] = set()  # the rooflines the added ops are compared with
 
     def add(self, op: str, variant: str, fn: Callable[[], object], streams: int, roofline: str | None = None,
-            desc: str = "") -> None:
+            desc: str = "", setup_s: float | None = None) -> None:
         """Adds a timed callable; `roofline` names the roofline op it is compared with, in the same form."""
         roof = None
         if roofline is not None:
             roof = (roofline, "out" if variant.endswith("_out") else "functional")
             self.rooflines.add(roofline)
-        self.variants.append(Variant(op, variant, fn, streams, roof, desc=desc))
+        self.variants.append(Variant(op, variant, fn, streams, roof, desc=desc, setup_s=setup_s))
 
     def check(self, op: str, variant: str, ours: Callable[[], torch.Tensor], ref: Callable[[], torch.Tensor]):
         self.checks[(op, variant)] = lambda: self.inp.close(ours(), ref())
@@ -253,6 +258,13 @@ def add_step(vs: VariantSet, op: str) -> None:
 
     vs.add(op, "ours", step(ours), streams)
     vs.add(op, "F", step(theirs), streams)
+    if vs.with_compile:
+        compiled = torch.compile(theirs, fullgraph=True, dynamic=False)
+        start = time.perf_counter()
+        step(compiled)()  # compiles the forward and, through AOTAutograd, the backward
+        setup_s = time.perf_counter() - start
+        vs.add(op, "compiled", step(compiled), streams, setup_s=setup_s)
+        vs.checks[(op, "compiled")] = lambda: all(i.close(a, b) for a, b in zip(grads(compiled), grads(theirs)))
     # F's gradients in the same dtype are the reference here (a float64 step would need float64 leaves).
     vs.checks[(op, "ours")] = lambda: all(i.close(a, b) for a, b in zip(grads(ours), grads(theirs)))
 
@@ -290,10 +302,12 @@ BACKWARD_BUILDERS = {
 assert list(BACKWARD_BUILDERS) == BACKWARD_OPS
 
 
-def build_variants(cfg: Config, ops: list[str], with_autograd: bool = True
+def build_variants(cfg: Config, ops: list[str], with_autograd: bool = True, with_compile: bool = True
                    ) -> tuple[list[Variant], dict[tuple[str, str], Check]]:
     """The timed callables of one configuration and, per (op, variant) of ours, a correctness check."""
-    vs = VariantSet(cfg, with_autograd)
+    vs = VariantSet(cfg, with_autograd, with_compile)
+    if with_compile:
+        torch._dynamo.reset()  # each configuration compiles its own graphs, never hitting the recompile limit
     for op in BACKWARD_OPS:
         if op in ops:
             BACKWARD_BUILDERS[op](vs, op)

@@ -265,10 +265,11 @@ def table(samples, args) -> str:
             "per-sample": "64x64 vmap(grad) per-sample",
             "per-sample-params": "64x64 per-sample Linear(64, 64) params",
             "vmap-rule": "64x64 vmap, C++ rule vs " + ref_name,
-            "enabled": f"{int(size) // 1024}K step, F under enable() vs the package's own",
+            "enabled": "{size} step, F under enable() vs the package's own",
         }[kind]
-        if kind == "enabled" and int(size) >= 1 << 20:
-            label = f"{int(size) >> 20}M step, F under enable() vs the package's own"
+        if kind == "enabled":
+            n = int(size)
+            label = label.format(size=f"{n >> 20}M" if n >= 1 << 20 else f"{n >> 10}K")
         lines.append(
             f"| {label}: `{what}` | {o[0]:.1f} [{o[1]:.1f}, {o[2]:.1f}] | "
             f"{r[0]:.1f} [{r[1]:.1f}, {r[2]:.1f}] | {ratio:.2f} | {'–' if limit is None else f'≤ {limit}'} | "

@@ -63,8 +63,10 @@ def _pyplot():
 
 
 def _subtitle(meta: dict[str, str], threads: int | None) -> str:
-    return (f"npu_loss_ops {meta['npu_loss_ops']} (git {meta['git_sha']}), torch {meta['torch']}, {meta['cpu']} "
-            f"({meta['cpu_capability']}), {threads} threads, {meta['date'][:10]}")
+    """Which kernels ran (ours: cpu_kernel_isa; ATen's: torch's CPU capability) and on which CPU."""
+    return (f"npu_loss_ops {meta['npu_loss_ops']} (git {meta['git_sha']}), our kernels {meta['cpu_kernel_isa']}, "
+            f"torch {meta['torch']} (ATen kernels {meta['cpu_capability']}), CPU {meta['cpu']}, {threads} threads, "
+            f"{meta['date'][:10]}")
 
 
 def _log_ticks(lo: float, hi: float, primary: list[float], secondary: list[float]) -> list[float]:

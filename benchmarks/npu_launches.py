@@ -1,0 +1,245 @@
+"""aclnn launches per call on the emulated NPU: this package's ops against torch_npu's own F, per chip family.
+
+Run inside an emulated-CANN process (scripts/run_npu_emulated.sh runs it once per chip family, as
+launches-<family>): for every loss x dtype x reduction (KL: both target forms), one forward call and one
+backward call (loss.backward(g), g made before counting), each counted apart from the emulator's trace
+(tests/npu_emulator/emulator.py): every aclnn operator whose run phase executed. The same call through
+torch.nn.functional with routing off is torch_npu's own kernels. Where the emulator lacks an operator
+torch_npu's F needs (its aclop path, a rejected aclnn call, or an error), the cell says so.
+
+    python benchmarks/npu_launches.py --json OUT.json [--check benchmarks/results/npu_launches.json]
+        (in an emulated process) measure this family; --check fails (exit 1) if any row of ours launches
+        more than the committed table says
+    python benchmarks/npu_launches.py --combine A.json B.json ... --json ALL.json --markdown TABLE.md
+        (anywhere) merge per-family results into the committed table
+
+benchmarks/README.md ("NPU launches") says how to read the table.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import warnings
+
+LOSSES = ("smooth_l1_loss", "huber_loss", "l1_loss", "kl_div", "kl_div[log]")
+DTYPES = ("float32", "float16", "bfloat16")
+REDUCTIONS = {"kl_div": ("none", "mean", "sum", "batchmean")}
+FAMILY_ORDER = ("910B", "910_93", "950", "910", "310P", "310B")
+
+
+def cases():
+    for loss in LOSSES:
+        for dtype in DTYPES:
+            for reduction in REDUCTIONS.get(loss.split("[")[0], ("none", "mean", "sum")):
+                yield loss, dtype, reduction
+
+
+def key(loss: str, dtype: str, reduction: str) -> str:
+    return f"{loss} {dtype} {reduction}"
+
+
+# ---- measuring, on the emulated NPU --------------------------------------------------------------------------
+
+
+def measure() -> dict:
+    sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "tests", "npu_emulator"))
+    import emulator
+    import torch
+    import torch.nn.functional as F
+    import torch_npu  # noqa: F401
+
+    import npu_loss_ops
+
+    if not emulator.active():
+        sys.exit("npu_launches.py: not on the emulated CANN (run it through scripts/run_npu_emulated.sh)")
+    warnings.filterwarnings("ignore", message="reduction: 'mean' divides the total loss")
+    dev = "npu"
+
+    def launches(trace: dict) -> tuple[int, dict]:
+        ops = {k: v for k, v in trace.items() if k.startswith("aclnn") and ":" not in k}
+        return sum(ops.values()), ops
+
+    def lacking(trace: dict) -> str:
+        bad = sorted(k for k in trace if k.startswith("aclop:") or "GetWorkspaceSize:" in k)
+        return ", ".join(bad)
+
+    def one(fn, loss, dtype, reduction):
+        """(forward count, backward count, launched ops, note) of one call of fn."""
+        gen = torch.Generator().manual_seed(0)
+        dt = getattr(torch, dtype)
+        x = torch.randn(4, 256, generator=gen)
+        if loss.startswith("kl_div"):
+            x = x.log_softmax(-1)
+            t = torch.rand(4, 256, generator=gen).softmax(-1)
+            t = t.log() if loss == "kl_div[log]" else t
+        else:
+            t = torch.randn(4, 256, generator=gen)
+        x = x.to(dev, dt).requires_grad_()
+        t = t.to(dev, dt).requires_grad_(loss.startswith("kl_div"))  # KL: the target gradient's kernel runs
+        kwargs = {"reduction": reduction}
+        if loss == "kl_div[log]":
+            kwargs["log_target"] = True
+        out = {}
+        try:
+            torch.npu.synchronize()
+            emulator.trace_reset()
+            result = fn(x, t, **kwargs)
+            trace = emulator.trace()
+            out["fwd"], out["fwd_ops"] = launches(trace)
+            note = lacking(trace)
+            g = torch.ones_like(result)
+            torch.npu.synchronize()
+            emulator.trace_reset()
+            result.backward(g)
+            trace = emulator.trace()
+            out["bwd"], out["bwd_ops"] = launches(trace)
+            note = ", ".join(n for n in (note, lacking(trace)) if n)
+            if note:
+                out = {"note": f"the emulator lacks what this call needs ({note})"}
+        except Exception as e:  # noqa: BLE001  (a cell says what failed instead of stopping the table)
+            out = {"note": f"fails on the emulator: {type(e).__name__}: {str(e).splitlines()[0][:120]}"}
+        return out
+
+    def host_fallback(name: str) -> list[str]:
+        """The ATen ops of F's call that torch_npu has no NPU kernel for: they run on the host (torch_npu's
+        CPU fallback), so the trace counts no aclnn launch for them."""
+        has = torch._C._dispatch_has_kernel_for_dispatch_key
+        ops = []
+        for op in (name, f"{name}_backward"):
+            packet = getattr(torch.ops.aten, op, None)
+            for overload in packet.overloads() if packet is not None else ():
+                qualified = f"aten::{op}" + ("" if overload == "default" else f".{overload}")
+                if not has(qualified, "PrivateUse1") and not has(qualified, "CompositeImplicitAutograd"):
+                    ops.append(qualified)
+        return ops
+
+    family = os.environ.get("NPU_EMU_SOC", "?")
+    rows = {}
+    for loss, dtype, reduction in cases():
+        name = loss.split("[")[0]
+        ours = one(getattr(npu_loss_ops, name), loss, dtype, reduction)
+        theirs = one(getattr(F, name), loss, dtype, reduction)
+        on_host = host_fallback(name)
+        if on_host and "note" not in theirs:
+            theirs["host"] = on_host
+        rows[key(loss, dtype, reduction)] = {"ours": ours, "F": theirs}
+    return {"soc": family, "rows": rows}
+
+
+# ---- the table ---------------------------------------------------------------------------------------------
+
+
+def family_of(soc: str) -> str:
+    sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "tests", "npu_emulator"))
+    import emulator
+
+    return next((f for f, s in emulator.SOCS.items() if s == soc), soc)
+
+
+def cell(side: dict, phase: str) -> str:
+    text = str(side[phase]) if phase in side else "–"
+    if side.get("host"):
+        text += " + host"
+    return text
+
+
+def why(ours: dict) -> str:
+    """The operators behind a count above one launch per phase: the loss kernel's fixes or the composite."""
+    parts = []
+    for phase in ("fwd", "bwd"):
+        ops = ours.get(f"{phase}_ops", {})
+        if sum(ops.values()) > 1:
+            parts.append(f"{phase}: " + ", ".join(f"{k.removeprefix('aclnn')} {v}" for k, v in sorted(ops.items())))
+    return "; ".join(parts) or "–"
+
+
+def markdown(results: dict) -> str:
+    lines = [
+        "aclnn launches per call on the emulated CANN (`benchmarks/npu_launches.py`, run by "
+        "`scripts/run_npu_emulated.sh`): one forward call and one `backward()` of a (4, 256) input, counted "
+        "apart; KL with both input and target requiring grad. Ours: `npu_loss_ops.<loss>`; F: "
+        "`torch.nn.functional.<loss>` with routing off, i.e. torch_npu's own kernels. The last column lists the "
+        "operators of a phase that launches more than one kernel (the fixes and composites of "
+        "[docs/npu_routing.md](../../docs/npu_routing.md) say which chip quirk each answers). \"+ host\": torch_npu "
+        "has no NPU kernel for some of F's ATen ops (below each family's table) and runs them on the host "
+        "through its CPU fallback, copying the tensors there and back; those do not appear as launches.",
+        "",
+    ]
+    for family in sorted(results, key=lambda f: FAMILY_ORDER.index(f) if f in FAMILY_ORDER else 99):
+        rows = results[family]["rows"]
+        lines += [f"### {family} ({results[family]['soc']})", "",
+                  "| loss | dtype | reduction | ours fwd | ours bwd | F fwd | F bwd | ours' operators where more than one |",
+                  "|---|---|---|---:|---:|---:|---:|---|"]
+        for loss, dtype, reduction in cases():
+            row = rows.get(key(loss, dtype, reduction))
+            if row is None:
+                continue
+            ours, theirs = row["ours"], row["F"]
+            f_fwd, f_bwd = (cell(theirs, "fwd"), cell(theirs, "bwd")) if "note" not in theirs else (theirs["note"], "")
+            o_fwd, o_bwd = (cell(ours, "fwd"), cell(ours, "bwd")) if "note" not in ours else (ours["note"], "")
+            lines.append(f"| {loss} | {dtype} | {reduction} | {o_fwd} | {o_bwd} | {f_fwd} | {f_bwd} | {why(ours)} |")
+        on_host = sorted({op for row in rows.values() for op in row["F"].get("host", ())})
+        lines.append("")
+        if on_host:
+            lines += [f"On the host through torch_npu's CPU fallback: {', '.join(f'`{op}`' for op in on_host)}.", ""]
+    return "\n".join(lines)
+
+
+def check(measured: dict, committed_path: str) -> list[str]:
+    """Rows where ours launches more than the committed table (or fails where it did not)."""
+    with open(committed_path) as f:
+        committed = json.load(f)
+    family = family_of(measured["soc"])
+    if family not in committed:
+        return [f"{family}: not in {committed_path}"]
+    worse = []
+    for name, row in measured["rows"].items():
+        was = committed[family]["rows"].get(name, {}).get("ours")
+        now = row["ours"]
+        if was is None:
+            worse.append(f"{family} {name}: not in the committed table")
+            continue
+        for phase in ("fwd", "bwd"):
+            if phase in was and (phase not in now or now[phase] > was[phase]):
+                worse.append(f"{family} {name} {phase}: {now.get(phase, now.get('note'))} launches, "
+                             f"the committed table has {was[phase]} ({now.get(phase + '_ops')})")
+    return worse
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--json", required=True, help="write the results (one family, or --combine's merge) here")
+    parser.add_argument("--check", help="the committed table's JSON: fail if any row of ours launches more")
+    parser.add_argument("--combine", nargs="+", help="per-family JSON files to merge (measures nothing)")
+    parser.add_argument("--markdown", help="with --combine: write the markdown table here")
+    args = parser.parse_args()
+    if args.combine:
+        results = {}
+        for path in args.combine:
+            with open(path) as f:
+                one = json.load(f)
+            results[family_of(one["soc"])] = one
+        with open(args.json, "w") as f:
+            json.dump(results, f, indent=1, sort_keys=True)
+        if args.markdown:
+            with open(args.markdown, "w") as f:
+                f.write(markdown(results))
+        return 0
+    measured = measure()
+    with open(args.json, "w") as f:
+        json.dump(measured, f, indent=1, sort_keys=True)
+    total = sum(row["ours"].get("fwd", 0) + row["ours"].get("bwd", 0) for row in measured["rows"].values())
+    print(f"NPU launches {family_of(measured['soc'])}: {len(measured['rows'])} rows, {total} launches of ours")
+    if args.check:
+        worse = check(measured, args.check)
+        if worse:
+            print("MISMATCH: more launches than the committed table:\n  " + "\n  ".join(worse))
+            return 1
+        print(f"OK: no row launches more than {os.path.basename(args.check)}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -68,42 +68,30 @@ def inputs(loss: str, shape, requires_grad_target: bool = False):
 # ---------------------------------------------------------------------------------------------------- variants
 
 
+def step_fn(loss: str, fn, n: int):
+    """One forward + backward step of fn on n elements (KL: the target requires grad too), own inputs."""
+    both = loss == "kl_div"
+    x, t = inputs(loss, (n,), requires_grad_target=both)
+    x.requires_grad_()
+
+    def run():
+        x.grad = None
+        if both:
+            t.grad = None
+        fn(x, t).backward()
+
+    return run
+
+
 def step_variants(n: int):
-    out = {}
-    for loss in LOSSES:
-        both = loss == "kl_div"
-        for impl, mod in (("ours", npu_loss_ops), ("F", F)):
-            fn = getattr(mod, loss)
-            x, t = inputs(loss, (n,), requires_grad_target=both)
-            x.requires_grad_()
-
-            def run(fn=fn, x=x, t=t, both=both):
-                x.grad = None
-                if both:
-                    t.grad = None
-                fn(x, t).backward()
-
-            out[(f"step:{loss}", impl)] = run
-    return out
+    return {(f"step:{loss}", impl): step_fn(loss, getattr(mod, loss), n)
+            for loss in LOSSES for impl, mod in (("ours", npu_loss_ops), ("F", F))}
 
 
 def enabled_variants(sizes):
-    out = {}
-    for n in sizes:
-        for loss in LOSSES:
-            both = loss == "kl_div"
-            x, t = inputs(loss, (n,), requires_grad_target=both)
-            x.requires_grad_()
-            for impl, fn in (("ours", getattr(npu_loss_ops, loss)), (ENABLED, getattr(F, loss))):
-
-                def run(fn=fn, x=x, t=t, both=both):
-                    x.grad = None
-                    if both:
-                        t.grad = None
-                    fn(x, t).backward()
-
-                out[(f"enabled:{loss}@{n}", impl)] = run
-    return out
+    """The same step: F under enable() against the package's own function."""
+    return {(f"enabled:{loss}@{n}", impl): step_fn(loss, getattr(mod, loss), n)
+            for n in sizes for loss in LOSSES for impl, mod in (("ours", npu_loss_ops), (ENABLED, F))}
 
 
 def per_sample_variants(batch: int, features: int):

@@ -679,26 +679,28 @@ def test_float64_routing_decision_on_device(device):
             assert accepted == (dtype == torch.float32 or device != npu), (overload, dtype)
 
 
-def test_npu_backward_runs_aclnn_under_enable(device):
-    """Under enable(), F.smooth_l1_loss(...).backward() on the NPU runs the aclnn API the routing table gives
-    for the chip (aclnnSmoothL1LossBackward on 910B), read from the emulated CANN's trace."""
+@pytest.mark.parametrize("loss, scalar", [("smooth_l1_loss", {"beta": 0.5}), ("huber_loss", {"delta": 2.0})])
+def test_npu_backward_runs_aclnn_under_enable(device, loss, scalar):
+    """Under enable(), F.smooth_l1_loss(...).backward() and F.huber_loss(...).backward() on the NPU run the
+    aclnn API the routing table gives for the chip (aclnnSmoothL1LossBackward on 910B, for Huber with
+    beta = delta), read from the emulated CANN's trace."""
     if device != "npu":
         pytest.skip("the aclnn routing exists only on the NPU")
     import test_npu_routing as routing
 
     if not routing.emulator.active():
         pytest.skip("needs the emulated CANN's trace (scripts/run_npu_emulated.sh)")
-    x, t = _data("smooth_l1_loss")
+    x, t = _data(loss)
     x = x.to(device).requires_grad_(True)
     with npu_loss_ops.enable():
-        loss = F.smooth_l1_loss(x, t.to(device), beta=0.5)
+        out = getattr(F, loss)(x, t.to(device), **scalar)
         routing.emulator.trace_reset()
-        loss.backward()
+        out.backward()
         torch.npu.synchronize()
         trace = routing.emulator.trace()
     ran = {name for name in trace if name in routing.LOSS_APIS}
-    api = routing.expected_api("smooth_l1_loss_backward", torch.float32, 0.5)
-    assert loss.grad_fn.name() == NODE["smooth_l1_loss"]
+    api = routing.expected_api(f"{loss}_backward", torch.float32, *scalar.values())
+    assert out.grad_fn.name() == NODE[loss]
     assert ran == ({api} if api else set()), trace
     if routing.family() == "910B":
         assert api == "aclnnSmoothL1LossBackward"

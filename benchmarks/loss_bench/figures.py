@@ -155,9 +155,16 @@ def main_figure(comparisons: list[Comparison], dtypes: list[str], meta: dict[str
             if k:
                 ax.axhline(yh + 0.65, color="0.8", linewidth=1)
             in_group = [c for c in comps if GROUP_OF_ROW[c.row] == heading]
-            # The group's limits as the targets state them, on its heading line (no data there), above the bars.
-            for c in {c.ratio_limit: c for c in in_group if c.limit is not None}.values():
-                ax.text(c.ratio_limit, yh - 0.1, limit_label(c), ha="center", va="center", fontsize=11)
+            # The group's limits as the targets state them, on its heading line (no data there), above the bars;
+            # several limits in one group share one label, ending at the rightmost bar.
+            limits = sorted({c.ratio_limit: c for c in in_group if c.limit is not None}.values(),
+                            key=lambda c: c.ratio_limit)
+            if len(limits) == 1:
+                ax.text(limits[0].ratio_limit, yh - 0.1, limit_label(limits[0]), ha="center", va="center",
+                        fontsize=11)
+            elif limits:
+                ax.text(limits[-1].ratio_limit, yh - 0.1, ", ".join(limit_label(c) for c in limits), ha="right",
+                        va="center", fontsize=10)
             why = NO_REFERENCE.get((panel, heading))
             if why and not in_group:
                 ax.text(math.sqrt(xmin * xmax), (yh - 1 + ylast) / 2, why, ha="center", va="center", color="0.4",
@@ -183,12 +190,12 @@ def main_figure(comparisons: list[Comparison], dtypes: list[str], meta: dict[str
                 Patch(color=MISS_COLOR, alpha=0.15, label="misses the target"),
                 Line2D([], [], linestyle="", marker="o", markersize=13, markerfacecolor="none",
                        markeredgecolor=MISS_COLOR, markeredgewidth=2, label="a cell that misses")]
-    fig.suptitle(f"Our time as a multiple of each reference (median per call)   {_subtitle(meta, threads)}",
+    fig.suptitle(f"Our time as a multiple of each reference (median per call)\n{_subtitle(meta, threads)}",
                  x=0.01, ha="left", fontsize=13)
-    fig.legend(handles=handles, loc="upper left", bbox_to_anchor=(0.01, 1 - 0.4 / height), ncol=len(handles),
+    fig.legend(handles=handles, loc="upper left", bbox_to_anchor=(0.01, 1 - 0.62 / height), ncol=len(handles),
                frameon=False, handlelength=1.6, columnspacing=1.4)
     fig.tight_layout()
-    fig.subplots_adjust(top=1 - 1.62 / height)  # below the title, the legend and the three-line panel titles
+    fig.subplots_adjust(top=1 - 1.85 / height)  # below the two-line title, the legend and the panel titles
     fig.savefig(path, dpi=DPI)
     plt.close(fig)
     return True

@@ -19,18 +19,13 @@ from __future__ import annotations
 import sys
 import threading
 from types import TracebackType
-from typing import Any, Callable, Iterable, cast
+from typing import Any, Iterable
 
 import torch
 
 from . import _C  # type: ignore[attr-defined]  # compiled: no Python source to check
 
 __all__ = ["enable", "disable", "is_enabled"]
-
-
-def _untyped(f: object) -> Callable[..., Any]:
-    """A function torch does not annotate for --strict, callable from annotated code."""
-    return cast(Callable[..., Any], f)
 
 
 def _routing_table() -> dict[str, tuple[str, ...]]:

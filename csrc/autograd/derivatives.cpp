@@ -238,7 +238,9 @@ struct KlDiv : Block<ops::LossKl, 2, ops::kl_div> {
       const auto shape = broadcast_shape(self, target);
       auto p = log_target ? target.exp() : target;
       if (p.scalar_type() != grad.scalar_type()) p = p.to(grad.scalar_type());
-      const auto coef = apply_mean(grad, reduction, numel_of(shape)).neg();
+      // -grad / n for "mean" in one operation (an aclnn launch on the NPU): dividing by -n is exactly the
+      // negated quotient, so the bits are those of -(grad / n).
+      const auto coef = is_mean(reduction) ? grad.div(c10::Scalar(-numel_of(shape))) : grad.neg();
       out[0] = reduce_to(expand_to(coef * p, shape), self);
     }
     if (needs[1]) {

@@ -10,6 +10,7 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 
 import npu_loss_ops
+from helpers import leave_gloo
 
 # (module class name, constructor kwargs) for each of the three losses.
 CRITERIA = [
@@ -43,6 +44,7 @@ def _worker(rank, world, result_dir):
     # still disconnecting ("terminate called without an active exception"); a file store has no server thread.
     store = f"file://{os.path.join(result_dir, 'store')}"
     dist.init_process_group("gloo", init_method=store, rank=rank, world_size=world)
+    finished = False
     try:
         x, y = _batch()
         half = x.shape[0] // world
@@ -54,12 +56,9 @@ def _worker(rank, world, result_dir):
             grads[kind] = [p.grad.clone() for p in model.module.parameters()]
         if rank == 0:
             torch.save(grads, os.path.join(result_dir, "ddp_grads.pt"))
+        finished = True
     finally:
-        dist.destroy_process_group()
-    # Leave without running the interpreter's teardown: under load, a worker's exit after a gloo group
-    # sometimes aborts in torch's own static destructors ("terminate called without an active exception"),
-    # after its work is done and saved.
-    os._exit(0)
+        leave_gloo(finished)
 
 
 @pytest.mark.skipif(not dist.is_available() or not dist.is_gloo_available(), reason="torch.distributed gloo")

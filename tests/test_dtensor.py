@@ -28,6 +28,7 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 
 import npu_loss_ops
+from helpers import leave_gloo
 
 pytestmark = pytest.mark.skipif(
     not dist.is_available() or not dist.is_gloo_available(), reason="torch.distributed with gloo"
@@ -179,6 +180,7 @@ def _worker(rank: int, result_dir: str) -> None:
     dist.init_process_group(
         "gloo", init_method=store, rank=rank, world_size=WORLD, timeout=datetime.timedelta(seconds=120)
     )
+    finished = False
     try:
         from torch.distributed.device_mesh import init_device_mesh
         from torch.distributed.tensor import DTensor, distribute_tensor
@@ -200,9 +202,9 @@ def _worker(rank: int, result_dir: str) -> None:
                 results[case.id] = {"error": f"{type(exc).__name__}: {exc}"}
         if rank == 0:
             torch.save(results, os.path.join(result_dir, "dtensor.pt"))
+        finished = True
     finally:
-        dist.destroy_process_group()
-    os._exit(0)  # no interpreter teardown: see test_ddp._worker
+        leave_gloo(finished)
 
 
 @pytest.fixture(scope="module")

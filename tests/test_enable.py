@@ -21,7 +21,7 @@ import torch.multiprocessing as mp
 import torch.nn.functional as F
 
 import npu_loss_ops
-from helpers import init_gloo
+from helpers import init_gloo, leave_gloo
 from npu_loss_ops import _enable
 from test_ddp import _batch, _model
 
@@ -493,6 +493,7 @@ def test_autocast_left_to_torch_where_aten_has_no_autocast_kernel():
 
 def _ddp_worker(rank, world, result_dir):
     init_gloo(rank, world, result_dir)
+    finished = False
     try:
         npu_loss_ops.enable()  # process-wide, per process: each rank enables its own
         x, y = _batch()
@@ -507,9 +508,9 @@ def _ddp_worker(rank, world, result_dir):
             results[name] = (node, [p.grad.clone() for p in model.module.parameters()])
         if rank == 0:
             torch.save(results, os.path.join(result_dir, "enable_ddp.pt"))
+        finished = True
     finally:
-        dist.destroy_process_group()
-    os._exit(0)  # no interpreter teardown: see test_ddp._worker
+        leave_gloo(finished)
 
 
 _DDP_CRITERIA = {

@@ -13,6 +13,11 @@ QUICK_SIZES = [4 << 10, 256 << 10, 16 << 20]
 # The targets are stated at 16M elements (bandwidth-bound) and 4K elements (per-call overhead), on 2 threads.
 TARGET_SIZE, SMALL_SIZE, TARGET_THREADS = 16 << 20, 4 << 10, 2
 BETA = 1.0  # smooth L1's beta and Huber's delta: F's defaults
+# A timed cell is "disturbed" (shown as unreliable, neither PASS nor MISS) when the process got less than this
+# share of the CPU time its busy threads would use (run.disturbed). ATen's and our parallel grain: a call splits
+# into chunks of this many elements, one per thread at most.
+DISTURBED_BELOW = 0.75
+PARALLEL_GRAIN = 32768
 
 BACKWARD_OPS = ["smooth_l1_loss_backward", "huber_loss_backward", "l1_loss_backward", "kl_div_target_backward",
                 "kl_div_target_backward[log]"]

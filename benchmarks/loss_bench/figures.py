@@ -148,7 +148,7 @@ def main_figure(comparisons: list[Comparison], dtypes: list[str], meta: dict[str
                 for red, r in cells:
                     ax.plot(r, yd, REDUCTION_MARKER[red], color=DTYPE_COLOR[d], markersize=8,
                             markeredgecolor="white", markeredgewidth=0.6, zorder=3)
-                    if not c.passed(r):
+                    if not c.passed(r) and not c.unreliable.get((d, red)):  # a disturbed cell: not judged
                         ax.plot(r, yd, "o", markersize=15, markerfacecolor="none", markeredgecolor=MISS_COLOR,
                                 markeredgewidth=2, zorder=4)
         for k, (yh, heading, ylast) in enumerate(headings):

@@ -10,7 +10,7 @@ from .targets import Comparison
 # CSV columns that hold numbers; the rest are text. Empty cells stay "" (not measured, or no reference).
 INT_COLUMNS = ("numel", "threads", "samples", "calls_per_sample", "streams")
 FLOAT_COLUMNS = ("median_ms", "p20_ms", "p80_ms", "GBps", "roofline_ms", "ratio_to_roofline", "baseline_ms",
-                 "ratio_to_baseline", "ratio_to_autograd", "setup_s")
+                 "ratio_to_baseline", "ratio_to_autograd", "setup_s", "cpu_per_wall")
 
 
 def write_csv(rows: list[dict], meta: dict[str, str], path: str) -> None:
@@ -42,6 +42,7 @@ def read_csv(path: str) -> tuple[list[dict], dict[str, str]]:
         for key in FLOAT_COLUMNS:
             row[key] = float(row[key]) if row.get(key, "") != "" else ""  # setup_s: absent from older CSVs
         row["matches_reference"] = {"True": True, "False": False}.get(row["matches_reference"], "")
+        row["disturbed"] = row.get("disturbed") == "True"  # absent from CSVs older than the column
         rows.append(row)
     return rows, meta
 
@@ -68,11 +69,14 @@ def print_details(rows: list[dict], sizes: list[int]) -> None:
               + ("" if row["matches_reference"] in ("", True) else "  DIFFERS FROM THE REFERENCE"))
 
 
-def format_cell(tg: Comparison, value: float | None, markdown: bool) -> str:
-    """A target cell: '-' when not measured; a miss is bold (markdown) or marked with '!' (console)."""
+def format_cell(tg: Comparison, value: float | None, markdown: bool, unreliable: bool = False) -> str:
+    """A target cell: '-' when not measured; a disturbed cell is marked '?' and judged neither way; a miss is
+    bold (markdown) or marked with '!' (console)."""
     if value is None:
         return "–" if markdown else "-"
     text = f"{value:.2f}"
+    if unreliable:
+        return f"{text}?"
     if not tg.meets(value):
         text = f"**{text}**" if markdown else f"{text}!"
     return text
@@ -88,13 +92,19 @@ def limit_text(tg: Comparison, markdown: bool) -> str:
     return f"{'>=' if tg.speedup else '<='}{tg.limit:g}{'x' if tg.speedup else ''}"
 
 
+def summary(targets: list[Comparison]) -> str:
+    counts = {r: sum(tg.result == r for tg in targets) for r in ("PASS", "MISS", "UNRELIABLE")}
+    text = f"{counts['PASS']}/{len(targets)} target rows pass, {counts['MISS']} miss"
+    return text + (f", {counts['UNRELIABLE']} unreliable (disturbed cells, no miss)" if counts["UNRELIABLE"] else "")
+
+
 def print_targets(targets: list[Comparison], threads: int | None, dtypes: list[str], reductions: list[str]) -> None:
     if not targets:
         print("\n(no target configuration in this run: the targets need 4K and/or 16M elements)")
         return
     cols = target_columns(dtypes, reductions)
     print(f"\nTargets ({threads} threads): time ratios ours/reference (<= limit) or speedups reference/ours "
-          "(>= limit); '!' marks a cell that misses")
+          "(>= limit); '!' marks a cell that misses, '?' a disturbed one (another process took the CPU: not judged)")
     header = f"{'op':<34}" + "".join(f"{DTYPE_SHORT[d] + ' ' + red:>10}" for d, red in cols) + f"{'limit':>8}  result"
     group = None
     for tg in targets:
@@ -103,10 +113,10 @@ def print_targets(targets: list[Comparison], threads: int | None, dtypes: list[s
             print(f"\n{group}")
             print(header)
             print("-" * len(header))
-        print(f"{tg.label:<34}" + "".join(f"{format_cell(tg, tg.cells.get(c), False):>10}" for c in cols)
+        print(f"{tg.label:<34}"
+              + "".join(f"{format_cell(tg, tg.cells.get(c), False, tg.unreliable.get(c, False)):>10}" for c in cols)
               + f"{limit_text(tg, False):>8}  {tg.result}")
-    passed = sum(tg.result == "PASS" for tg in targets)
-    print(f"\n{passed}/{len(targets)} target rows PASS")
+    print("\n" + summary(targets))
 
 
 def compile_note(rows: list[dict]) -> str:
@@ -131,7 +141,8 @@ def markdown_targets(targets: list[Comparison], threads: int | None, dtypes: lis
         f"{meta['date'][:10]}. Full results: `{csv_rel}`, figures: {figures}.",
         "",
         "Time ratios ours/reference (target: at most the limit) or speedups reference/ours (target: at least the "
-        "limit), median per call; a bold cell misses. Backward 'mean'/'sum' take a 0-dim gradient, as autograd "
+        "limit), median per call; a bold cell misses; a cell marked ? was disturbed (the process got less CPU time than "
+        "its threads need while it or its reference was timed: another process ran) and is judged neither way. Backward 'mean'/'sum' take a 0-dim gradient, as autograd "
         "passes it. Composite formulas: L1 `torch.sgn(x - t) * g`, KL `g * (torch.log(t) + 1 - x)`, KL log-target "
         "`g * torch.exp(t) * (t + 1 - x)` ('mean': then `.div_(n)`). Rooflines: `aten.addcmul` (3 reads + 1 "
         "write, backward 'none') and `aten.add` (2 reads + 1 write, backward 'mean'/'sum')." + compile_note(rows),
@@ -141,8 +152,7 @@ def markdown_targets(targets: list[Comparison], threads: int | None, dtypes: lis
     ]
     for tg in targets:
         lines.append(f"| {tg.group} | `{tg.label}` | "
-                     + " | ".join(format_cell(tg, tg.cells.get(c), True) for c in cols)
+                     + " | ".join(format_cell(tg, tg.cells.get(c), True, tg.unreliable.get(c, False)) for c in cols)
                      + f" | {limit_text(tg, True)} | {tg.result} |")
-    passed = sum(tg.result == "PASS" for tg in targets)
-    lines += ["", f"{passed}/{len(targets)} target rows pass."]
+    lines += ["", summary(targets) + "."]
     return "\n".join(lines) + "\n"

@@ -13,7 +13,7 @@ import npu_loss_ops
 from bench_common import cpu_model, extension_stamp, git_revision, load_average, quantile
 from npu_loss_ops.version import __version__ as npu_loss_ops_version
 
-from .common import BASELINE, BETA, DTYPES, ROOFLINES, Config, format_size
+from .common import BASELINE, BETA, DISTURBED_BELOW, DTYPES, PARALLEL_GRAIN, ROOFLINES, Config, format_size
 from .progress import Progress
 from .timing import TimingPlan, time_variants
 from .variants import Variant, build_variants
@@ -83,6 +83,18 @@ def run(args, plan: TimingPlan, meta: dict[str, str]) -> list[dict]:
     return rows
 
 
+def disturbed(v: Variant, cfg: Config) -> bool:
+    """Whether another process took the CPU while v was timed: in its median round the process got less CPU
+    time than DISTURBED_BELOW of the threads the call keeps busy (all of them once the call is split into
+    parallel chunks, one below the parallel grain; an OpenMP thread waiting for work still counts, as it
+    spins). Then its time says more about the other process than about the op: its cells are shown as
+    unreliable rather than passed or failed."""
+    if not v.cpu_per_wall:
+        return False
+    busy = min(cfg.threads, max(1, -(-cfg.numel // PARALLEL_GRAIN)))
+    return statistics.median(v.cpu_per_wall) < DISTURBED_BELOW * busy
+
+
 def config_rows(cfg: Config, variants: list[Variant], ok: dict, extra: dict) -> list[dict]:
     """One CSV row per variant: its time statistics and its ratios to its roofline, baseline and autograd."""
     by_key = {v.key: v for v in variants}
@@ -103,6 +115,8 @@ def config_rows(cfg: Config, variants: list[Variant], ok: dict, extra: dict) -> 
             "roofline_op": v.desc if v.op.startswith("roofline") else "", "roofline_ms": "", "ratio_to_roofline": "",
             "baseline": "", "baseline_ms": "", "ratio_to_baseline": "", "ratio_to_autograd": "",
             "matches_reference": ok.get(v.key, ""), "setup_s": "" if v.setup_s is None else v.setup_s,
+            "cpu_per_wall": statistics.median(v.cpu_per_wall) if v.cpu_per_wall else "",
+            "disturbed": disturbed(v, cfg),
         }
         roof = by_key.get(v.roofline) if v.roofline else None
         if roof is not None:

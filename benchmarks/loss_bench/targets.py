@@ -36,6 +36,7 @@ class Comparison:
     row: tuple[str, str]  # (op, variant) of ours: one row of the figure
     reference: str  # the reference, as the figure names it
     ratios: dict[Cell, float | None] = field(default_factory=dict)  # median time ours / reference
+    unreliable: dict[Cell, bool] = field(default_factory=dict)  # ours or the reference was disturbed
     group: str = ""  # the target this comparison is held to; empty: shown in the figure only
     label: str = ""  # the table's row label: op and form
     limit: float | None = None  # as the target states it: a time ratio, or a speedup when `speedup`
@@ -71,9 +72,14 @@ class Comparison:
 
     @property
     def result(self) -> str:
+        """MISS if a reliable cell misses; else UNRELIABLE if a cell was disturbed (judged neither way); else
+        PASS."""
         if not self.values:
             return "n/a"
-        return "PASS" if all(self.passed(r) for r in self.values) else "MISS"
+        reliable = [r for c, r in self.ratios.items() if r is not None and not self.unreliable.get(c)]
+        if not all(self.passed(r) for r in reliable):
+            return "MISS"
+        return "PASS" if len(reliable) == len(self.values) else "UNRELIABLE"
 
 
 class Medians:
@@ -82,6 +88,12 @@ class Medians:
     def __init__(self, rows: list[dict], threads: int):
         self.ms = {(r["op"], r["variant"], r["dtype"], r["reduction"], r["numel"]): r["median_ms"]
                    for r in rows if r["threads"] == threads}
+        self.disturbed = {(r["op"], r["variant"], r["dtype"], r["reduction"], r["numel"])
+                          for r in rows if r["threads"] == threads and r.get("disturbed") is True}
+
+    def unreliable(self, ours: tuple[str, str], ref: tuple[str, str], cell: Cell, size: int) -> bool:
+        """Whether ours or the reference was timed while another process took the CPU (run.disturbed)."""
+        return (*ours, *cell, size) in self.disturbed or (*ref, *cell, size) in self.disturbed
 
     def ratio(self, ours: tuple[str, str], ref: tuple[str, str], cell: Cell, size: int) -> float | None:
         a = self.ms.get((*ours, *cell, size))
@@ -109,9 +121,10 @@ def compare(rows: list[dict], dtypes: list[str], reductions: list[str]) -> tuple
 
     def add(panel, ours, reference, ref_of_cell, size, reds=None, **target):
         """ref_of_cell(dtype, reduction) -> the reference's (op, variant)."""
-        ratios = {(d, red): med.ratio(ours, ref_of_cell(d, red), (d, red), size)
-                  for d, red in cells if reds is None or red in reds}
-        out.append(Comparison(panel, ours, reference, ratios, **target))
+        chosen = [(d, red) for d, red in cells if reds is None or red in reds]
+        ratios = {c: med.ratio(ours, ref_of_cell(*c), c, size) for c in chosen}
+        unreliable = {c: med.unreliable(ours, ref_of_cell(*c), c, size) for c in chosen}
+        out.append(Comparison(panel, ours, reference, ratios, unreliable, **target))
 
     def roof(form):
         return lambda d, red: (backward_roofline(red), form)

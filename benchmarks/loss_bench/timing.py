@@ -13,6 +13,7 @@ block size: each round costs about two calls, and the slowest variants (composit
 """
 from __future__ import annotations
 
+import os
 import time
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
@@ -44,15 +45,18 @@ def time_variants(variants: list[Variant], threads: int, plan: TimingPlan) -> No
     # Timer sets torch's thread count to its num_threads around each measurement (and its default is 1).
     timers = {v.key: Timer(stmt="fn()", globals={"fn": v.fn}, num_threads=threads) for v in variants}
     for v in variants:
-        v.times, v.block_sizes, v.rounds = [], [], plan.rounds
+        v.times, v.block_sizes, v.cpu_per_wall, v.rounds = [], [], [], plan.rounds
 
     def measure(v: Variant) -> float:
-        """One round of v; returns the wall seconds it took (block-size search included)."""
-        start = time.perf_counter()
+        """One round of v; returns the wall seconds it took (block-size search included). Also records the
+        CPU time the process got during the round, per wall second: what a disturbed cell lacks."""
+        start, cpu_start = time.perf_counter(), time.process_time()
         m = timers[v.key].blocked_autorange(min_run_time=plan.round_s)
+        took = time.perf_counter() - start
         v.times.extend(m.times)
         v.block_sizes.append(m.number_per_run)
-        return time.perf_counter() - start
+        v.cpu_per_wall.append((time.process_time() - cpu_start) / max(took, 1e-9))
+        return took
 
     for rnd in range(plan.rounds):
         k = rnd % len(variants)

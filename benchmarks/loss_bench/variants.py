@@ -57,6 +57,7 @@ class Variant:
     # Filled by timing.time_variants: the per-call time of every timed block, and each round's block size.
     times: list[float] = field(default_factory=list)
     block_sizes: list[int] = field(default_factory=list)
+    cpu_per_wall: list[float] = field(default_factory=list)  # per round: the process's CPU s per wall s
     rounds: int = 0
 
     @property

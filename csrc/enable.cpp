@@ -251,9 +251,8 @@ void set_routed(const std::vector<std::string>& overloads) {
 
 bool accepts(const std::string& overload, const std::vector<c10::IValue>& args) {
   const Route& route = find_route(overload);
-  TORCH_CHECK_VALUE(args.size() == find_op("aten", overload).schema().arguments().size(),
-                    "accepts: ", overload, " takes ", find_op("aten", overload).schema().arguments().size(),
-                    " arguments, got ", args.size());
+  const size_t n = find_op("aten", overload).schema().arguments().size();
+  TORCH_CHECK_VALUE(args.size() == n, "accepts: ", overload, " takes ", n, " arguments, got ", args.size());
   return route.accepts(args.data(), args.size());
 }
 

@@ -32,6 +32,7 @@
 #include <utility>
 #include <vector>
 
+#include "../compat/torch_compat.h"
 #include "../core/checks.h"
 #include "../core/reduction.h"
 
@@ -251,9 +252,9 @@ struct AutogradKernel<Op, at::Tensor(Args...)> {
     // An undefined (None) tensor skips autograd, so that the kernel's checks report it by name.
     bool defined = true;
     for (const auto* t : inputs) defined = defined && t->defined();
-    c10::intrusive_ptr<LossNode<Op>> grad_fn;
+    compat::NodePtr<LossNode<Op>> grad_fn;
     if (defined && torch::autograd::compute_requires_grad(std::get<I>(all)...)) {
-      grad_fn = c10::make_intrusive<LossNode<Op>>();
+      grad_fn = compat::make_node<LossNode<Op>>();
       grad_fn->set_next_edges(torch::autograd::collect_next_edges(std::get<I>(all)...));
       for (size_t i = 0; i < N; ++i) grad_fn->saved[i] = torch::autograd::SavedVariable(*inputs[i], false);
       grad_fn->scalars = ScalarsOf<Op>(std::get<N + J>(all)...);

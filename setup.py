@@ -1,8 +1,9 @@
 """Build npu_loss_ops: the `_C` extension (schemas, CPU kernels, composite fallback) always, and `_C_npu`
 (the aclnn kernels) when torch_npu is installed or NPU_LOSS_OPS_NPU=1 forces it.
 
-Install with `pip install --no-build-isolation .` so the installed torch==2.13.0 is built against (see the
-README's "Install" section).
+Install with `pip install --no-build-isolation .`: the extension is compiled against the torch already
+installed, whichever release it is, and pip is never asked to change that torch (README, "Install" and
+"Supported versions").
 """
 import glob
 import importlib.util
@@ -17,18 +18,34 @@ from setuptools import find_packages, setup
 
 ROOT = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, ROOT)  # build_config.py, beside this file (PEP 517 backends do not put it on the path)
-from build_config import TORCH_VERSION, torch_npu_include_dirs  # noqa: E402
+from build_config import (  # noqa: E402
+    DEFAULT_TORCH,
+    NPU_TESTED,
+    TESTED_RELEASES,
+    release_of,
+    torch_npu_include_dirs,
+    torch_npu_release,
+)
 
 try:
+    import torch
     from torch.utils.cpp_extension import BuildExtension, CppExtension
 except ImportError:
     raise SystemExit(
         "npu_loss_ops is compiled against the torch of the environment it will run in, and none is "
-        f"importable here. Install torch=={TORCH_VERSION} first (CPU build: pip install torch=={TORCH_VERSION} "
-        f"--index-url https://download.pytorch.org/whl/cpu; on Ascend: pip install torch-npu=={TORCH_VERSION}), "
-        "then build with pip install --no-build-isolation . (without --no-build-isolation pip builds in an "
-        "empty environment that has no torch)."
+        f"importable here. Install torch first (CPU build: pip install torch=={DEFAULT_TORCH} --index-url "
+        "https://download.pytorch.org/whl/cpu; on Ascend: install the CPU torch first, the release your "
+        f"torch_npu needs, then torch_npu, e.g. torch=={DEFAULT_TORCH} and torch-npu=="
+        f"{TESTED_RELEASES[DEFAULT_TORCH]}), then build with pip install --no-build-isolation . (without "
+        "--no-build-isolation pip builds in an empty environment that has no torch)."
     ) from None
+
+if release_of(torch.__version__) not in TESTED_RELEASES:
+    print(
+        f"npu_loss_ops: torch {torch.__version__} is not a tested release ({', '.join(TESTED_RELEASES)}); "
+        "building against it anyway (README, 'Supported versions', says what to report).",
+        file=sys.stderr,
+    )
 
 DEBUG = os.environ.get("DEBUG", "0") == "1"
 
@@ -40,17 +57,31 @@ def read_version():
         return scope["__version__"]
 
 
-def record_torch_version(package_dirs):
+def installed_version(distribution):
+    """The installed version of a distribution, read without importing it (torch_npu's import needs CANN)."""
+    import importlib.metadata
+
+    try:
+        return importlib.metadata.version(distribution)
+    except importlib.metadata.PackageNotFoundError:
+        return None
+
+
+def record_torch_version(package_dirs, npu_root):
     """npu_loss_ops/_build_torch.py: the torch the extension is compiled against (its full version, e.g.
     '2.13.0+cpu'), so that importing it under another torch raises a clear 'rebuild' error instead of an
-    undefined-symbol traceback, and build_info() can report it."""
-    import torch
-
+    undefined-symbol traceback, and the torch_npu its NPU kernels were built with, for build_info()."""
+    torch_npu = installed_version("torch-npu") if npu_root is not None else None
+    npu_tested = NPU_TESTED.get(release_of(torch.__version__)) if torch_npu is not None else None
+    if torch_npu is not None and torch_npu != torch_npu_release(torch.__version__):
+        npu_tested = None  # not the tested pair
     for package_dir in package_dirs:
         os.makedirs(package_dir, exist_ok=True)
         with open(os.path.join(package_dir, "_build_torch.py"), "w") as f:
             f.write("# Written by setup.py when the extension is built.\n")
             f.write(f"TORCH_VERSION = {torch.__version__!r}\n")
+            f.write(f"TORCH_NPU_VERSION = {torch_npu!r}\n")
+            f.write(f"NPU_TESTED = {npu_tested!r}\n")
 
 
 def compiler_supports(flag):
@@ -71,10 +102,11 @@ def compiler_supports(flag):
 def cpu_flags():
     """Flags chosen by platform: no host-specific -march; the CPU kernels are built for each instruction set
     and one is picked at import (docs/cpu_kernels.md)."""
-    # The C++ standard is BuildExtension's default (C++20, which torch 2.13's headers are written for).
+    # C++20, named: it is BuildExtension's default from torch 2.13 on, but torch 2.9's BuildExtension
+    # defaults to C++17 (it adds its own -std only when the flags name none).
     # -ffp-contract=off: the kernels write every fused multiply-add they want as fma(); a multiply and add
     # the compiler fused in one loop and not in another would make an element's bits depend on its position.
-    flags = ["-fvisibility=hidden", "-ffp-contract=off"]
+    flags = ["-std=c++20", "-fvisibility=hidden", "-ffp-contract=off"]
     if DEBUG:
         flags += ["-O0", "-g"]
         link = []
@@ -108,13 +140,12 @@ def build_npu():
         return None
     root = torch_npu_dir()
     if root is None and switch in ("1", "true", "on"):
-        raise RuntimeError(f"NPU_LOSS_OPS_NPU=1 but torch_npu is not installed (pip install torch-npu=={TORCH_VERSION})")
+        npu = torch_npu_release(torch.__version__) or "<the release made for your torch>"
+        raise RuntimeError(f"NPU_LOSS_OPS_NPU=1 but torch_npu is not installed (pip install torch-npu=={npu} --no-deps)")
     return root
 
 
 def npu_extension(root, flags, link):
-    import torch
-
     major, minor = torch.__version__.split(".")[:2]
     return CppExtension(
         "npu_loss_ops._C_npu",
@@ -152,9 +183,8 @@ def extensions():
             extra_link_args=link,
         )
     ]
-    npu_root = build_npu()
-    if npu_root is not None:
-        exts.append(npu_extension(npu_root, flags, link))
+    if NPU_ROOT is not None:
+        exts.append(npu_extension(NPU_ROOT, flags, link))
     return exts
 
 
@@ -165,7 +195,6 @@ CORE_SOURCES = ["csrc/core/checks.cpp", "csrc/core/composite.cpp", "csrc/npu/rou
 def core_library():
     """The static core both extensions link: the checks (every rule once), the composite math and the NPU
     routing table, compiled once per build (setuptools' build_clib; build_ext then links libnpu_loss_core.a into _C and _C_npu)."""
-    import torch
     from torch.utils.cpp_extension import include_paths
 
     flags, _ = cpu_flags()
@@ -177,9 +206,12 @@ def core_library():
             "include_dirs": include_paths(),
             # The flags BuildExtension gives the extensions' own files, so the core's inline torch code is the
             # same code (-fPIC: it is linked into shared objects).
-            "cflags": flags + ["-std=c++20", "-fPIC", f"-D_GLIBCXX_USE_CXX11_ABI={abi}"],
+            "cflags": flags + ["-fPIC", f"-D_GLIBCXX_USE_CXX11_ABI={abi}"],
         },
     )
+
+
+NPU_ROOT = build_npu()
 
 
 class BuildExt(BuildExtension.with_options(use_ninja=True)):
@@ -190,7 +222,7 @@ class BuildExt(BuildExtension.with_options(use_ninja=True)):
         dirs = [os.path.join(ROOT, "npu_loss_ops")]
         if not self.inplace:
             dirs.append(os.path.join(self.build_lib, "npu_loss_ops"))
-        record_torch_version(dirs)
+        record_torch_version(dirs, NPU_ROOT)
         # An editable install runs build_ext alone; the core must exist before the extensions link it.
         self.run_command("build_clib")
         super().run()
@@ -205,7 +237,8 @@ setup(
     libraries=[core_library()],
     ext_modules=extensions(),
     cmdclass={"build_ext": BuildExt},
-    install_requires=[f"torch=={TORCH_VERSION}"],
+    # No install_requires on torch: the extension is compiled against the torch already installed, and a
+    # requirement would let pip replace the user's torch (often the one their torch_npu pins) with another.
     license="BSD-3-Clause",
     description="SmoothL1, L1 and KL-divergence loss gradients as torch.ops.npu_loss.* ops on Ascend aclnn "
     "kernels, with native CPU kernels everywhere else",

@@ -4,6 +4,8 @@ On an Ascend NPU (torch_npu) the gradients run on the CANN aclnn kernels; everyw
 kernels (or, on other devices, a composite of ATen ops) give the same numbers and the same errors.
 """
 import importlib.util
+import os
+import sys
 import warnings
 from typing import Any, TypedDict, cast
 
@@ -50,14 +52,49 @@ def _check_torch_version(built_with: str | None, installed: str) -> None:
 
 
 _BUILT_WITH_TORCH: str | None
+_BUILT_WITH_TORCH_NPU: str | None
+_NPU_TESTED: str | None
 try:
     from ._build_torch import TORCH_VERSION as _BUILT_WITH_TORCH
 except ImportError:  # a source checkout that was never built
     _BUILT_WITH_TORCH = None
+try:  # written by setup.py with the extension; absent from a source checkout
+    from ._build_torch import NPU_TESTED as _NPU_TESTED
+    from ._build_torch import TORCH_NPU_VERSION as _BUILT_WITH_TORCH_NPU
+except ImportError:
+    _BUILT_WITH_TORCH_NPU = _NPU_TESTED = None
 _check_torch_version(_BUILT_WITH_TORCH, torch.__version__)
 
+
+
+def _missing_extension_error(package_dir: str) -> ImportError:
+    """The error for a package folder without its compiled _C: most often the repository's source folder,
+    which Python finds first when run from the repository root, ahead of the installed package."""
+    import glob
+
+    installed = [
+        os.path.join(path, "npu_loss_ops")
+        for path in sys.path[1:]
+        if path and os.path.abspath(path) != os.path.dirname(package_dir)
+        and glob.glob(os.path.join(path, "npu_loss_ops", "_C.*"))
+    ]
+    where = f" The installed copy is in {installed[0]}." if installed else ""
+    return ImportError(
+        f"npu_loss_ops was imported from {package_dir}, which has no compiled extension (_C): a source folder "
+        f"that was never built in place.{where} Python looks in the current directory first, so run from "
+        "outside the repository to use the installed package, or build in place here with "
+        "`pip install --no-build-isolation -e .` (README, 'Install')."
+    )
+
+
 # The extension must be loaded before any torch.library registration refers to its ops.
-from . import _C  # type: ignore[attr-defined]  # noqa: E402  (compiled: no Python source to check)
+try:
+    from . import _C  # type: ignore[attr-defined]  # noqa: E402  (compiled: no Python source to check)
+except ImportError as _exc:
+    _package_dir = os.path.dirname(os.path.abspath(__file__))
+    if not any(name.startswith("_C.") for name in os.listdir(_package_dir)):
+        raise _missing_extension_error(_package_dir) from None
+    raise
 
 
 class _NpuStatus(TypedDict):
@@ -74,7 +111,8 @@ def _load_npu_kernels() -> None:
         _npu_status["reason"] = "torch_npu is not installed"
         return
     try:
-        import torch_npu  # noqa: F401
+        # Untyped where installed, absent elsewhere: the ignore is in the code, so mypy run from anywhere agrees.
+        import torch_npu  # type: ignore[import-not-found, import-untyped, unused-ignore]  # noqa: F401
     except Exception as exc:  # without CANN torch_npu raises more than ImportError
         _npu_status["reason"] = f"import torch_npu failed: {type(exc).__name__}: {exc}"
         return
@@ -128,10 +166,13 @@ def npu_kernels_available() -> bool:
 
 def build_info() -> dict[str, Any]:
     """What this installation runs: CPU kernel ISA, OpenMP, the torch it was built against (its full
-    version, e.g. '2.13.0+cpu', equal to torch.__version__ or the import fails), and the NPU kernels'
-    status."""
+    version, e.g. '2.13.0+cpu', equal to torch.__version__ or the import fails), the torch_npu its NPU
+    kernels were built against (None without them) and how far they were tested on that release, and the
+    NPU kernels' status."""
     info: dict[str, Any] = dict(_C.build_info())
     info["torch_version"] = _BUILT_WITH_TORCH
+    info["torch_npu_version"] = _BUILT_WITH_TORCH_NPU
+    info["npu_tested"] = _NPU_TESTED
     info["version"] = __version__
     info["npu_kernels"] = _npu_status["available"]
     info["npu_reason"] = _npu_status["reason"]

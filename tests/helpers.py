@@ -1,12 +1,62 @@
 """Small helpers several test modules share that are neither samples (samples.py) nor references
-(reference.py): a free TCP port for torch.distributed, and a dispatch mode that records the ops a call
-runs."""
+(reference.py): a free TCP port for torch.distributed, a dispatch mode that records the ops a call runs,
+the repository's build_config.py, and temporary venvs with this torch and an installed copy of the package."""
 from __future__ import annotations
 
+import importlib.util
 import os
+import shutil
 import socket
+import subprocess
+import venv
+from types import ModuleType
 
 from torch.utils._python_dispatch import TorchDispatchMode
+
+
+REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def build_config() -> ModuleType:
+    """The repository's build_config.py (the tested torch / torch_npu releases), loaded by path."""
+    spec = importlib.util.spec_from_file_location("build_config", os.path.join(REPO_ROOT, "build_config.py"))
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def venv_with_this_torch(path: str) -> str:
+    """A new venv (its python returned) whose only addition is a .pth naming the directory this torch is
+    installed in: torch (and what sits beside it) without a second install. A .pth line adds a directory;
+    the .pth files inside it, such as an editable install's finder, are not run."""
+    import torch
+
+    venv.create(path, with_pip=False)
+    python = os.path.join(path, "bin", "python")
+    with open(os.path.join(site_packages(python), "_this_torch.pth"), "w") as f:
+        f.write(os.path.dirname(os.path.dirname(os.path.abspath(torch.__file__))) + "\n")
+    return python
+
+
+def site_packages(python: str) -> str:
+    return subprocess.run(
+        [python, "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
+        capture_output=True, text=True, check=True,
+    ).stdout.strip()
+
+
+def install_built_copy(python: str) -> str:
+    """What a plain `pip install .` leaves in a venv: the package folder with its compiled libraries, here
+    copied from this environment's build. Returns the installed folder."""
+    import npu_loss_ops
+
+    installed = os.path.join(site_packages(python), "npu_loss_ops")
+    shutil.copytree(
+        os.path.dirname(os.path.abspath(npu_loss_ops.__file__)), installed,
+        ignore=shutil.ignore_patterns("__pycache__"),
+    )
+    return installed
 
 
 def free_port() -> int:

@@ -36,6 +36,26 @@ def test_exports():
     assert info["torch_version"] == torch.__version__  # the full version, '+cpu' included
 
 
+def test_build_info_names_the_torch_npu_release_built_against():
+    """torch_npu's release as its metadata gives it when _C_npu was built, None in a CPU-only build; and how
+    far the NPU kernels were tested on it, only for a tested torch / torch_npu pair."""
+    import importlib.metadata
+    import importlib.util
+
+    from helpers import build_config as load_build_config
+
+    build_config = load_build_config()
+    info = npu_loss_ops.build_info()
+    if importlib.util.find_spec("npu_loss_ops._C_npu") is None:
+        assert info["torch_npu_version"] is None and info["npu_tested"] is None, info
+        return
+    assert info["torch_npu_version"] == importlib.metadata.version("torch-npu")
+    if info["torch_npu_version"] == build_config.torch_npu_release(torch.__version__):
+        assert info["npu_tested"] == build_config.NPU_TESTED[build_config.release_of(torch.__version__)]
+    else:
+        assert info["npu_tested"] is None, info
+
+
 @pytest.mark.parametrize("name", FUNCS)
 def test_function_signature_matches_F(name):
     ours = inspect.signature(getattr(npu_loss_ops, name)).parameters

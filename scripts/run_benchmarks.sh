@@ -45,15 +45,25 @@ for arg in "${autograd_args[@]}"; do
   esac
 done
 
+# --help sets nothing up: this script's usage, then the two programs' options if the venv already exists.
+if ((help)); then
+  sed -n '2,/^set -euo pipefail/p' "${BASH_SOURCE[0]}" | sed -e '$d' -e 's/^# \{0,1\}//'
+  if "$VENV_DIR/bin/python" -c 'import torch' 2>/dev/null; then
+    cd "$REPO_ROOT"
+    echo
+    "$VENV_DIR/bin/python" benchmarks/bench_losses.py --help
+    echo
+    echo "Arguments after -- go to benchmarks/bench_autograd.py:"
+    exec "$VENV_DIR/bin/python" benchmarks/bench_autograd.py --help
+  fi
+  echo
+  echo "The options of benchmarks/bench_losses.py and bench_autograd.py are listed here once $VENV_DIR exists"
+  echo "(any other run of this script, or scripts/run_tests.sh, creates it)."
+  exit 0
+fi
 # Pinned, so that a figure redrawn from a committed CSV comes out the same.
 setup_env matplotlib==3.11.2 tqdm==4.70.1
 cd "$REPO_ROOT"
-if ((help)); then
-  python benchmarks/bench_losses.py --help
-  echo
-  echo "Arguments after -- go to benchmarks/bench_autograd.py:"
-  exec python benchmarks/bench_autograd.py --help
-fi
 python benchmarks/bench_losses.py "${losses_args[@]}"
 if ((from_csv)); then
   echo "run_benchmarks: --from-csv times nothing; benchmarks/bench_autograd.py not run" >&2

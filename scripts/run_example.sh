@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# Set up a fresh machine (venv, torch==2.13.0, the built extension) and run the main job:
+# Set up a fresh machine (venv, torch 2.13.0 or the release NPU_LOSS_OPS_TORCH_VERSION names, the built
+# extension) and run the main job:
 # examples/train.py trains a small model with npu_loss_ops' losses next to torch.nn's and checks they agree.
 set -euo pipefail
 # shellcheck source=setup_env.sh

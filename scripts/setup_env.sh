@@ -1,5 +1,6 @@
 # Sourced by every script in scripts/ (and so by .ci/run): the one place that turns a fresh machine into a
-# venv with build_config.py's torch and npu_loss_ops built into it, for the CPU or with the NPU kernels.
+# venv with a torch release build_config.py names and npu_loss_ops built into it, for the CPU or with the
+# NPU kernels.
 #
 #   setup_env [pip packages...]       .venv: torch (CPU build), the build tools, the packages, and npu_loss_ops
 #                                     built in place (editable; skipped when up to date)
@@ -13,6 +14,10 @@
 #                                     up-to-date stamps)
 #
 # Environment knobs:
+#   NPU_LOSS_OPS_TORCH_VERSION  the torch release to install and build against (default: build_config.py's
+#                            DEFAULT_TORCH, 2.13.0; tested: its TESTED_RELEASES, 2.9.1, 2.13.0 and 2.14.0);
+#                            torch_npu's release comes from the same table. Another release than the default
+#                            gets venvs of its own, .venv-torch<release> and .venv-npu-torch<release>.
 #   NPU_LOSS_OPS_VENV        the CPU venv (default: <repo>/.venv)
 #   NPU_LOSS_OPS_NPU_VENV    the NPU venv (default: <repo>/.venv-npu)
 #   NPU_LOSS_OPS_FRESH_VENV  1 = delete and recreate the venv (CI does this)
@@ -21,14 +26,19 @@
 #   MAX_JOBS                 parallel compile jobs (default 2)
 #   NPU_LOSS_OPS_TORCH       which build of the pinned torch to install (see _install_torch):
 #                              cpu (default)  the CPU build: a +cpu wheel pip already finds without an index
-#                                             (a local wheel directory), else PyTorch's CPU wheel index
+#                                             (a local wheel directory), else PyTorch's CPU wheel index; when
+#                                             that index cannot be reached, the configured one (as pypi)
 #                              pypi           whatever the configured index gives (from PyPI on x86-64
 #                                             Linux: the CUDA build and its nvidia-* packages, several GB)
 #   NPU_LOSS_OPS_TORCH_INDEX the CPU wheel index (default https://download.pytorch.org/whl/cpu)
 
 REPO_ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
-VENV_DIR="${NPU_LOSS_OPS_VENV:-$REPO_ROOT/.venv}"
-NPU_VENV_DIR="${NPU_LOSS_OPS_NPU_VENV:-$REPO_ROOT/.venv-npu}"
+# The default release, read without Python (which may not be installed yet).
+DEFAULT_TORCH="$(sed -n 's/^DEFAULT_TORCH = "\(.*\)"$/\1/p' "$REPO_ROOT/build_config.py")"
+TORCH_VERSION="${NPU_LOSS_OPS_TORCH_VERSION:-$DEFAULT_TORCH}"
+if [[ "$TORCH_VERSION" == "$DEFAULT_TORCH" ]]; then _venv_suffix=""; else _venv_suffix="-torch$TORCH_VERSION"; fi
+VENV_DIR="${NPU_LOSS_OPS_VENV:-$REPO_ROOT/.venv$_venv_suffix}"
+NPU_VENV_DIR="${NPU_LOSS_OPS_NPU_VENV:-$REPO_ROOT/.venv-npu$_venv_suffix}"
 TORCH_CPU_INDEX="${NPU_LOSS_OPS_TORCH_INDEX:-https://download.pytorch.org/whl/cpu}"
 DEBIAN_PACKAGES="python3 python3-dev python3-venv g++"
 # What the installed package is built from: a change to any of them means a rebuild.
@@ -98,12 +108,24 @@ EOF
   return 1
 }
 
-# The only torch the extension is built and tested against (a looser pin pulls a multi-GB CUDA build), read
-# from build_config.py, where it is written once; torch_npu's releases carry torch's version.
+# The exact torch release to install (a looser pin pulls a multi-GB CUDA build), and torch_npu's release for
+# it from build_config.py's table (empty for a release the table lacks: the CPU build still works).
 _read_torch_pin() {
-  TORCH_VERSION="$("$1" "$REPO_ROOT/build_config.py" --torch-version)" || return 1
   TORCH_PIN="torch==$TORCH_VERSION"
-  TORCH_NPU_PIN="torch-npu==$TORCH_VERSION"
+  TORCH_NPU_VERSION="$("$1" "$REPO_ROOT/build_config.py" --torch-npu-version "$TORCH_VERSION" 2>/dev/null)" \
+    || TORCH_NPU_VERSION=""
+  TORCH_NPU_PIN="torch-npu==$TORCH_NPU_VERSION"
+  if [[ -z "$TORCH_NPU_VERSION" ]]; then
+    _setup_log "torch $TORCH_VERSION is not a tested release ($("$1" "$REPO_ROOT/build_config.py" --tested | paste -sd, -)); building against it anyway"
+  fi
+}
+
+# True when PyTorch's CPU wheel index answers (it is the default source of a CPU build).
+_cpu_index_reachable() {
+  python - "$TORCH_CPU_INDEX" <<'PY' 2>/dev/null
+import sys, urllib.request
+urllib.request.urlopen(sys.argv[1].rstrip("/") + "/torch/", timeout=15)
+PY
 }
 
 # _make_venv PYTHON DIR: create (or reuse) the venv DIR and activate it.
@@ -170,9 +192,12 @@ _install_torch() {
       if [[ "${local_wheel%% *}" == *+cpu ]]; then
         _setup_log "torch: the CPU build torch ${local_wheel%% *}, which pip finds without an index: ${local_wheel#* }"
         cmd=(python -m pip install "$TORCH_PIN")
-      else
+      elif _cpu_index_reachable; then
         _setup_log "torch: the CPU build from PyTorch's CPU wheel index $TORCH_CPU_INDEX"
         cmd=(python -m pip install "$TORCH_PIN" --index-url "$TORCH_CPU_INDEX")
+      else
+        _setup_log "torch: PyTorch's CPU wheel index $TORCH_CPU_INDEX cannot be reached; $TORCH_PIN as the configured index resolves it (from PyPI on x86-64 Linux: the CUDA build, several GB)"
+        cmd=(python -m pip install "$TORCH_PIN")
       fi
       ;;
     pypi)
@@ -192,12 +217,16 @@ _install_torch() {
   _setup_log "installed torch $(_installed_torch)"
 }
 
-# True when the venv has the package installed, it imports (it was built against this torch), and the
-# compiled _C is newer than every build input.
+# True when this venv has the package installed as this checkout's editable install, it imports there (it
+# was built against this torch), and the compiled _C is newer than every build input. The venv is asked
+# from outside the repository: from its root, Python would find the checkout's own files (an egg-info or
+# in-place library another venv's build left) and answer for that venv instead.
 _extension_up_to_date() {
   [[ "${NPU_LOSS_OPS_REBUILD:-0}" == "1" ]] && return 1
-  python -c 'import importlib.metadata as m; m.version("npu_loss_ops")' 2>/dev/null || return 1
-  (cd "$REPO_ROOT" && python -c 'import npu_loss_ops' 2>/dev/null) || return 1
+  local imported
+  imported="$(cd / && python -c 'import os, npu_loss_ops; print(os.path.dirname(os.path.abspath(npu_loss_ops.__file__)))' 2>/dev/null)" \
+    || return 1
+  [[ "$imported" == "$REPO_ROOT/npu_loss_ops" ]] || return 1
   local so
   so="$(compgen -G "$REPO_ROOT/npu_loss_ops/_C.*.so" | head -n 1)" || return 1
   [[ -n "$so" ]] || return 1
@@ -273,8 +302,9 @@ setup_env() {
   t1=$SECONDS
   _build_extension || return 1
   _setup_log "extension ready in $((SECONDS - t1))s"
-  python -c 'import torch, npu_loss_ops; print("[setup] torch", torch.__version__, "| npu_loss_ops from",
-      npu_loss_ops.__file__)' >&2 || return 1
+  # torch's own "Failed to initialize NumPy" warning (NumPy is optional) is left to the command that follows.
+  python -W "ignore:Failed to initialize NumPy" -c 'import torch, npu_loss_ops; print("[setup] torch",
+      torch.__version__, "| npu_loss_ops from", npu_loss_ops.__file__)' >&2 || return 1
   _setup_log "environment ready in $((SECONDS - t0))s"
 }
 
@@ -310,6 +340,11 @@ _build_npu_package() {
 # The venv with the real torch-npu wheel (no CANN needed to install or build) and npu_loss_ops with _C_npu.
 setup_npu_env() {
   local t0=$SECONDS t1
+  local py
+  if py="$(_find_python)" && ! "$py" "$REPO_ROOT/build_config.py" --torch-npu-version "$TORCH_VERSION" >/dev/null; then
+    _setup_log "no torch_npu release is paired with torch $TORCH_VERSION (build_config.py, TESTED_RELEASES)"
+    return 1
+  fi
   setup_venv "$NPU_VENV_DIR" pyyaml numpy pytest expecttest hypothesis "$@" || return 1
   _setup_log "installing $TORCH_NPU_PIN (--no-deps: its requirements would pull another torch)"
   _pip --no-deps "$TORCH_NPU_PIN" || return 1

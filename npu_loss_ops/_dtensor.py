@@ -28,6 +28,7 @@ rule must give the out tensor's own placement.
 """
 from __future__ import annotations
 
+import functools
 import importlib.abc
 import importlib.machinery
 import sys
@@ -164,16 +165,39 @@ def _rules(op: _OpShape, shapes: Sequence[Sequence[int]], reduction: int) -> lis
     return rules
 
 
-def _equal_counts(inputs: list[DTensorSpec], output: DTensorSpec | tuple[DTensorSpec | None, ...]) -> bool:
+def _equal_counts(
+    shapes: Sequence[torch.Size], inputs: list[DTensorSpec], output: DTensorSpec | tuple[DTensorSpec | None, ...]
+) -> bool:
     """A Partial("avg") result is the mean only when every rank divided by the same count: when every
-    argument is evenly sharded, so that each rank holds slices of the same shapes."""
+    argument (of these `shapes`, in the order of `inputs`) is evenly sharded, so that each rank holds slices
+    of the same shapes. (The shapes come from the op schema: torch 2.9 gives the specs no tensor_meta.)"""
     from torch.distributed.tensor._ops.utils import is_tensor_evenly_shardable
     from torch.distributed.tensor.placement_types import Partial
 
     assert not isinstance(output, tuple)  # each op has one result
     if not any(isinstance(p, Partial) and p.reduce_op == "avg" for p in output.placements):
         return True
-    return all(is_tensor_evenly_shardable(spec.shape, spec) for spec in inputs)
+    return all(is_tensor_evenly_shardable(shape, spec) for shape, spec in zip(shapes, inputs))
+
+
+def _keeps_placements(
+    placements: tuple[Placement, ...],
+    shapes: Sequence[torch.Size],
+    inputs: list[DTensorSpec],
+    output: DTensorSpec | tuple[DTensorSpec | None, ...],
+) -> bool:
+    """_equal_counts, for a rule whose result must have `placements` (an out= tensor's)."""
+    assert not isinstance(output, tuple)  # each op has one result
+    return tuple(output.placements) == placements and _equal_counts(shapes, inputs, output)
+
+
+def _placements(spec: object) -> tuple[Placement, ...]:
+    """The placements of a DTensor argument as an op schema holds it: a DTensorSpec, or an OpStrategy of one."""
+    from torch.distributed.tensor._op_schema import OpStrategy
+
+    if isinstance(spec, OpStrategy):
+        spec = spec.strategies[0].output_spec
+    return tuple(getattr(spec, "placements"))
 
 
 def _strategy(op: _OpShape) -> Callable[[OpSchema], OpStrategy]:
@@ -185,12 +209,20 @@ def _strategy(op: _OpShape) -> Callable[[OpSchema], OpStrategy]:
         args = op_schema.args_schema
         reduction = args[op.tensors] if len(args) > op.tensors else _MEAN
         assert isinstance(reduction, int)
+        rules = _rules(op, shapes, reduction)
+        arg_shapes = [s.shape for s in op_schema.args_strategy]
+        valid: Callable[[list[DTensorSpec], DTensorSpec | tuple[DTensorSpec | None, ...]], bool] = (
+            functools.partial(_equal_counts, arg_shapes)
+        )
+        if op.out is not None and len(op_schema.args_strategy) == op.tensors:
+            # torch 2.9 leaves an out= tensor passed by keyword out of the strategy's arguments (later releases
+            # list it) and gives it the chosen rule's result placement without redistributing it: so the
+            # rules go without their out= entry, and only those whose result has its placement are valid.
+            rules = [rule[:-1] for rule in rules]
+            valid = functools.partial(_keeps_placements, _placements(op_schema.kwargs_schema[op.out]), arg_shapes)
+
         result = expand_to_full_mesh_op_strategy(
-            op_schema.get_mesh_from_args(),
-            op_schema,
-            _rules(op, shapes, reduction),
-            input_index=1,
-            is_valid_strategy_cb=_equal_counts,
+            op_schema.get_mesh_from_args(), op_schema, rules, input_index=1, is_valid_strategy_cb=valid
         )
         if not result.strategies:
             # Only an out= tensor, which DTensor never redistributes, can rule out every rule.

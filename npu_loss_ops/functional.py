@@ -158,7 +158,8 @@ def smooth_l1_loss(
         tensor(3.7500)
     """
     if has_torch_function_variadic(input, target):
-        return handle_torch_function(
+        # A Tensor (torch 2.9's annotations type it Any).
+        overridden: Tensor = handle_torch_function(
             smooth_l1_loss,
             (input, target),
             input,
@@ -168,6 +169,7 @@ def smooth_l1_loss(
             reduction=reduction,
             beta=beta,
         )
+        return overridden
     _warn_if_sizes_differ(input, target)
     if size_average is not None or reduce is not None:
         reduction = _legacy_reduction(size_average, reduce)
@@ -245,7 +247,8 @@ def huber_loss(
         tensor(4.6250)
     """
     if has_torch_function_variadic(input, target, weight):
-        return handle_torch_function(
+        # A Tensor (torch 2.9's annotations type it Any).
+        overridden: Tensor = handle_torch_function(
             huber_loss,
             (input, target, weight),
             input,
@@ -254,6 +257,7 @@ def huber_loss(
             delta=delta,
             weight=weight,
         )
+        return overridden
     _warn_if_sizes_differ(input, target)
     input, target = _promote_like_functional(input, target, bool_ok=True, integral_result_ok=False)
     if weight is None:
@@ -328,7 +332,8 @@ def l1_loss(
         tensor(6.5000)
     """
     if has_torch_function_variadic(input, target, weight):
-        return handle_torch_function(
+        # A Tensor (torch 2.9's annotations type it Any).
+        overridden: Tensor = handle_torch_function(
             l1_loss,
             (input, target, weight),
             input,
@@ -338,6 +343,7 @@ def l1_loss(
             reduction=reduction,
             weight=weight,
         )
+        return overridden
     _warn_if_sizes_differ(input, target)
     if size_average is not None or reduce is not None:
         reduction = _legacy_reduction(size_average, reduce)
@@ -421,7 +427,8 @@ def kl_div(
                 [0.0000, 0.6931]])
     """
     if has_torch_function_variadic(input, target):
-        return handle_torch_function(
+        # A Tensor (torch 2.9's annotations type it Any).
+        overridden: Tensor = handle_torch_function(
             kl_div,
             (input, target),
             input,
@@ -431,6 +438,7 @@ def kl_div(
             reduction=reduction,
             log_target=log_target,
         )
+        return overridden
     if size_average is not None or reduce is not None:
         reduction_enum = _reduction_enum(_legacy_reduction(size_average, reduce))
     else:

@@ -199,7 +199,12 @@ def _worker(rank: int, result_dir: str) -> None:
             try:
                 results[case.id] = _run(case, distribute)
             except Exception as exc:  # every rank raises alike: the rules are deterministic
-                results[case.id] = {"error": f"{type(exc).__name__}: {exc}"}
+                # The exception and its causes: torch 2.9's DTensor wraps a rule's own error in "Sharding
+                # propagation failed", naming it only as the cause.
+                chain = [exc]
+                while chain[-1].__cause__ is not None:
+                    chain.append(chain[-1].__cause__)
+                results[case.id] = {"error": " <- ".join(f"{type(e).__name__}: {e}" for e in chain)}
         if rank == 0:
             torch.save(results, os.path.join(result_dir, "dtensor.pt"))
         finished = True
@@ -263,6 +268,12 @@ PLACEMENTS = {
     "backward-kl-sum-selfS1-targetS0-target[5]": "(Shard(dim=0),)",
     "outS1-l1-none-selfS1-targetS1": "(Shard(dim=1),)",
 }
+
+
+# torch 2.9 (and, untested, the releases before 2.13) replicates a Partial(sum) DTensor divided by a number (the 'batchmean' division after the
+# 'sum' op); later releases keep it Partial(sum). The value is the same either way (test_equals_one_process).
+if tuple(int(v) for v in torch.__version__.split("+")[0].split(".")[:2]) < (2, 13):
+    PLACEMENTS["loss-kl-batchmean-selfS0-targetS0"] = "(Replicate(),)"
 
 
 @pytest.mark.parametrize("case_id", PLACEMENTS)

@@ -1,4 +1,4 @@
-"""The public API's signatures are torch 2.13's (inspect.signature: names, order, kinds, defaults and
+"""The public API's signatures are those of the installed torch (2.13's, and the same on 2.9 and 2.14) (inspect.signature: names, order, kinds, defaults and
 annotations): every function against torch.nn.functional's, every module's __init__ against torch.nn's, so
 code written for torch.nn runs unchanged, `weight=` included.
 
@@ -6,26 +6,31 @@ The one liberty: where torch leaves a parameter unannotated (the legacy size_ave
 modules' __init__), the package annotates it (`bool | None`), because its py.typed API is checked with
 mypy --strict (test_typing.py). Every annotation torch does have must be the package's too."""
 import inspect
+import re
 
 import pytest
 import torch
 import torch.nn.functional as F
 
 import npu_loss_ops
+from helpers import build_config
 
 FUNCTIONS = ["smooth_l1_loss", "l1_loss", "kl_div", "huber_loss"]
 MODULES = ["SmoothL1Loss", "L1Loss", "KLDivLoss", "HuberLoss"]
 
 
-def test_torch_is_2_13():
-    assert torch.__version__.startswith("2.13."), torch.__version__
+def test_torch_is_a_tested_release():
+    """The signatures compared below are those of the torch installed: one of the tested releases."""
+    assert build_config().release_of(torch.__version__) in build_config().TESTED_RELEASES, torch.__version__
 
 
 def _text(a):
-    """An annotation as a string (the package may write them with `from __future__ import annotations`)."""
+    """An annotation as a string (the package may write them with `from __future__ import annotations`),
+    with `Optional[X]` spelled `X | None`, as torch writes it from 2.13 on (2.9 writes `Optional[...]`)."""
     if a is inspect.Parameter.empty:
         return a
-    return a if isinstance(a, str) else inspect.formatannotation(a)
+    text = a if isinstance(a, str) else inspect.formatannotation(a)
+    return re.sub(r"^Optional\[(.*)\]$", r"\1 | None", text)
 
 
 def _normalised(sig: inspect.Signature, like: inspect.Signature | None = None) -> inspect.Signature:

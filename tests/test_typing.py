@@ -6,6 +6,7 @@ import subprocess
 import sys
 
 import pytest
+from helpers import install_built_copy, venv_with_this_torch
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 HAS_MYPY = importlib.util.find_spec("mypy") is not None
@@ -35,6 +36,21 @@ def test_strict_mypy_passes_on_typed_usage_and_the_package():
     result = _mypy(os.path.join("tests", "typing_usage.py"), "npu_loss_ops")
     assert result.returncode == 0, result.stdout + result.stderr
     assert result.stdout.strip() == "", result.stdout
+
+
+@needs_mypy
+def test_strict_mypy_passes_on_the_installed_package_from_outside_the_repository(tmp_path):
+    """`mypy --strict -p npu_loss_ops` as a user runs it on an installed copy, away from pyproject.toml:
+    the package needs no settings of its own."""
+    python = venv_with_this_torch(str(tmp_path / "venv"))
+    install_built_copy(python)
+    result = subprocess.run(
+        [python, "-m", "mypy", "--strict", "--no-color-output", "--cache-dir", os.path.join(ROOT, ".mypy_cache"),
+         "-p", "npu_loss_ops"],
+        cwd=str(tmp_path), capture_output=True, text=True, timeout=900,
+    )
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert "pyproject.toml" not in result.stderr
 
 
 @pytest.mark.filterwarnings("ignore:size_average and reduce args will be deprecated:UserWarning")

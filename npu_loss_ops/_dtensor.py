@@ -166,7 +166,9 @@ def _rules(op: _OpShape, shapes: Sequence[Sequence[int]], reduction: int) -> lis
 
 
 def _equal_counts(
-    shapes: Sequence[torch.Size], inputs: list[DTensorSpec], output: DTensorSpec | tuple[DTensorSpec | None, ...]
+    shapes: Sequence[torch.Size],
+    inputs: list[DTensorSpec],
+    output: DTensorSpec | tuple[DTensorSpec | None, ...] | None,
 ) -> bool:
     """A Partial("avg") result is the mean only when every rank divided by the same count: when every
     argument (of these `shapes`, in the order of `inputs`) is evenly sharded, so that each rank holds slices
@@ -174,7 +176,7 @@ def _equal_counts(
     from torch.distributed.tensor._ops.utils import is_tensor_evenly_shardable
     from torch.distributed.tensor.placement_types import Partial
 
-    assert not isinstance(output, tuple)  # each op has one result
+    assert output is not None and not isinstance(output, tuple)  # each op has one result
     if not any(isinstance(p, Partial) and p.reduce_op == "avg" for p in output.placements):
         return True
     return all(is_tensor_evenly_shardable(shape, spec) for shape, spec in zip(shapes, inputs))
@@ -184,10 +186,10 @@ def _keeps_placements(
     placements: tuple[Placement, ...],
     shapes: Sequence[torch.Size],
     inputs: list[DTensorSpec],
-    output: DTensorSpec | tuple[DTensorSpec | None, ...],
+    output: DTensorSpec | tuple[DTensorSpec | None, ...] | None,
 ) -> bool:
     """_equal_counts, for a rule whose result must have `placements` (an out= tensor's)."""
-    assert not isinstance(output, tuple)  # each op has one result
+    assert output is not None and not isinstance(output, tuple)  # each op has one result
     return tuple(output.placements) == placements and _equal_counts(shapes, inputs, output)
 
 
@@ -210,21 +212,33 @@ def _strategy(op: _OpShape) -> Callable[[OpSchema], OpStrategy]:
         reduction = args[op.tensors] if len(args) > op.tensors else _MEAN
         assert isinstance(reduction, int)
         rules = _rules(op, shapes, reduction)
-        arg_shapes = [s.shape for s in op_schema.args_strategy]
-        valid: Callable[[list[DTensorSpec], DTensorSpec | tuple[DTensorSpec | None, ...]], bool] = (
+        # The arguments the rules place: the tensors, then an out= tensor (a keyword argument). torch 2.9's
+        # OpSchema has no kwargs_strategy and leaves the out= tensor out of them.
+        placed = tuple(op_schema.args_strategy) + tuple(getattr(op_schema, "kwargs_strategy", ()))
+        arg_shapes = [s.shape for s in placed]
+        valid: Callable[[list[DTensorSpec], DTensorSpec | tuple[DTensorSpec | None, ...] | None], bool] = (
             functools.partial(_equal_counts, arg_shapes)
         )
-        if op.out is not None and len(op_schema.args_strategy) == op.tensors:
-            # torch 2.9 leaves an out= tensor passed by keyword out of the strategy's arguments (later releases
-            # list it) and gives it the chosen rule's result placement without redistributing it: so the
-            # rules go without their out= entry, and only those whose result has its placement are valid.
+        if op.out is not None and len(placed) == op.tensors:
+            # There torch 2.9 gives the out= tensor the chosen rule's result placement without redistributing
+            # it: so the rules go without their out= entry, and only those whose result has its placement are
+            # valid.
             rules = [rule[:-1] for rule in rules]
             valid = functools.partial(_keeps_placements, _placements(op_schema.kwargs_schema[op.out]), arg_shapes)
 
-        result = expand_to_full_mesh_op_strategy(
-            op_schema.get_mesh_from_args(), op_schema, rules, input_index=1, is_valid_strategy_cb=valid
-        )
-        if not result.strategies:
+        try:
+            result = expand_to_full_mesh_op_strategy(
+                op_schema.get_mesh_from_args(), op_schema, rules, input_index=1
+            )
+            # Filtered here rather than by the function's own filter argument, which torch 2.14 renamed
+            # (is_valid_strategy_cb -> full_mesh_strategy_filter).
+            result.strategies = [s for s in result.strategies if valid(list(s.input_specs or ()), s.output_specs)]
+        except RuntimeError as exc:
+            # torch 2.14 itself drops the rules that would move an out= tensor, and raises when none is left.
+            if op.out is None or "no valid sharding strategy" not in str(exc):
+                raise
+            result = None
+        if result is None or not result.strategies:
             # Only an out= tensor, which DTensor never redistributes, can rule out every rule.
             raise RuntimeError(
                 f"{op_schema.op}: no sharding gives {op.out} its placements exactly for these arguments "

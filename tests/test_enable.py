@@ -26,7 +26,10 @@ from npu_loss_ops import _enable
 from test_ddp import _batch, _model
 
 # torch.func and inductor call torch.jit.script themselves.
-pytestmark = pytest.mark.filterwarnings("ignore:`torch.jit.script` is deprecated:DeprecationWarning")
+pytestmark = [  # torch 2.13: a DeprecationWarning, 2.14: a FutureWarning
+    pytest.mark.filterwarnings("ignore:`torch.jit.script` is deprecated:DeprecationWarning"),
+    pytest.mark.filterwarnings("ignore:`torch.jit.script` is deprecated:FutureWarning"),
+]
 
 LOSSES = ["smooth_l1_loss", "huber_loss", "l1_loss", "kl_div"]
 NODE = {

@@ -15,11 +15,12 @@ import npu_loss_ops.functional as nf
 from npu_loss_ops._reduction import REDUCTION_ENUMS, get_enum
 from samples import LOSSES
 
-# torch 2.13 marks TorchScript deprecated; it is still what these tests exercise.
+# torch 2.13 marks TorchScript deprecated (a DeprecationWarning; 2.14 a FutureWarning); it is still what these
+# tests exercise.
 pytestmark = [
-    pytest.mark.filterwarnings("ignore:`torch.jit.script` is deprecated:DeprecationWarning"),
-    pytest.mark.filterwarnings("ignore:`torch.jit.save` is deprecated:DeprecationWarning"),
-    pytest.mark.filterwarnings("ignore:`torch.jit.load` is deprecated:DeprecationWarning"),
+    pytest.mark.filterwarnings(f"ignore:`torch.jit.{name}` is deprecated:{category}")
+    for name in ("script", "save", "load")
+    for category in ("DeprecationWarning", "FutureWarning")
 ]
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))

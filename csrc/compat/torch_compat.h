@@ -39,8 +39,10 @@ NodePtr<T> make_node() {
   if constexpr (kIntrusiveNodes) {
     return c10::make_intrusive<T>();
   } else {
-    // deleteNode releases a long chain of nodes iteratively instead of recursing, as generated code does.
-    return std::shared_ptr<T>(new T(), torch::autograd::deleteNode);
+    // torch::autograd::deleteNode releases a long chain of nodes iteratively instead of recursing, as
+    // generated code does. Called unqualified on a T*, it is found (by argument-dependent lookup) only when
+    // this branch is instantiated: releases with intrusive nodes no longer have it (2.14).
+    return std::shared_ptr<T>(new T(), [](T* node) { deleteNode(node); });
   }
 }
 

@@ -224,9 +224,9 @@ _install_torch() {
 _extension_up_to_date() {
   [[ "${NPU_LOSS_OPS_REBUILD:-0}" == "1" ]] && return 1
   local imported
-  imported="$(cd / && python -c 'import os, npu_loss_ops; print(os.path.dirname(os.path.abspath(npu_loss_ops.__file__)))' 2>/dev/null)" \
+  imported="$(cd / && python -c 'import os, npu_loss_ops; print(os.path.dirname(os.path.realpath(npu_loss_ops.__file__)))' 2>/dev/null)" \
     || return 1
-  [[ "$imported" == "$REPO_ROOT/npu_loss_ops" ]] || return 1
+  [[ "$imported" == "$(cd "$REPO_ROOT" && pwd -P)/npu_loss_ops" ]] || return 1
   local so
   so="$(compgen -G "$REPO_ROOT/npu_loss_ops/_C.*.so" | head -n 1)" || return 1
   [[ -n "$so" ]] || return 1

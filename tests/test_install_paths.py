@@ -16,6 +16,7 @@ import glob
 import os
 import shutil
 import subprocess
+import sys
 
 import npu_loss_ops
 from helpers import REPO_ROOT, install_built_copy, venv_with_this_torch
@@ -82,3 +83,21 @@ def test_importing_the_unbuilt_source_folder_says_what_happened(tmp_path):
     assert "has no compiled extension (_C)" in last and f"The installed copy is in {installed}" in last, last
     assert "run from outside the repository" in last and "pip install --no-build-isolation -e ." in last, last
     assert "circular import" not in result.stderr, result.stderr
+
+
+def test_setup_without_torch_says_what_to_install_first():
+    """pip's isolated build (or an environment without torch) runs setup.py with no torch importable: it
+    stops with the order to follow, for the CPU and for Ascend."""
+    code = (
+        "import runpy, sys\n"
+        "sys.modules['torch'] = None  # import torch raises ImportError\n"
+        "sys.argv = ['setup.py', '--name']\n"
+        "runpy.run_path('setup.py', run_name='__main__')\n"
+    )
+    result = subprocess.run([sys.executable, "-c", code], cwd=REPO_ROOT,
+                            capture_output=True, text=True)
+    assert result.returncode == 1, result.stdout + result.stderr
+    message = result.stderr.strip().splitlines()[-1]
+    assert "none is importable here" in message, message
+    assert "on Ascend: install the CPU torch first" in message and "then torch_npu" in message, message
+    assert "pip install --no-build-isolation ." in message, message

@@ -66,7 +66,6 @@ except ImportError:
 _check_torch_version(_BUILT_WITH_TORCH, torch.__version__)
 
 
-
 def _missing_extension_error(package_dir: str) -> ImportError:
     """The error for a package folder without its compiled _C: most often the repository's source folder,
     which Python finds first when run from the repository root, ahead of the installed package."""

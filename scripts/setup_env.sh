@@ -245,7 +245,7 @@ _build_extension() {
   fi
   local log="$REPO_ROOT/build/pip-build.log" status
   mkdir -p "$REPO_ROOT/build"
-  _setup_log "building npu_loss_ops with MAX_JOBS=${MAX_JOBS:-2}: 3 to 5 minutes on 2 cores (full log: $log)"
+  _setup_log "building npu_loss_ops with MAX_JOBS=${MAX_JOBS:-2}: 1 to 5 minutes on 2 cores (full log: $log)"
   (cd "$REPO_ROOT" && MAX_JOBS="${MAX_JOBS:-2}" python -m pip install -v --no-build-isolation --no-deps \
     ${CI:+--progress-bar off} -e . 2>&1; echo "pip-exit-status $?") | tee "$log" | _show_build_progress
   status="$(sed -n 's/^pip-exit-status //p' "$log" | tail -n 1)"

@@ -26,7 +26,8 @@ NPU_TESTED = {
     "torch 2.14.0 (a CUDA build), so its kernels were never run",
 }
 
-# What the scripts install when NPU_LOSS_OPS_TORCH_VERSION does not name another release.
+# What the scripts install when NPU_LOSS_OPS_TORCH_VERSION does not name another release: exactly
+# torch==2.13.0 (and torch-npu==2.13.0), never a range, which would pull whatever release is newest.
 DEFAULT_TORCH = "2.13.0"
 
 

@@ -111,6 +111,10 @@ EOF
 # The exact torch release to install (a looser pin pulls a multi-GB CUDA build), and torch_npu's release for
 # it from build_config.py's table (empty for a release the table lacks: the CPU build still works).
 _read_torch_pin() {
+  if [[ ! "$TORCH_VERSION" =~ ^[0-9]+\.[0-9]+\.[0-9]+$ ]]; then
+    _setup_log "NPU_LOSS_OPS_TORCH_VERSION must name an exact release such as $DEFAULT_TORCH, got '$TORCH_VERSION'"
+    return 1
+  fi
   TORCH_PIN="torch==$TORCH_VERSION"
   TORCH_NPU_VERSION="$("$1" "$REPO_ROOT/build_config.py" --torch-npu-version "$TORCH_VERSION" 2>/dev/null)" \
     || TORCH_NPU_VERSION=""

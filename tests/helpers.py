@@ -46,16 +46,18 @@ def site_packages(python: str) -> str:
     ).stdout.strip()
 
 
+def built_package_dir() -> str:
+    """This environment's built package folder (the sources with the compiled libraries)."""
+    import npu_loss_ops
+
+    return os.path.dirname(os.path.abspath(npu_loss_ops.__file__))
+
+
 def install_built_copy(python: str) -> str:
     """What a plain `pip install .` leaves in a venv: the package folder with its compiled libraries, here
     copied from this environment's build. Returns the installed folder."""
-    import npu_loss_ops
-
     installed = os.path.join(site_packages(python), "npu_loss_ops")
-    shutil.copytree(
-        os.path.dirname(os.path.abspath(npu_loss_ops.__file__)), installed,
-        ignore=shutil.ignore_patterns("__pycache__"),
-    )
+    shutil.copytree(built_package_dir(), installed, ignore=shutil.ignore_patterns("__pycache__"))
     return installed
 
 

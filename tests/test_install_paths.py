@@ -19,7 +19,7 @@ import subprocess
 import sys
 
 import npu_loss_ops
-from helpers import REPO_ROOT, install_built_copy, venv_with_this_torch
+from helpers import REPO_ROOT, built_package_dir, install_built_copy, venv_with_this_torch
 
 
 def _copy_checkout(dest: str) -> str:
@@ -34,17 +34,12 @@ def _copy_checkout(dest: str) -> str:
     return dest
 
 
-def _installed_package_dir() -> str:
-    """This environment's built package folder (the in-place build: the sources with _C)."""
-    return os.path.dirname(os.path.abspath(npu_loss_ops.__file__))
-
-
 def test_up_to_date_check_asks_the_venv_it_runs_in(tmp_path):
     checkout = _copy_checkout(str(tmp_path / "checkout"))
     # What an install into the user's own environment leaves in the checkout: the compiled library in place
     # (with the torch it was built against) and the egg-info.
-    for built in glob.glob(os.path.join(_installed_package_dir(), "_C*.so")) + [
-        os.path.join(_installed_package_dir(), "_build_torch.py")
+    for built in glob.glob(os.path.join(built_package_dir(), "_C*.so")) + [
+        os.path.join(built_package_dir(), "_build_torch.py")
     ]:
         shutil.copy2(built, os.path.join(checkout, "npu_loss_ops"))
     egg = os.path.join(checkout, "npu_loss_ops.egg-info")

@@ -106,3 +106,35 @@ def test_sample_on_device_keeps_its_layout(layout, device):
         assert layout_kind(b) == layout_kind(a)
         assert torch.equal(b.cpu(), a)
     assert layout_kind(ds.self) == layout
+
+
+def test_bfloat16_kl_strided_matches_dense_bitwise():
+    """The strided route computes bfloat16 inputs as the bfloat16 kernels do (loops.h): KL's log of a
+    bfloat16 target takes the same form on both routes (a table lookup on AVX-512, docs/cpu_kernels.md), so
+    forward and gradient agree bit for bit. The targets are the bfloat16 values whose lookup log differs
+    from the polynomial's, and x sweeps every bfloat16 in (-4, 4), so that cancellation in log(t) + 1 - x
+    shows a last-bit difference after the bfloat16 rounding: the mixed-dtype call, which computes in
+    float32 with the polynomial, must differ somewhere when the lookup is in use."""
+    isa = npu_loss_ops.build_info()["cpu_isa"]
+    every = (torch.arange(0, 1 << 16, dtype=torch.int32) << 16).view(torch.float32)
+    positive = every[(every > 0) & every.isfinite()]
+    lookup, poly = (npu_loss_ops._C._vec_math(fn, positive, isa) for fn in ("log_bf16", "log"))
+    t_values = positive[lookup != poly]
+    if t_values.numel() == 0:  # no lookup on this instruction set: log_bf16 is log
+        t_values = positive[positive.bfloat16().float().sub(0.5).abs() < 0.25][:64]
+    x_values = every[every.abs() < 4]
+    shape = (t_values.numel(), x_values.numel())
+    t = t_values[:, None].expand(shape).bfloat16().contiguous()
+    x = x_values[None, :].expand(shape).bfloat16().contiguous()
+    g = torch.ones(shape, dtype=torch.bfloat16)
+    strided = [make_layout(v, "sliced") for v in (g, x, t)]
+    assert not strided[1].is_contiguous() and torch.equal(strided[1], x)
+    ops = torch.ops.npu_loss
+    for log_target in (False, True):
+        dense_bwd = ops.kl_div_target_backward(g, x, t, 0, log_target)
+        assert torch.equal(ops.kl_div_target_backward(*strided, 0, log_target), dense_bwd), log_target
+        dense_fwd = ops.kl_div(x, t, 0, log_target=log_target)
+        assert torch.equal(ops.kl_div(strided[1], strided[2], 0, log_target=log_target), dense_fwd)
+    if (lookup != poly).any():
+        mixed = ops.kl_div_target_backward(g, x.float(), t, 0, False)
+        assert not torch.equal(mixed, ops.kl_div_target_backward(g, x, t, 0, False))

@@ -1,7 +1,8 @@
 """The KL kernels' float log and exp (csrc/cpu/vec_math.h) against float64, on every instruction set this
 CPU runs: within 2 ulp of the exact value over the whole float range, IEEE special cases, and results that
 do not depend on the other lanes of a vector (docs/cpu_kernels.md). The exhaustive sweep of every float is
-opt-in (NPU_LOSS_OPS_LARGE_TESTS=1); the default sweep takes every 251st bit pattern."""
+opt-in (NPU_LOSS_OPS_LARGE_TESTS=1); the default sweep takes every 251st bit pattern. The log of bfloat16
+values ('log_bf16', a table lookup on AVX-512) is checked on every bfloat16."""
 import math
 import os
 
@@ -74,6 +75,34 @@ def test_every_float_within_2_ulp(fn, isa):
     assert worst <= MAX_ULP, f"{fn} on {isa}: {worst:.3f} ulp at x = {at!r}"
 
 
+BF16_BITS = torch.arange(0, 1 << 16, dtype=torch.int32) << 16
+
+
+def every_bfloat16():
+    """Every bfloat16 bit pattern, as float32."""
+    return BF16_BITS.view(torch.float32)
+
+
+@pytest.mark.parametrize("isa", ISAS)
+def test_log_of_every_bfloat16_within_2_ulp(isa):
+    """Every positive finite bfloat16, denormals included: the same bound as log's."""
+    x = every_bfloat16()
+    x = x[(x > 0) & x.isfinite()]
+    err = ulp_error(vec("log_bf16", x, isa), x, "log")
+    worst = err.max().item()
+    assert worst <= MAX_ULP, f"log_bf16 on {isa}: {worst:.3f} ulp at x = {x[err.argmax()].item()!r}"
+    assert worst > 0.0
+
+
+@pytest.mark.parametrize("isa", ISAS)
+def test_log_bf16_special_values_and_negatives(isa):
+    """Zero, negatives (every negative bfloat16), infinities and NaN as log gives them."""
+    x = every_bfloat16()
+    special = x[~((x > 0) & x.isfinite())]
+    torch.testing.assert_close(vec("log_bf16", special, isa), vec("log", special, isa), equal_nan=True,
+                               rtol=0, atol=0)
+
+
 SPECIAL = {
     "log": [(0.0, -INF), (-0.0, -INF), (-1.0, math.nan), (-1e-40, math.nan), (-INF, math.nan), (INF, INF),
             (math.nan, math.nan), (1.0, 0.0)],
@@ -83,22 +112,27 @@ SPECIAL = {
 
 
 @pytest.mark.parametrize("isa", ISAS)
-@pytest.mark.parametrize("fn", ["log", "exp"])
+@pytest.mark.parametrize("fn", ["log", "exp", "log_bf16"])
 def test_special_values(fn, isa):
-    x = torch.tensor([v for v, _ in SPECIAL[fn]], dtype=torch.float32)
-    expected = torch.tensor([e for _, e in SPECIAL[fn]], dtype=torch.float32)
+    table = SPECIAL["log" if fn == "log_bf16" else fn]
+    x = torch.tensor([v for v, _ in table], dtype=torch.float32)
+    if fn == "log_bf16":
+        x = x.bfloat16().float()  # -1e-40 is a bfloat16 denormal
+    expected = torch.tensor([e for _, e in table], dtype=torch.float32)
     torch.testing.assert_close(vec(fn, x, isa), expected, equal_nan=True, rtol=0, atol=0)
 
 
 @pytest.mark.parametrize("isa", ISAS)
-@pytest.mark.parametrize("fn", ["log", "exp"])
+@pytest.mark.parametrize("fn", ["log", "exp", "log_bf16"])
 def test_a_lane_does_not_depend_on_its_neighbours(fn, isa):
     """A vector with one special lane takes the slow path: its ordinary lanes keep the fast path's bits,
     at every position and for every tail length."""
     torch.manual_seed(0)
-    x = torch.rand(100) * 4 + 0.01 if fn == "log" else torch.randn(100) * 10
+    x = torch.rand(100) * 4 + 0.01 if fn != "exp" else torch.randn(100) * 10
+    if fn == "log_bf16":
+        x = x.bfloat16().float()
     alone = vec(fn, x, isa)
-    for special in (0.0, -1.0, INF, math.nan, 1e-41, 200.0, -200.0):
+    for special in (0.0, -1.0, INF, math.nan, 1e-41 if fn != "log_bf16" else 2.0 ** -130, 200.0, -200.0):
         for pos in (0, 1, 7, 8, 15, 16, 31, 33, 99):
             y = x.clone()
             y[pos] = special
@@ -118,8 +152,10 @@ def test_denormal_inputs_and_results(isa):
 
 
 def test_rejects_bad_arguments():
-    with pytest.raises(RuntimeError, match="fn must be 'log' or 'exp'"):
+    with pytest.raises(RuntimeError, match="fn must be 'log', 'exp' or 'log_bf16'"):
         vec("sin", torch.ones(3), "baseline")
+    with pytest.raises(RuntimeError, match="'log_bf16' takes bfloat16 values"):
+        vec("log_bf16", torch.tensor([1.0, 1.0 + 2.0 ** -20]), "baseline")
     with pytest.raises(RuntimeError, match="float32 CPU tensor"):
         vec("log", torch.ones(3, dtype=torch.float64), "baseline")
     with pytest.raises(ValueError, match="is not an instruction set"):

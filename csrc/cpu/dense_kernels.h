@@ -114,13 +114,25 @@ struct L1Grad {
   NPU_LOSS_SIMD_INLINE V operator()(V g, V x, V t) const { return g * sign_of(x - t); }
 };
 
+// log(target) for the KL functors: the lookup form when every target is a bfloat16 value (Bf16 true: the
+// bfloat16 kernels and the strided route's float buffers of bfloat16 inputs), so that both routes give the
+// same bits (vec_math.h).
+template <bool Bf16, class V>
+NPU_LOSS_SIMD_INLINE V log_of_target(V t, bool& special) {
+  if constexpr (Bf16) {
+    return log_bf16(t, special);
+  } else {
+    return log(t, special);
+  }
+}
+
 // target * (log(target) - self), with 0 for target * log(target) where target == 0 (xlogy's rule).
-template <class V>
+template <class V, bool Bf16 = false>
 struct KlDiv {
   explicit KlDiv(const LossParams&) {}
   NPU_LOSS_SIMD_INLINE V operator()(V x, V t) const {
     bool special;
-    V t_log_t = t * log(t, special);
+    V t_log_t = t * log_of_target<Bf16>(t, special);
     if (special) t_log_t = select(t == cst<V>(0), cst<V>(0), t_log_t);
     return t_log_t - t * x;
   }
@@ -135,12 +147,12 @@ struct KlDivLog {
 
 // g * (log(target) + 1 - self), exactly 0 where target == 0 (a zero probability gets no gradient), and NaN
 // where target == +inf, as PyTorch's autograd (xlogy's t / t) and aclnn give.
-template <class V>
+template <class V, bool Bf16 = false>
 struct KlTargetGrad {
   explicit KlTargetGrad(const LossParams&) {}
   NPU_LOSS_SIMD_INLINE V operator()(V g, V x, V t) const {
     bool special;
-    V v = g * (log(t, special) + (cst<V>(1) - x));
+    V v = g * (log_of_target<Bf16>(t, special) + (cst<V>(1) - x));
     if (special) {
       v = select(t == cst<V>(__builtin_inf()), cst<V>(__builtin_nan("")), v);
       v = select(t == cst<V>(0), cst<V>(0), v);
@@ -160,10 +172,12 @@ struct KlTargetGradLog {
 template <DType>
 struct Io;
 
-// The storage types computed in float registers: float32, bfloat16, float16.
+// The storage types computed in float registers: float32, bfloat16, float16. kBf16Values: every value is a
+// bfloat16 (KL's log takes its lookup form).
 struct FloatRegisterIo {
   using V = F;
   static constexpr int kLanes = ::npu_loss::cpu::NPU_LOSS_ISA::kLanes;
+  static constexpr bool kBf16Values = false;
 };
 
 template <>
@@ -173,18 +187,21 @@ struct Io<DType::Float> : FloatRegisterIo {
   static NPU_LOSS_SIMD_INLINE void store(T* p, F v) { ::npu_loss::cpu::NPU_LOSS_ISA::store(p, v); }
 };
 
+// float buffers that hold bfloat16 values: the strided route's, for bfloat16 inputs (loops.h).
+template <>
+struct Io<DType::FloatOfBFloat16> : Io<DType::Float> {
+  static constexpr bool kBf16Values = true;
+};
+
 template <>
 struct Io<DType::BFloat16> : FloatRegisterIo {
   using T = uint16_t;
+  static constexpr bool kBf16Values = true;
   static NPU_LOSS_SIMD_INLINE F load(const T* p) { return load_bf16(p); }
-  // Round to nearest even on the bits: the carry out of the low half rounds the exponent up correctly, and
-  // to inf past the largest bfloat16. A NaN stays a NaN without a check of its own: every NaN these
-  // kernels produce has zero low 16 bits (a NaN operand's payload comes from bfloat16 data, the invalid
-  // operations give the default NaN, vec_math.h's fix-ups a quiet NaN), so nothing carries out of them.
-  static NPU_LOSS_SIMD_INLINE void store(T* p, F v) {
-    const I b = bits(v);
-    store_narrow(p, shift_right<16>(b + splat_i(0x7FFF) + (shift_right<16>(b) & splat_i(1))));
-  }
+  // Round to nearest even on the bits (simd.h). A NaN stays a NaN without a check of its own: every NaN
+  // these kernels produce has zero low 16 bits (a NaN operand's payload comes from bfloat16 data, the
+  // invalid operations give the default NaN, vec_math.h's fix-ups a quiet NaN), so nothing carries out.
+  static NPU_LOSS_SIMD_INLINE void store(T* p, F v) { store_bf16(p, v); }
 };
 
 template <>
@@ -200,6 +217,7 @@ struct Io<DType::Double> {
   using T = double;
   using V = D;
   static constexpr int kLanes = 1;
+  static constexpr bool kBf16Values = false;
   static NPU_LOSS_SIMD_INLINE D load(const T* p) { return {*p}; }
   static NPU_LOSS_SIMD_INLINE void store(T* p, D v) { *p = v.v; }
 };
@@ -322,6 +340,9 @@ NPU_LOSS_SIMD_INLINE void with_io(DType dtype, const Fn& fn) {
     case DType::Float:
       fn(Io<DType::Float>{});
       break;
+    case DType::FloatOfBFloat16:
+      fn(Io<DType::FloatOfBFloat16>{});
+      break;
     case DType::BFloat16:
       fn(Io<DType::BFloat16>{});
       break;
@@ -336,9 +357,10 @@ NPU_LOSS_SIMD_INLINE void with_io(DType dtype, const Fn& fn) {
   }
 }
 
-// Calls fn(forward functor, gradient functor) for the loss, on value type V.
-template <class V, class Fn>
+// Calls fn(forward functor, gradient functor) for the loss, on the storage type's value type.
+template <class IoT, class Fn>
 NPU_LOSS_SIMD_INLINE void with_loss(const LossParams& p, const Fn& fn) {
+  using V = typename IoT::V;
   switch (p.kind) {
     case LossKind::SmoothL1:
       fn(SmoothL1<V>(p), SmoothL1Grad<V>(p));
@@ -350,7 +372,7 @@ NPU_LOSS_SIMD_INLINE void with_loss(const LossParams& p, const Fn& fn) {
       fn(L1<V>(p), L1Grad<V>(p));
       break;
     case LossKind::KlDiv:
-      fn(KlDiv<V>(p), KlTargetGrad<V>(p));
+      fn(KlDiv<V, IoT::kBf16Values>(p), KlTargetGrad<V, IoT::kBf16Values>(p));
       break;
     case LossKind::KlDivLogTarget:
       fn(KlDivLog<V>(p), KlTargetGradLog<V>(p));
@@ -365,7 +387,7 @@ void backward(const LossParams& p, DType dtype, const void* g, bool g_scalar, co
 #endif
   with_io(dtype, [&](auto io) {
     using IoT = decltype(io);
-    with_loss<typename IoT::V>(p, [&](const auto&, const auto& grad) {
+    with_loss<IoT>(p, [&](const auto&, const auto& grad) {
       backward_loop<IoT>(grad, g, g_scalar, x, t, out, n, scale);
     });
   });
@@ -377,7 +399,7 @@ void forward(const LossParams& p, DType dtype, const void* x, const void* t, voi
 #endif
   with_io(dtype, [&](auto io) {
     using IoT = decltype(io);
-    with_loss<typename IoT::V>(p, [&](const auto& fwd, const auto&) { forward_loop<IoT>(fwd, x, t, out, n); });
+    with_loss<IoT>(p, [&](const auto& fwd, const auto&) { forward_loop<IoT>(fwd, x, t, out, n); });
   });
 }
 
@@ -388,12 +410,12 @@ double sum(const LossParams& p, DType dtype, const void* x, const void* t, int64
   double total = 0;
   with_io(dtype, [&](auto io) {
     using IoT = decltype(io);
-    with_loss<typename IoT::V>(p, [&](const auto& fwd, const auto&) { total = sum_loop<IoT>(fwd, x, t, n); });
+    with_loss<IoT>(p, [&](const auto& fwd, const auto&) { total = sum_loop<IoT>(fwd, x, t, n); });
   });
   return total;
 }
 
-// The KL kernels' float log and exp over a buffer, for tests.
+// The KL kernels' float log and exp, and log of bfloat16 values, over a buffer, for tests.
 template <class Fn>
 NPU_LOSS_SIMD_INLINE void map_float(const float* x, float* out, int64_t n, const Fn& fn) {
   using IoT = Io<DType::Float>;
@@ -414,9 +436,13 @@ void exp_buffer(const float* x, float* out, int64_t n) {
   map_float(x, out, n, [](F v) { return exp(v); });
 }
 
+void log_bf16_buffer(const float* x, float* out, int64_t n) {
+  map_float(x, out, n, [](F v) { return log_bf16(v); });
+}
+
 }  // namespace
 }  // namespace npu_loss::cpu::NPU_LOSS_ISA
 
 namespace npu_loss::cpu::NPU_LOSS_ISA {
-const DenseKernels kKernels = {&backward, &forward, &sum, &log_buffer, &exp_buffer};
+const DenseKernels kKernels = {&backward, &forward, &sum, &log_buffer, &exp_buffer, &log_bf16_buffer};
 }  // namespace npu_loss::cpu::NPU_LOSS_ISA

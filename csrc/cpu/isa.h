@@ -21,8 +21,10 @@ enum class Isa : int { Baseline = 0, Avx2 = 1, Avx512 = 2 };
 
 enum class LossKind : int { SmoothL1, Huber, L1, KlDiv, KlDivLogTarget };
 
-// The storage types of the dense kernels' operands (all operands of one call share it).
-enum class DType : int { Float, BFloat16, Half, Double };
+// The storage types of the dense kernels' operands (all operands of one call share it). FloatOfBFloat16 is
+// float storage whose values are all bfloat16: the strided route's buffers for bfloat16 inputs, computed
+// as the bfloat16 kernels compute (KL's log of a bfloat16 target), so that both routes give the same bits.
+enum class DType : int { Float, BFloat16, Half, Double, FloatOfBFloat16 };
 
 struct LossParams {
   LossKind kind;
@@ -38,9 +40,11 @@ struct DenseKernels {
   void (*forward)(const LossParams& loss, DType dtype, const void* x, const void* t, void* out, int64_t n);
   // The sum of loss(x, t), accumulated in the opmath type, lanes in a fixed order.
   double (*sum)(const LossParams& loss, DType dtype, const void* x, const void* t, int64_t n);
-  // The float log and exp the KL kernels use, exposed for tests.
+  // The float log and exp the KL kernels use, and their log of bfloat16 values (x must hold bfloat16
+  // values), exposed for tests.
   void (*log)(const float* x, float* out, int64_t n);
   void (*exp)(const float* x, float* out, int64_t n);
+  void (*log_bf16)(const float* x, float* out, int64_t n);
 };
 
 namespace baseline {
@@ -62,7 +66,7 @@ const char* isa_name(Isa isa);
 const char* isa_description(Isa isa);
 // The best instruction set this CPU runs and this build has.
 Isa best_isa();
-// What runs when NPU_LOSS_OPS_CPU_ISA is unset: best_isa(), but at most AVX2 (docs/cpu_kernels.md).
+// What runs when NPU_LOSS_OPS_CPU_ISA is unset: best_isa() (docs/cpu_kernels.md).
 Isa default_isa();
 // default_isa(), or NPU_LOSS_OPS_CPU_ISA's choice; read once. Throws std::invalid_argument for an unknown
 // name or an instruction set this CPU or build lacks.

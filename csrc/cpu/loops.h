@@ -117,7 +117,10 @@ void pointwise_strided(const at::Tensor& out, const Dense& dense, const std::arr
       dtypes[k] = inputs[k].scalar_type();
     }
     auto iter = config.build();
-    const DType acc = dense_dtype(acc_dtype);
+    // bfloat16 inputs widened to float are still bfloat16 values: computed as the dense bfloat16 kernels
+    // compute them (isa.h's FloatOfBFloat16), for the same bits on both routes.
+    const bool all_bf16 = std::all_of(dtypes.begin(), dtypes.end(), [](auto d) { return d == at::kBFloat16; });
+    const DType acc = all_bf16 ? DType::FloatOfBFloat16 : dense_dtype(acc_dtype);
     // One run of n elements along the innermost dimension.
     const auto run = [&](char* const* data, const int64_t* strides, int64_t n) {
       A in[N][kStridedBlock];

@@ -6,11 +6,12 @@
 // NPU_LOSS_ISA_AVX2 (GCC's `#pragma GCC target` does not define __AVX2__ and friends in C++). The kernels
 // are written once against this interface:
 //
-//   F (floats), I (int32 lanes), M (lane masks); kLanes; splat, load/store for float, bfloat16 and
-//   float16 bits (a bfloat16 vector's lanes are in an order of its own, the same for its load and its
-//   store, so only elementwise work may be done on them); + - * / on F, fma(a, b, c) = a * b + c rounded
-//   once; comparisons (false on NaN), & | on M, all, select; bit casts, integer + - & and shifts,
-//   int -> float; reduce_add (a fixed lane order).
+//   F (floats), I (int32 lanes), M (lane masks); kLanes; splat, load/store for float, bfloat16 (the store
+//   rounds to nearest even) and float16 bits (a bfloat16 vector's lanes are in an order of its own, the
+//   same for its load and its store, so only elementwise work may be done on them); + - * / on F,
+//   fma(a, b, c) = a * b + c rounded once; comparisons (false on NaN), & | on M, all, select; bit casts,
+//   integer + - & and shifts, int -> float; reduce_add (a fixed lane order); and, where
+//   NPU_LOSS_HAVE_LOOKUP128 is defined (AVX-512 only), lookup128: a 128-entry float table indexed per lane.
 //
 // No libm calls and no torch headers (the baseline alone uses c10's float16 conversions): the vector
 // translation units are built for instruction sets the CPU may lack, so they must not emit inline functions
@@ -61,8 +62,21 @@ NPU_LOSS_SIMD_INLINE void load2_bf16(const uint16_t* p, F1& lo, F1& hi) {
   lo.v = _mm512_castsi512_ps(_mm512_unpacklo_epi16(zero, w));
   hi.v = _mm512_castsi512_ps(_mm512_unpackhi_epi16(zero, w));
 }
-NPU_LOSS_SIMD_INLINE void store_narrow2(uint16_t* p, I1 lo, I1 hi) {
-  _mm512_storeu_si512(p, _mm512_packus_epi32(lo.v, hi.v));
+// bfloat16 rounding of two registers of float bits, to nearest even, stored in load2_bf16's order: b +
+// 0x7FFF, plus 1 where the lowest kept bit (bit 16) is set (a masked add), then one two-source word permute
+// takes the high halves. The same integer arithmetic as the AVX2 form, in 7 instructions instead of 11.
+NPU_LOSS_SIMD_INLINE __m512i round_bf16_1(__m512i b) {
+  const __m512i r = _mm512_add_epi32(b, _mm512_set1_epi32(0x7FFF));
+  return _mm512_mask_add_epi32(r, _mm512_test_epi32_mask(b, _mm512_set1_epi32(0x10000)), r, _mm512_set1_epi32(1));
+}
+NPU_LOSS_SIMD_INLINE void store2_bf16(uint16_t* p, F1 lo, F1 hi) {
+  // Output word 8j + i of 128-bit block j: the high word of lo's lane 4j + i (i < 4), else of hi's 4j + i - 4.
+  alignas(64) static constexpr uint16_t kHighWords[32] = {
+      1, 3, 5, 7, 33, 35, 37, 39, 9, 11, 13, 15, 41, 43, 45, 47,
+      17, 19, 21, 23, 49, 51, 53, 55, 25, 27, 29, 31, 57, 59, 61, 63};
+  _mm512_storeu_si512(p, _mm512_permutex2var_epi16(round_bf16_1(_mm512_castps_si512(lo.v)),
+                                                   _mm512_load_si512(kHighWords),
+                                                   round_bf16_1(_mm512_castps_si512(hi.v))));
 }
 
 NPU_LOSS_SIMD_INLINE F1 operator+(F1 a, F1 b) { return {_mm512_add_ps(a.v, b.v)}; }
@@ -89,6 +103,19 @@ template <int N> NPU_LOSS_SIMD_INLINE I1 shift_right_arith(I1 a) { return {_mm51
 template <int N> NPU_LOSS_SIMD_INLINE I1 shift_right(I1 a) { return {_mm512_srli_epi32(a.v, N)}; }
 template <int N> NPU_LOSS_SIMD_INLINE I1 shift_left(I1 a) { return {_mm512_slli_epi32(a.v, N)}; }
 NPU_LOSS_SIMD_INLINE F1 to_float(I1 a) { return {_mm512_cvtepi32_ps(a.v)}; }
+// table[i & 127] per lane, for a 64-byte aligned table of 128 floats: four two-source permutes of 32 entries
+// each (the low 5 bits), then two blends by bit 5 and one by bit 6.
+#define NPU_LOSS_HAVE_LOOKUP128 1
+NPU_LOSS_SIMD_INLINE F1 lookup128(const float* table, I1 i) {
+  const auto part = [&](int k) {
+    return _mm512_permutex2var_ps(_mm512_load_ps(table + 32 * k), i.v, _mm512_load_ps(table + 32 * k + 16));
+  };
+  const __mmask16 bit5 = _mm512_test_epi32_mask(i.v, _mm512_set1_epi32(32));
+  const __mmask16 bit6 = _mm512_test_epi32_mask(i.v, _mm512_set1_epi32(64));
+  const __m512 low = _mm512_mask_blend_ps(bit5, part(0), part(1));
+  const __m512 high = _mm512_mask_blend_ps(bit5, part(2), part(3));
+  return {_mm512_mask_blend_ps(bit6, low, high)};
+}
 NPU_LOSS_SIMD_INLINE float reduce_add(F1 a) {
   // Halves added pairwise: 16 -> 8 -> 4 -> 2 -> 1, the same order on every call.
   const __m256 h = _mm256_add_ps(_mm512_castps512_ps256(a.v), _mm512_extractf32x8_ps(a.v, 1));
@@ -123,8 +150,16 @@ NPU_LOSS_SIMD_INLINE void load2_bf16(const uint16_t* p, F1& lo, F1& hi) {
   lo.v = _mm256_castsi256_ps(_mm256_unpacklo_epi16(zero, w));
   hi.v = _mm256_castsi256_ps(_mm256_unpackhi_epi16(zero, w));
 }
-NPU_LOSS_SIMD_INLINE void store_narrow2(uint16_t* p, I1 lo, I1 hi) {
-  _mm256_storeu_si256(reinterpret_cast<__m256i*>(p), _mm256_packus_epi32(lo.v, hi.v));
+// bfloat16 rounding of two registers of float bits, to nearest even (b + 0x7FFF + bit 16 of b: the carry
+// out of the low half rounds the exponent up correctly, and to inf past the largest bfloat16), stored in
+// load2_bf16's order.
+NPU_LOSS_SIMD_INLINE __m256i round_bf16_1(__m256i b) {
+  const __m256i lsb = _mm256_and_si256(_mm256_srli_epi32(b, 16), _mm256_set1_epi32(1));
+  return _mm256_srli_epi32(_mm256_add_epi32(_mm256_add_epi32(b, _mm256_set1_epi32(0x7FFF)), lsb), 16);
+}
+NPU_LOSS_SIMD_INLINE void store2_bf16(uint16_t* p, F1 lo, F1 hi) {
+  _mm256_storeu_si256(reinterpret_cast<__m256i*>(p),
+                      _mm256_packus_epi32(round_bf16_1(_mm256_castps_si256(lo.v)), round_bf16_1(_mm256_castps_si256(hi.v))));
 }
 
 NPU_LOSS_SIMD_INLINE F1 operator+(F1 a, F1 b) { return {_mm256_add_ps(a.v, b.v)}; }
@@ -153,6 +188,8 @@ template <int N> NPU_LOSS_SIMD_INLINE I1 shift_right_arith(I1 a) { return {_mm25
 template <int N> NPU_LOSS_SIMD_INLINE I1 shift_right(I1 a) { return {_mm256_srli_epi32(a.v, N)}; }
 template <int N> NPU_LOSS_SIMD_INLINE I1 shift_left(I1 a) { return {_mm256_slli_epi32(a.v, N)}; }
 NPU_LOSS_SIMD_INLINE F1 to_float(I1 a) { return {_mm256_cvtepi32_ps(a.v)}; }
+// No 128-entry lookup (NPU_LOSS_HAVE_LOOKUP128): AVX2 permutes 8 entries at a time, and its gather was no
+// faster than log's polynomial (docs/cpu_kernels.md).
 NPU_LOSS_SIMD_INLINE float reduce_add(F1 a) {
   // Halves added pairwise: 8 -> 4 -> 2 -> 1, the same order on every call.
   __m128 q = _mm_add_ps(_mm256_castps256_ps128(a.v), _mm256_extractf128_ps(a.v, 1));
@@ -179,13 +216,16 @@ NPU_LOSS_SIMD_INLINE void store(float* p, F v) {
   store1(p, v.a);
   store1(p + kRegisterLanes, v.b);
 }
-// bfloat16 lanes come in load2_bf16's order; store_narrow stores 16-bit values from the same order.
+// bfloat16 lanes come in load2_bf16's order; store_bf16 rounds and stores from the same order.
 NPU_LOSS_SIMD_INLINE F load_bf16(const uint16_t* p) {
   F v;
   load2_bf16(p, v.a, v.b);
   return v;
 }
-NPU_LOSS_SIMD_INLINE void store_narrow(uint16_t* p, I v) { store_narrow2(p, v.a, v.b); }
+NPU_LOSS_SIMD_INLINE void store_bf16(uint16_t* p, F v) { store2_bf16(p, v.a, v.b); }
+#ifdef NPU_LOSS_HAVE_LOOKUP128
+NPU_LOSS_SIMD_INLINE F lookup128(const float* table, I i) { return {lookup128(table, i.a), lookup128(table, i.b)}; }
+#endif
 NPU_LOSS_SIMD_INLINE F load_half(const uint16_t* p) { return {load1_half(p), load1_half(p + kRegisterLanes)}; }
 NPU_LOSS_SIMD_INLINE void store_half(uint16_t* p, F v) {
   store1_half(p, v.a);
@@ -239,7 +279,12 @@ NPU_LOSS_SIMD_INLINE F load_bf16(const uint16_t* p) {
   std::memcpy(&f, &w, sizeof(f));
   return {f};
 }
-NPU_LOSS_SIMD_INLINE void store_narrow(uint16_t* p, I a) { *p = static_cast<uint16_t>(a.v); }
+// Round to nearest even on the bits, as the vector forms do.
+NPU_LOSS_SIMD_INLINE void store_bf16(uint16_t* p, F a) {
+  uint32_t b;
+  std::memcpy(&b, &a.v, sizeof(b));
+  *p = static_cast<uint16_t>((b + 0x7FFFu + ((b >> 16) & 1u)) >> 16);
+}
 // float16 <-> float with c10's exact conversions (this translation unit is built for the baseline ISA).
 NPU_LOSS_SIMD_INLINE F load_half(const uint16_t* p) { return {c10::detail::fp16_ieee_to_fp32_value(*p)}; }
 NPU_LOSS_SIMD_INLINE void store_half(uint16_t* p, F a) { *p = c10::detail::fp16_ieee_from_fp32_value(a.v); }

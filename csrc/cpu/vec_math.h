@@ -67,6 +67,68 @@ NPU_LOSS_SIMD_INLINE F log(F x) {
   return log(x, special);
 }
 
+// log of a bfloat16 value (a float whose low 16 bits are zero): 2^k * m with m = (1 + j/128) or half of it,
+// in [sqrt(1/2), sqrt(2)) as above, so log(x) = k ln 2 + kLogMantissa[j], j the 7 mantissa bits. The 128
+// entries are log(m) rounded to float (computed in float64): every bfloat16 gets its log within 2 ulp from
+// one lookup (four permutes and three blends) and two multiply-adds, in place of the degree-8 polynomial
+// (docs/cpu_kernels.md). Where simd.h has no 128-entry lookup it is log itself. Special values and denormals take log's slow path, lane by
+// lane: a normal lane's bits never depend on its neighbours.
+#ifdef NPU_LOSS_HAVE_LOOKUP128
+alignas(64) constexpr float kLogMantissa[128] = {
+    0.0f, 0x1.fe02a6p-8f, 0x1.fc0a8cp-7f, 0x1.7b91b0p-6f,
+    0x1.f829b0p-6f, 0x1.39e87cp-5f, 0x1.774590p-5f, 0x1.b42dd8p-5f,
+    0x1.f0a30cp-5f, 0x1.16536ep-4f, 0x1.341d7ap-4f, 0x1.51b074p-4f,
+    0x1.6f0d28p-4f, 0x1.8c345ep-4f, 0x1.a926d4p-4f, 0x1.c5e548p-4f,
+    0x1.e27076p-4f, 0x1.fec914p-4f, 0x1.0d77e8p-3f, 0x1.1b72aep-3f,
+    0x1.295530p-3f, 0x1.371fc2p-3f, 0x1.44d2b6p-3f, 0x1.526e5ep-3f,
+    0x1.5ff308p-3f, 0x1.6d60fep-3f, 0x1.7ab890p-3f, 0x1.87fa06p-3f,
+    0x1.9525aap-3f, 0x1.a23bc2p-3f, 0x1.af3c94p-3f, 0x1.bc2868p-3f,
+    0x1.c8ff7cp-3f, 0x1.d5c216p-3f, 0x1.e27076p-3f, 0x1.ef0adcp-3f,
+    0x1.fb9186p-3f, 0x1.04025ap-2f, 0x1.0a324ep-2f, 0x1.1058c0p-2f,
+    0x1.1675cap-2f, 0x1.1c898cp-2f, 0x1.229420p-2f, 0x1.2895a2p-2f,
+    0x1.2e8e2cp-2f, 0x1.347ddap-2f, 0x1.3a64c6p-2f, 0x1.404308p-2f,
+    0x1.4618bcp-2f, 0x1.4be5fap-2f, 0x1.51aad8p-2f, 0x1.576772p-2f,
+    0x1.5d1bdcp-2f, 0x1.62c830p-2f, -0x1.5d5bdep-2f, -0x1.57bf76p-2f,
+    -0x1.522ae0p-2f, -0x1.4c9e0ap-2f, -0x1.4718dcp-2f, -0x1.419b42p-2f,
+    -0x1.3c2528p-2f, -0x1.36b678p-2f, -0x1.314f1ep-2f, -0x1.2bef08p-2f,
+    -0x1.269622p-2f, -0x1.214456p-2f, -0x1.1bf996p-2f, -0x1.16b5ccp-2f,
+    -0x1.1178e8p-2f, -0x1.0c42d6p-2f, -0x1.071386p-2f, -0x1.01eae6p-2f,
+    -0x1.f991c6p-3f, -0x1.ef5adep-3f, -0x1.e530f0p-3f, -0x1.db13dcp-3f,
+    -0x1.d10380p-3f, -0x1.c6ffbcp-3f, -0x1.bd0874p-3f, -0x1.b31d86p-3f,
+    -0x1.a93ed4p-3f, -0x1.9f6c40p-3f, -0x1.95a5aep-3f, -0x1.8beafep-3f,
+    -0x1.823c16p-3f, -0x1.7898d8p-3f, -0x1.6f0128p-3f, -0x1.6574ecp-3f,
+    -0x1.5bf406p-3f, -0x1.527e5ep-3f, -0x1.4913d8p-3f, -0x1.3fb45ap-3f,
+    -0x1.365fccp-3f, -0x1.2d1610p-3f, -0x1.23d712p-3f, -0x1.1aa2b8p-3f,
+    -0x1.1178e8p-3f, -0x1.08598cp-3f, -0x1.fe8914p-4f, -0x1.ec7398p-4f,
+    -0x1.da7276p-4f, -0x1.c88580p-4f, -0x1.b6ac88p-4f, -0x1.a4e764p-4f,
+    -0x1.9335e6p-4f, -0x1.8197e2p-4f, -0x1.700d30p-4f, -0x1.5e95a4p-4f,
+    -0x1.4d3116p-4f, -0x1.3bdf5ap-4f, -0x1.2aa04ap-4f, -0x1.1973bep-4f,
+    -0x1.08598cp-4f, -0x1.eea31cp-5f, -0x1.ccb73cp-5f, -0x1.aaef2ep-5f,
+    -0x1.894aa2p-5f, -0x1.67c950p-5f, -0x1.466aeep-5f, -0x1.252f32p-5f,
+    -0x1.0415d8p-5f, -0x1.c63d2ep-6f, -0x1.849252p-6f, -0x1.432a92p-6f,
+    -0x1.020566p-6f, -0x1.82448ap-7f, -0x1.010158p-7f, -0x1.008056p-8f,
+};
+
+NPU_LOSS_SIMD_INLINE F log_bf16(F x, bool& special) {
+  const M normal = (x >= splat(kFloatMin)) & (x <= splat(kFloatMax));
+  const I ix = bits(x);
+  const F e = to_float(shift_right_arith<23>(ix - splat_i(0x3F3504F3)));
+  const F tab = lookup128(kLogMantissa, shift_right<16>(ix));
+  const F r = fma(e, splat(0.693359375f), fma(e, splat(-2.12194440e-4f), tab));
+  special = !all(normal);
+  if (!special) return r;
+  bool unused;
+  return select(normal, r, log(x, unused));
+}
+#else
+NPU_LOSS_SIMD_INLINE F log_bf16(F x, bool& special) { return log(x, special); }
+#endif
+
+NPU_LOSS_SIMD_INLINE F log_bf16(F x) {
+  bool special;
+  return log_bf16(x, special);
+}
+
 // exp(x) = 2^n exp(r), n = round(x / ln 2), r = x - n ln 2 in [-ln 2 / 2, ln 2 / 2] (ln 2 in two parts),
 // exp(r) by Cephes' expf polynomial. n comes out of the rounding trick's bits: x / ln 2 + 1.5 * 2^23 has
 // ulp 1, so its low bits hold n.

@@ -234,9 +234,15 @@ struct Tail {
   NPU_LOSS_SIMD_INLINE typename IoT::V load() const { return IoT::load(data); }
 };
 
-// Software prefetch this many elements ahead in every input stream (about 1 KB of float): with log or exp
-// in the loop, the hardware prefetcher alone leaves float32 short of the memory bandwidth.
-constexpr int kPrefetch = 256;
+// Software prefetch of every input stream, kPrefetchBytes ahead (4 cache lines, whatever the dtype): with
+// log or exp in the loop the hardware prefetcher alone leaves float32 short of the memory bandwidth, and
+// farther (1 KB) was slower at two threads (docs/cpu_kernels.md).
+constexpr int kPrefetchBytes = 256;
+
+template <class T>
+NPU_LOSS_SIMD_INLINE void prefetch_ahead(const T* p) {
+  __builtin_prefetch(reinterpret_cast<const char*>(p) + kPrefetchBytes);
+}
 
 // out[i] = op(g * scale, x[i], t[i]), g one value or g[i].
 template <class IoT, class Op>
@@ -258,22 +264,22 @@ NPU_LOSS_SIMD_INLINE void backward_loop(
     for (int k = 0; k < W; ++k) gb[k] = g[0];
     gs = IoT::load(gb) * scale;
     for (; i + W <= n; i += W) {
-      __builtin_prefetch(x + i + kPrefetch);
-      __builtin_prefetch(t + i + kPrefetch);
+      prefetch_ahead(x + i);
+      prefetch_ahead(t + i);
       IoT::store(out + i, op(gs, IoT::load(x + i), IoT::load(t + i)));
     }
   } else if (scale_d == 1.0) {  // 'none': g itself (g * 1 has g's bits)
     for (; i + W <= n; i += W) {
-      __builtin_prefetch(g + i + kPrefetch);
-      __builtin_prefetch(x + i + kPrefetch);
-      __builtin_prefetch(t + i + kPrefetch);
+      prefetch_ahead(g + i);
+      prefetch_ahead(x + i);
+      prefetch_ahead(t + i);
       IoT::store(out + i, op(IoT::load(g + i), IoT::load(x + i), IoT::load(t + i)));
     }
   } else {
     for (; i + W <= n; i += W) {
-      __builtin_prefetch(g + i + kPrefetch);
-      __builtin_prefetch(x + i + kPrefetch);
-      __builtin_prefetch(t + i + kPrefetch);
+      prefetch_ahead(g + i);
+      prefetch_ahead(x + i);
+      prefetch_ahead(t + i);
       IoT::store(out + i, op(IoT::load(g + i) * scale, IoT::load(x + i), IoT::load(t + i)));
     }
   }
@@ -295,8 +301,8 @@ NPU_LOSS_SIMD_INLINE void forward_loop(const Op& op, const void* xv, const void*
   T* out = static_cast<T*>(outv);
   int64_t i = 0;
   for (; i + W <= n; i += W) {
-    __builtin_prefetch(x + i + kPrefetch);
-    __builtin_prefetch(t + i + kPrefetch);
+    prefetch_ahead(x + i);
+    prefetch_ahead(t + i);
     IoT::store(out + i, op(IoT::load(x + i), IoT::load(t + i)));
   }
   if (i < n) {
@@ -323,8 +329,8 @@ NPU_LOSS_SIMD_INLINE double sum_loop(const Op& op, const void* xv, const void* t
     V acc = cst<V>(0);
     int64_t i = 0;
     for (; i + W <= n; i += W) {
-      __builtin_prefetch(x + i + kPrefetch);
-      __builtin_prefetch(t + i + kPrefetch);
+      prefetch_ahead(x + i);
+      prefetch_ahead(t + i);
       acc = acc + op(IoT::load(x + i), IoT::load(t + i));
     }
     // The tail's zero padding adds nothing: every loss is exactly +0 at x = t = 0.

@@ -67,12 +67,12 @@ NPU_LOSS_SIMD_INLINE F log(F x) {
   return log(x, special);
 }
 
-// log of a bfloat16 value (a float whose low 16 bits are zero): 2^k * m with m = (1 + j/128) or half of it,
-// in [sqrt(1/2), sqrt(2)) as above, so log(x) = k ln 2 + kLogMantissa[j], j the 7 mantissa bits. The 128
-// entries are log(m) rounded to float (computed in float64): every bfloat16 gets its log within 2 ulp from
-// one lookup (four permutes and three blends) and two multiply-adds, in place of the degree-8 polynomial
-// (docs/cpu_kernels.md). Where simd.h has no 128-entry lookup it is log itself. Special values and denormals take log's slow path, lane by
-// lane: a normal lane's bits never depend on its neighbours.
+// log of a bfloat16 value (a float whose low 16 bits are zero): 2^k * m with m = (1 + j/128) or half of it, in
+// [sqrt(1/2), sqrt(2)) as above, so log(x) = k ln 2 + kLogMantissa[j], j the 7 mantissa bits. The 128 entries
+// are log(m) rounded to float (computed in float64): every bfloat16 gets its log within 2 ulp from one lookup
+// (four permutes and three blends) and two multiply-adds, in place of the degree-8 polynomial
+// (docs/cpu_kernels.md). Where simd.h has no 128-entry lookup it is log itself. Special values and denormals
+// take log's slow path, lane by lane: a normal lane's bits never depend on its neighbours.
 #ifdef NPU_LOSS_HAVE_LOOKUP128
 alignas(64) constexpr float kLogMantissa[128] = {
     0.0f, 0x1.fe02a6p-8f, 0x1.fc0a8cp-7f, 0x1.7b91b0p-6f,

@@ -1,6 +1,7 @@
 """Small helpers several test modules share that are neither samples (samples.py) nor references
 (reference.py): a free TCP port for torch.distributed, a dispatch mode that records the ops a call runs,
-the repository's build_config.py, and temporary venvs with this torch and an installed copy of the package."""
+the repository's build_config.py, temporary venvs with this torch and an installed copy of the package, and
+every bfloat16 value."""
 from __future__ import annotations
 
 import importlib.util
@@ -11,6 +12,7 @@ import subprocess
 import venv
 from types import ModuleType
 
+import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
 
@@ -104,3 +106,8 @@ class RecordOps(TorchDispatchMode):
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         self.ops.append(str(func))
         return func(*args, **(kwargs or {}))
+
+
+def every_bfloat16() -> torch.Tensor:
+    """Every bfloat16 bit pattern (65,536, NaNs and infinities included), as float32 values."""
+    return (torch.arange(0, 1 << 16, dtype=torch.int32) << 16).view(torch.float32)

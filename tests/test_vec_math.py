@@ -10,6 +10,7 @@ import pytest
 import torch
 
 import npu_loss_ops
+from helpers import every_bfloat16
 
 ISAS = npu_loss_ops.build_info()["cpu_isas_available"]
 MAX_ULP = 2.0
@@ -73,14 +74,6 @@ def test_within_2_ulp_of_float64(fn, isa):
 def test_every_float_within_2_ulp(fn, isa):
     worst, at = sweep(fn, isa, step=1)
     assert worst <= MAX_ULP, f"{fn} on {isa}: {worst:.3f} ulp at x = {at!r}"
-
-
-BF16_BITS = torch.arange(0, 1 << 16, dtype=torch.int32) << 16
-
-
-def every_bfloat16():
-    """Every bfloat16 bit pattern, as float32."""
-    return BF16_BITS.view(torch.float32)
 
 
 @pytest.mark.parametrize("isa", ISAS)

@@ -51,8 +51,11 @@ NPU_LOSS_SIMD_INLINE F log_normal(F x, M scaled) {
 
 // log(x) with IEEE special cases: 0 -> -inf, x < 0 -> NaN, +inf -> +inf, NaN -> NaN, denormals exact to
 // 2 ulp. `special` says whether any lane needed the slow path (callers use it to skip their own fix-ups).
+// The lanes log's fast path covers: positive normal floats (false on NaN).
+NPU_LOSS_SIMD_INLINE M positive_normal(F x) { return (x >= splat(kFloatMin)) & (x <= splat(kFloatMax)); }
+
 NPU_LOSS_SIMD_INLINE F log(F x, bool& special) {
-  const M normal = (x >= splat(kFloatMin)) & (x <= splat(kFloatMax));
+  const M normal = positive_normal(x);
   special = !kVector || !all(normal);
   if (!special) return log_normal<false>(x, M{});
   const M denormal = x < splat(kFloatMin);
@@ -110,7 +113,7 @@ alignas(64) constexpr float kLogMantissa[128] = {
 };
 
 NPU_LOSS_SIMD_INLINE F log_bf16(F x, bool& special) {
-  const M normal = (x >= splat(kFloatMin)) & (x <= splat(kFloatMax));
+  const M normal = positive_normal(x);
   const I ix = bits(x);
   const F e = to_float(shift_right_arith<23>(ix - splat_i(0x3F3504F3)));
   const F tab = lookup128(kLogMantissa, shift_right<16>(ix));

@@ -23,6 +23,7 @@
 #include <type_traits>
 #include <utility>
 
+#include "compat/torch_compat.h"
 #include "core/checks.h"
 
 namespace npu_loss::enable {
@@ -126,7 +127,7 @@ c10::OperatorHandle find_op(const char* ns, const std::string& overload) {
 
 class RoutingKernel final : public c10::OperatorKernel {
  public:
-  RoutingKernel(Accepts accepts, c10::OperatorHandle ours, c10::SafeKernelFunction original,
+  RoutingKernel(Accepts accepts, c10::OperatorHandle ours, compat::KernelRef original,
                 std::optional<c10::DispatchKeySet> exclude)
       : accepts_(accepts), ours_(std::move(ours)), original_(std::move(original)), exclude_(exclude) {}
 
@@ -148,7 +149,7 @@ class RoutingKernel final : public c10::OperatorKernel {
  private:
   Accepts accepts_;
   c10::OperatorHandle ours_;
-  c10::SafeKernelFunction original_;
+  compat::KernelRef original_;
   // The device's Autocast key, where the npu_loss op has an Autocast kernel and torch's op has none (or a
   // fallthrough): torch computes in the inputs' dtype there, so the npu_loss op must not cast to float32.
   std::optional<c10::DispatchKeySet> exclude_;
@@ -192,7 +193,7 @@ void register_route(torch::Library& library, const Route& route) {
   struct Original {
     c10::DispatchKey key;
     std::optional<c10::DispatchKey> autocast;
-    c10::SafeKernelFunction kernel;
+    compat::KernelRef kernel;
   };
   // torch's kernels, all read before the first registration: one at a backend key changes what a
   // CompositeImplicitAutograd op (l1_loss, kl_div) computes at its Autograd key.
@@ -201,7 +202,7 @@ void register_route(torch::Library& library, const Route& route) {
     if (!aten.hasComputedKernelForDispatchKey(key)) {
       return;  // torch has no kernel there (PrivateUse1 without torch_npu, ...): leave its error alone
     }
-    originals.push_back(Original{key, autocast, aten.getComputedKernelForDispatchKey(key)});
+    originals.push_back(Original{key, autocast, compat::computed_kernel(aten, key)});
   };
   read(c10::DispatchKey::FuncTorchBatched, std::nullopt);
   for (const DeviceKeys& device : kDevices) {

@@ -1,9 +1,9 @@
 // The differences between the torch releases npu_loss_ops builds against, in one place: README,
-// "Supported versions" (2.9, 2.13 and 2.14 are built and tested; the releases between them are expected
-// to build). Each difference sits behind TORCH_VERSION_* guards with the change it follows; no other C++
-// file tests a torch version.
+// "Supported versions" (build_config.py's table, 2.6 to 2.15). Each difference sits behind TORCH_VERSION_*
+// guards with the change it follows; no other C++ file tests a torch version.
 #pragma once
 
+#include <ATen/core/dispatch/Dispatcher.h>
 #include <c10/util/intrusive_ptr.h>
 #include <torch/csrc/autograd/function.h>
 #include <torch/version.h>
@@ -45,5 +45,39 @@ NodePtr<T> make_node() {
     return std::shared_ptr<T>(new T(), [](T* node) { deleteNode(node); });
   }
 }
+
+// ---- the kernel an operator has at one dispatch key ----
+// enable() keeps the kernel torch had at a key before it registers its own there, to call it for the calls
+// the package's checks reject. torch 2.9 added OperatorHandle::getComputedKernelForDispatchKey, which
+// returns a SafeKernelFunction (it also notices a kernel whose library was deregistered since). torch 2.6
+// to 2.8 have no public getter: the computed dispatch table entry is read through the handle's private
+// OperatorDef, named in an explicit instantiation (where C++ does not check access, [temp.spec.general]),
+// and copied as a c10::KernelFunction (which holds its boxed functor by reference count). Both are called
+// with callBoxed(op, keys, stack).
+#if NPU_LOSS_TORCH_AT_LEAST(2, 9)
+using KernelRef = c10::SafeKernelFunction;
+
+inline KernelRef computed_kernel(const c10::OperatorHandle& op, c10::DispatchKey key) {
+  return op.getComputedKernelForDispatchKey(key);
+}
+#else
+using KernelRef = c10::KernelFunction;
+
+namespace detail {
+struct OperatorDefOf {
+  friend constexpr auto operator_def_member(OperatorDefOf);
+};
+template <auto Member>
+struct Expose {
+  friend constexpr auto operator_def_member(OperatorDefOf) { return Member; }
+};
+template struct Expose<&c10::OperatorHandle::operatorDef_>;
+}  // namespace detail
+
+inline KernelRef computed_kernel(const c10::OperatorHandle& op, c10::DispatchKey key) {
+  const auto def = op.*operator_def_member(detail::OperatorDefOf{});
+  return def->op.lookup(c10::DispatchKeySet(key));
+}
+#endif
 
 }  // namespace npu_loss::compat

@@ -1,34 +1,68 @@
-"""Build facts written once, shared by setup.py, scripts/check_npu_build.py and scripts/setup_env.sh:
-the torch releases the extension is built and tested against, each with its torch_npu release, and where
+"""Build facts written once, shared by setup.py, the scripts and .ci/run: the torch releases the extension is
+built and tested against, each with its torch_npu release, which of them CI runs and how far, and where
 torch_npu's wheel keeps the headers the NPU kernels include.
 
     python3 build_config.py --torch-version            prints DEFAULT_TORCH (what the scripts install)
     python3 build_config.py --torch-npu-version 2.9.1  prints the torch_npu release paired with torch 2.9.1
+                                                       (nothing, and exit 0, for a row without torch_npu)
     python3 build_config.py --tested                   prints the tested torch releases, one per line
+    python3 build_config.py --role NAME                prints the release CI runs in that role (see ROLES)
 """
 import os
 import sys
 
-# Each torch release the package is built and tested against, with the torch_npu release made for it
-# (README, "Supported versions", says what runs on each). setup.py builds against whatever torch is
-# installed; a release outside this table gets a one-line notice and is still built.
+# Each torch release the package is built and tested against, with the torch_npu release made for it, pinned
+# exactly (None: no torch_npu line is paired with that torch, and its NPU part is not built). README,
+# "Supported versions", says what runs on each; docs/releases.md holds the last check of every row. setup.py
+# builds against whatever torch is installed; a release outside this table gets a one-line notice and is
+# still built.
 TESTED_RELEASES = {
+    "2.7.1": "2.7.1.post11",
+    "2.8.0": "2.8.0.post5",
     "2.9.1": "2.9.0.post9",
+    "2.10.0": "2.10.0.post7",
+    "2.11.0": "2.11.0.post3",
+    "2.12.0": "2.12.0.post3",
     "2.13.0": "2.13.0",
     "2.14.0": "2.14.0",
-}
-
-# How far the NPU kernels were taken on each tested release's torch_npu; build_info() reports it.
-NPU_TESTED = {
-    "2.9.1": "run on the emulated CANN (910B and 950 families)",
-    "2.13.0": "run on the emulated CANN (every chip family)",
-    "2.14.0": "compiled, linked and symbol-checked only: torch-npu 2.14.0 does not import on the registry's "
-    "torch 2.14.0 (a CUDA build), so its kernels were never run",
+    "2.15.0": None,
 }
 
 # What the scripts install when NPU_LOSS_OPS_TORCH_VERSION does not name another release: exactly
 # torch==2.13.0 (and torch-npu==2.13.0), never a range, which would pull whatever release is newest.
 DEFAULT_TORCH = "2.13.0"
+
+# The architectures the package is built for. x86-64 runs everything natively; aarch64 (the host of most
+# Ascend training servers) is cross-built and run under qemu-aarch64-static (scripts/aarch64.sh).
+ARCHITECTURES = ("x86_64", "aarch64")
+
+
+def _key(release):
+    return tuple(int(part) for part in release.split("."))
+
+
+def _with_npu():
+    return sorted((r for r, npu in TESTED_RELEASES.items() if npu is not None), key=_key)
+
+
+# The releases CI runs beyond the default, by role, derived from the table above (.ci/run asks
+# `build_config.py --role NAME`); everything else runs in scripts/check_releases.sh.
+ROLES = {
+    "default": DEFAULT_TORCH,  # everything: CPU suite, NPU build check, every emulated chip family, wheel
+    "oldest-npu": _with_npu()[0],  # NPU build check, emulated 910B, CPU suite
+    "newest-npu": _with_npu()[-1],  # NPU build check
+    "newest": max(TESTED_RELEASES, key=_key),  # the rebuild check (default, then this, in one checkout), CPU suite
+}
+
+# How far CI takes each release's NPU kernels; build_info()["npu_tested"] reports it. docs/releases.md has
+# what scripts/check_releases.sh ran on every other row.
+NPU_TESTED = {
+    ROLES["default"]: "run on the emulated CANN (every chip family) in CI",
+    ROLES["oldest-npu"]: "run on the emulated CANN (910B family) in CI",
+    ROLES["newest-npu"]: "compiled, linked and symbol-checked in CI (torch-npu 2.14.0 does not import on the "
+    "registry's torch 2.14.0, a CUDA build, so its kernels were never run)",
+}
+NPU_CHECKED_ELSEWHERE = "checked by scripts/check_releases.sh (docs/releases.md has the last run)"
 
 
 def release_of(version):
@@ -37,8 +71,16 @@ def release_of(version):
 
 
 def torch_npu_release(torch_version):
-    """The torch_npu release paired with a torch release (None when it is not a tested one)."""
+    """The torch_npu release paired with a torch release (None when it is not a tested one or has none)."""
     return TESTED_RELEASES.get(release_of(torch_version))
+
+
+def npu_tested(torch_version):
+    """How far the NPU kernels were taken at this torch release (None when it has no tested torch_npu)."""
+    release = release_of(torch_version)
+    if TESTED_RELEASES.get(release) is None:
+        return None
+    return NPU_TESTED.get(release, NPU_CHECKED_ELSEWHERE)
 
 
 def torch_npu_include_dirs(torch_npu_root):
@@ -57,12 +99,13 @@ def _main(argv):
     if argv == ["--torch-version"]:
         print(DEFAULT_TORCH)
     elif argv == ["--tested"]:
-        print("\n".join(TESTED_RELEASES))
+        print("\n".join(sorted(TESTED_RELEASES, key=_key)))
+    elif len(argv) == 2 and argv[0] == "--role" and argv[1] in ROLES:
+        print(ROLES[argv[1]])
     elif len(argv) == 2 and argv[0] == "--torch-npu-version":
-        npu = torch_npu_release(argv[1])
-        if npu is None:
+        if release_of(argv[1]) not in TESTED_RELEASES:
             sys.exit(f"torch {argv[1]} is not a tested release ({', '.join(TESTED_RELEASES)})")
-        print(npu)
+        print(TESTED_RELEASES[release_of(argv[1])] or "")
     else:
         sys.exit(__doc__)
 

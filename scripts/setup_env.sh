@@ -15,8 +15,8 @@
 #
 # Environment knobs:
 #   NPU_LOSS_OPS_TORCH_VERSION  the torch release to install and build against (default: build_config.py's
-#                            DEFAULT_TORCH, 2.13.0; tested: its TESTED_RELEASES, 2.9.1, 2.13.0 and 2.14.0);
-#                            torch_npu's release comes from the same table. Another release than the default
+#                            DEFAULT_TORCH, 2.13.0; tested: its TESTED_RELEASES); torch_npu's release comes
+#                            from the same table. Another release than the default
 #                            gets venvs of its own, .venv-torch<release> and .venv-npu-torch<release>.
 #   NPU_LOSS_OPS_VENV        the CPU venv (default: <repo>/.venv)
 #   NPU_LOSS_OPS_NPU_VENV    the NPU venv (default: <repo>/.venv-npu)
@@ -116,12 +116,13 @@ _read_torch_pin() {
     return 1
   fi
   TORCH_PIN="torch==$TORCH_VERSION"
-  TORCH_NPU_VERSION="$("$1" "$REPO_ROOT/build_config.py" --torch-npu-version "$TORCH_VERSION" 2>/dev/null)" \
-    || TORCH_NPU_VERSION=""
-  TORCH_NPU_PIN="torch-npu==$TORCH_NPU_VERSION"
-  if [[ -z "$TORCH_NPU_VERSION" ]]; then
+  if TORCH_NPU_VERSION="$("$1" "$REPO_ROOT/build_config.py" --torch-npu-version "$TORCH_VERSION" 2>/dev/null)"; then
+    [[ -n "$TORCH_NPU_VERSION" ]] || _setup_log "torch $TORCH_VERSION has no torch_npu line (build_config.py): the CPU part only"
+  else
+    TORCH_NPU_VERSION=""
     _setup_log "torch $TORCH_VERSION is not a tested release ($("$1" "$REPO_ROOT/build_config.py" --tested | paste -sd, -)); building against it anyway"
   fi
+  TORCH_NPU_PIN="torch-npu==$TORCH_NPU_VERSION"
 }
 
 # True when PyTorch's CPU wheel index answers (it is the default source of a CPU build).
@@ -321,17 +322,15 @@ _build_npu_package() {
     _setup_log "npu_loss_ops with _C_npu is up to date in $VIRTUAL_ENV (NPU_LOSS_OPS_REBUILD=1 forces a build)"
     return 0
   fi
-  # Build from a copy of the sources so this build's artefacts never mix with the CPU venv's editable build.
-  local src log="$REPO_ROOT/build/pip-build-npu.log" status
-  src="$(mktemp -d)"
-  _source_files . | (cd "$REPO_ROOT" && xargs -0r cp --parents -t "$src")
+  # Built in the checkout: setup.py compiles into a directory per build key (torch, torch_npu, architecture,
+  # compiler, flags), so the CPU venv's objects of the same torch are reused and no other build's are.
+  local log="$REPO_ROOT/build/pip-build-npu.log" status
   mkdir -p "$REPO_ROOT/build"
-  _setup_log "building npu_loss_ops with NPU_LOSS_OPS_NPU=1 (MAX_JOBS=${MAX_JOBS:-2}; 5 to 8 minutes on 2 cores; log: $log)"
+  _setup_log "building npu_loss_ops with NPU_LOSS_OPS_NPU=1 (MAX_JOBS=${MAX_JOBS:-2}; 2 to 8 minutes on 2 cores; log: $log)"
   # Without CANN, torch_npu's backend autoload would make `import torch` in setup.py fail.
-  (cd "$src" && TORCH_DEVICE_BACKEND_AUTOLOAD=0 NPU_LOSS_OPS_NPU=1 MAX_JOBS="${MAX_JOBS:-2}" \
+  (cd "$REPO_ROOT" && TORCH_DEVICE_BACKEND_AUTOLOAD=0 NPU_LOSS_OPS_NPU=1 MAX_JOBS="${MAX_JOBS:-2}" \
     python -m pip install -v --progress-bar off --no-build-isolation --no-deps --force-reinstall . 2>&1
-    echo "pip-exit-status $?") | tee "$log" | REPO_ROOT="$src" _show_build_progress
-  rm -rf "$src"
+    echo "pip-exit-status $?") | tee "$log" | _show_build_progress
   status="$(sed -n 's/^pip-exit-status //p' "$log" | tail -n 1)"
   if [[ "$status" != "0" ]]; then
     _setup_log "the build failed (pip exit status ${status:-unknown}); the end of $log:"
@@ -345,7 +344,7 @@ _build_npu_package() {
 setup_npu_env() {
   local t0=$SECONDS t1
   local py
-  if py="$(_find_python)" && ! "$py" "$REPO_ROOT/build_config.py" --torch-npu-version "$TORCH_VERSION" >/dev/null; then
+  if py="$(_find_python)" && [[ -z "$("$py" "$REPO_ROOT/build_config.py" --torch-npu-version "$TORCH_VERSION" 2>/dev/null)" ]]; then
     _setup_log "no torch_npu release is paired with torch $TORCH_VERSION (build_config.py, TESTED_RELEASES)"
     return 1
   fi

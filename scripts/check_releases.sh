@@ -1,0 +1,94 @@
+#!/usr/bin/env bash
+# What CI leaves out (README, "Supported versions"), run from a clean clone of the committed HEAD; each
+# result is a row of docs/releases.md with the commit it ran on.
+#
+#   bash scripts/check_releases.sh                   every check below (hours: each release is a 5 GB install)
+#   bash scripts/check_releases.sh 2.8.0 aarch64     only these (a torch release of build_config.py's table,
+#                                                    aarch64, large); their rows are replaced
+#   bash scripts/check_releases.sh --verify          what CI runs: every row passed on a commit whose
+#                                                    csrc/compat and build_config.py are today's, and every
+#                                                    release has its CPU suite and NPU build check in CI or here
+#
+# Per torch release of the table that CI does not run in full: the CPU suite without the tests over 2**31
+# elements, and, where the release has a torch_npu, the NPU build check and the emulated NPU suite on 910B.
+# "aarch64": the whole suite under qemu (scripts/aarch64.sh full). "large": the tests over 2**31 elements at
+# the default release. The releases come from build_config.py; pip installs exactly torch==<release> (the
+# registry's build: a CUDA build of about 5 GB for every release but the default) with its torch-npu.
+set -euo pipefail
+REPO_ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+TABLE="$REPO_ROOT/docs/releases.md"
+cd "$REPO_ROOT"
+
+if [[ "${1:-}" == "--verify" ]]; then
+  exec python3 "$REPO_ROOT/scripts/release_table.py" verify "$TABLE"
+fi
+
+# The rows CI does not run, unless named on the command line.
+if (($#)); then
+  CHECKS=("$@")
+else
+  mapfile -t CHECKS < <(python3 scripts/release_table.py pending)
+  CHECKS+=(aarch64 large)
+fi
+
+COMMIT="$(git rev-parse HEAD)"
+if [[ -n "$(git status --porcelain -- csrc npu_loss_ops tests setup.py build_config.py scripts)" ]]; then
+  echo "check_releases: uncommitted changes are not checked; the rows name $COMMIT, as committed" >&2
+fi
+WORK="$REPO_ROOT/build/check_releases/${COMMIT:0:12}"
+if [[ ! -d "$WORK/.git" ]]; then
+  rm -rf "$WORK"
+  git clone -q --no-hardlinks "$REPO_ROOT" "$WORK"
+  git -C "$WORK" checkout -q "$COMMIT"
+fi
+# This machine's pip configuration caps torch below the newest release; each install here names its exact
+# release, so the cap is lifted for them.
+export PIP_CONSTRAINT=/dev/null NPU_LOSS_OPS_TORCH=pypi
+
+_log() { printf '[check-releases %s] %s\n' "$(date +%H:%M:%S)" "$*" >&2; }
+
+# record TORCH ARCH CHECK LOG STATUS SECONDS: one row of the table, its counts read from the log.
+record() {
+  python3 "$REPO_ROOT/scripts/release_table.py" record "$TABLE" "$COMMIT" "$@"
+}
+
+# run TORCH ARCH CHECK COMMAND...: the command in the clean clone, logged, and its row recorded.
+run() {
+  local torch="$1" arch="$2" check="$3" status=0 t0=$SECONDS
+  shift 3
+  local log="$REPO_ROOT/build/check_releases/${torch}-${arch}-${check// /_}.log"
+  _log "torch $torch, $arch: $check"
+  (cd "$WORK" && "$@") >"$log" 2>&1 </dev/null || status=$?
+  record "$torch" "$arch" "$check" "$log" "$status" "$((SECONDS - t0))"
+  tail -n 3 "$log" >&2
+}
+
+# The CPU suite of one release, and its NPU build check and emulated 910B suite unless CI checks its NPU part
+# (release_table.py pending --npu says which).
+release_checks() {
+  local torch="$1"
+  export NPU_LOSS_OPS_TORCH_VERSION="$torch"
+  run "$torch" x86_64 "CPU suite" env NPU_LOSS_OPS_FRESH_VENV=1 bash scripts/run_tests.sh -m "not large" -p no:cacheprovider
+  rm -rf "$WORK/.venv-torch$torch"
+  if python3 "$REPO_ROOT/scripts/release_table.py" needs-npu "$torch"; then
+    run "$torch" x86_64 "NPU build check" env NPU_LOSS_OPS_FRESH_VENV=1 bash scripts/check_npu.sh
+    run "$torch" x86_64 "emulated NPU 910B" env NPU_LOSS_OPS_EMULATOR_DIR="$WORK/build/npu_emulator-torch$torch" \
+      NPU_LOSS_OPS_EMULATOR_LOGS="$WORK/build/npu_emulator_logs-torch$torch" bash scripts/run_npu_emulated.sh 910B
+    rm -rf "$WORK/.venv-npu-torch$torch"
+  fi
+  unset NPU_LOSS_OPS_TORCH_VERSION
+}
+
+mkdir -p "$REPO_ROOT/build/check_releases"
+for check in "${CHECKS[@]}"; do
+  case "$check" in
+    aarch64) run "$(python3 build_config.py --torch-version)" aarch64 "whole suite (qemu)" bash scripts/aarch64.sh full ;;
+    large)
+      run "$(python3 build_config.py --torch-version)" x86_64 "tests over 2**31 elements" \
+        env NPU_LOSS_OPS_TORCH=cpu NPU_LOSS_OPS_LARGE_TESTS=1 bash scripts/run_tests.sh -m large -p no:cacheprovider
+      ;;
+    [0-9]*) release_checks "$check" ;;
+    *) echo "check_releases: unknown check '$check' (a release of build_config.py, aarch64 or large)" >&2; exit 2 ;;
+  esac
+done
+python3 "$REPO_ROOT/scripts/release_table.py" verify "$TABLE"

@@ -1,0 +1,136 @@
+"""docs/releases.md, the table scripts/check_releases.sh writes: one row per (torch release, architecture,
+check) that CI does not run, with its counts and the commit it ran on.
+
+    release_table.py pending                  the releases whose CPU suite or NPU checks CI does not run
+    release_table.py needs-npu RELEASE        exit 0 when CI does not check that release's NPU part
+    release_table.py record TABLE COMMIT TORCH ARCH CHECK LOG STATUS SECONDS
+                                              writes (or replaces) that row, its counts read from LOG
+    release_table.py verify TABLE             CI's check: every row passed, on a commit whose csrc/compat
+                                              and build_config.py are today's, and every release has its CPU
+                                              suite and (with a torch_npu) its NPU build check, in CI or here
+
+What CI runs at each release is build_config.ROLES: the default release in full, the oldest torch_npu
+line's NPU build check, emulated 910B suite and CPU suite, the newest torch's CPU suite (after the rebuild
+check) and the newest torch_npu line's NPU build check.
+"""
+import datetime
+import os
+import re
+import subprocess
+import sys
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, ROOT)
+import build_config  # noqa: E402
+
+HEADER = "| torch | torch_npu | arch | check | result | time | commit | date |"
+# What a change to must re-run every row: the compatibility code and the table of releases.
+WATCHED = ("csrc/compat", "build_config.py")
+
+CPU_SUITE, NPU_BUILD = "CPU suite", "NPU build check"
+
+
+def ci_checks(release):
+    """The checks .ci/run makes at a release (x86-64)."""
+    roles = build_config.ROLES
+    checks = set()
+    if release in (roles["default"], roles["oldest-npu"], roles["newest"]):
+        checks.add(CPU_SUITE)
+    if release in (roles["default"], roles["oldest-npu"], roles["newest-npu"]):
+        checks.add(NPU_BUILD)
+    return checks
+
+
+def required_checks(release):
+    return {CPU_SUITE} | ({NPU_BUILD} if build_config.TESTED_RELEASES[release] else set())
+
+
+def pending():
+    ordered = sorted(build_config.TESTED_RELEASES, key=build_config._key)
+    return [r for r in ordered if required_checks(r) - ci_checks(r)]
+
+
+def read_rows(table):
+    rows = []
+    if not os.path.exists(table):
+        return rows
+    with open(table) as f:
+        for line in f:
+            cells = [c.strip() for c in line.strip().strip("|").split("|")]
+            if line.startswith("|") and len(cells) == 8 and cells[0] not in ("torch", "---"):
+                rows.append(cells)
+    return rows
+
+
+def counts(log):
+    """The last pytest summary in a log ('14,210 passed, 31 skipped'), or None."""
+    with open(log, errors="replace") as f:
+        text = f.read()
+    found = re.findall(r"(\d+ (?:passed|failed)(?:, \d+ \w+)*)(?: in [\d.]+s)?", text)
+    return found[-1] if found else None
+
+
+def record(table, commit, torch, arch, check, log, status, seconds):
+    summary = counts(log)
+    result = ("passed" if status == "0" else f"FAILED (exit {status})") + (f": {summary}" if summary else "")
+    row = [torch, build_config.TESTED_RELEASES.get(torch) or "none", arch, check, result,
+           f"{int(seconds) // 60} min", commit[:12], datetime.date.today().isoformat()]
+    rows = [r for r in read_rows(table) if (r[0], r[2], r[3]) != (torch, arch, check)] + [row]
+    rows.sort(key=lambda r: (build_config._key(r[0]), r[2], r[3]))
+    write(table, rows)
+
+
+def write(table, rows):
+    with open(table) as f:
+        text = f.read()
+    head = text[: text.index(HEADER)]
+    with open(table, "w") as f:
+        f.write(head + HEADER + "\n|---|---|---|---|---|---|---|---|\n")
+        for row in rows:
+            f.write("| " + " | ".join(row) + " |\n")
+
+
+def verify(table):
+    problems = []
+    rows = read_rows(table)
+    for torch, _, arch, check, result, _, commit, _ in rows:
+        where = f"{table}: torch {torch} {arch} {check} ({commit})"
+        if not result.startswith("passed"):
+            problems.append(f"{where}: {result}")
+        if subprocess.run(["git", "cat-file", "-e", f"{commit}^{{commit}}"], cwd=ROOT,
+                          capture_output=True).returncode != 0:
+            problems.append(f"{where}: commit not in this repository")
+        elif subprocess.run(["git", "diff", "--quiet", commit, "--", *WATCHED], cwd=ROOT).returncode != 0:
+            problems.append(f"{where}: {' and '.join(WATCHED)} changed since; run scripts/check_releases.sh {torch}")
+    passed = {(r[0], r[2], r[3]) for r in rows if r[4].startswith("passed")}
+    for release in build_config.TESTED_RELEASES:
+        for check in sorted(required_checks(release) - ci_checks(release)):
+            if (release, "x86_64", check) not in passed:
+                problems.append(f"torch {release}: no passing '{check}' row (CI does not run it)")
+    default = build_config.DEFAULT_TORCH
+    for arch, check in (("aarch64", "whole suite (qemu)"), ("x86_64", "tests over 2**31 elements")):
+        if (default, arch, check) not in passed:
+            problems.append(f"torch {default} {arch}: no passing '{check}' row")
+    for problem in problems:
+        print(f"release table: {problem}")
+    if problems:
+        sys.exit(1)
+    print(f"release table: {len(rows)} rows, each passed on a commit with today's {' and '.join(WATCHED)}")
+
+
+def main(argv):
+    if argv == ["pending"]:
+        print("\n".join(pending()))
+    elif len(argv) == 2 and argv[0] == "needs-npu":
+        release = argv[1]
+        sys.exit(0 if NPU_BUILD in required_checks(release) - ci_checks(release) else 1)
+    elif len(argv) == 9 and argv[0] == "record":
+        record(*argv[1:])
+    elif len(argv) == 2 and argv[0] == "verify":
+        verify(argv[1])
+    else:
+        sys.exit(__doc__)
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])

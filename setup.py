@@ -5,6 +5,8 @@ Install with `pip install --no-build-isolation .`: the extension is compiled aga
 installed, whichever release it is, and pip is never asked to change that torch (README, "Install" and
 "Supported versions").
 """
+import contextlib
+import functools
 import glob
 import importlib.util
 import os
@@ -15,13 +17,15 @@ import sys
 import tempfile
 
 from setuptools import find_packages, setup
+from setuptools.command.build import build
+from setuptools.command.build_clib import build_clib
 
 ROOT = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, ROOT)  # build_config.py, beside this file (PEP 517 backends do not put it on the path)
 from build_config import (  # noqa: E402
     DEFAULT_TORCH,
-    NPU_TESTED,
     TESTED_RELEASES,
+    npu_tested,
     release_of,
     torch_npu_include_dirs,
     torch_npu_release,
@@ -72,16 +76,16 @@ def record_torch_version(package_dirs, npu_root):
     '2.13.0+cpu'), so that importing it under another torch raises a clear 'rebuild' error instead of an
     undefined-symbol traceback, and the torch_npu its NPU kernels were built with, for build_info()."""
     torch_npu = installed_version("torch-npu") if npu_root is not None else None
-    npu_tested = NPU_TESTED.get(release_of(torch.__version__)) if torch_npu is not None else None
+    tested = npu_tested(torch.__version__) if torch_npu is not None else None
     if torch_npu is not None and torch_npu != torch_npu_release(torch.__version__):
-        npu_tested = None  # not the tested pair
+        tested = None  # not the tested pair
     for package_dir in package_dirs:
         os.makedirs(package_dir, exist_ok=True)
         with open(os.path.join(package_dir, "_build_torch.py"), "w") as f:
             f.write("# Written by setup.py when the extension is built.\n")
             f.write(f"TORCH_VERSION = {torch.__version__!r}\n")
             f.write(f"TORCH_NPU_VERSION = {torch_npu!r}\n")
-            f.write(f"NPU_TESTED = {npu_tested!r}\n")
+            f.write(f"NPU_TESTED = {tested!r}\n")
 
 
 def compiler_supports(flag):
@@ -157,7 +161,10 @@ def npu_extension(root, flags, link):
         libraries=["torch_npu"],
         # torch_npu's headers need the torch version as V<major>R<minor>.
         extra_compile_args={"cxx": flags + [f"-DCURRENT_VERSION=V{major}R{minor}"]},
-        extra_link_args=link + [f"-Wl,-rpath,{os.path.join(root, 'lib')}"],
+        # No rpath to this machine's torch_npu: _C_npu is loaded after `import torch_npu`, which has loaded
+        # libtorch_npu.so already (as torch's own libraries are found for _C), so a wheel carries no
+        # build-machine path.
+        extra_link_args=link,
     )
 
 
@@ -207,6 +214,8 @@ def core_library():
             # The flags BuildExtension gives the extensions' own files, so the core's inline torch code is the
             # same code (-fPIC: it is linked into shared objects).
             "cflags": flags + ["-fPIC", f"-D_GLIBCXX_USE_CXX11_ABI={abi}"],
+            # build_clib recompiles a source only when it or one of these is newer than its object.
+            "obj_deps": {"": sorted(glob.glob("csrc/**/*.h", recursive=True))},
         },
     )
 
@@ -214,18 +223,110 @@ def core_library():
 NPU_ROOT = build_npu()
 
 
-class BuildExt(BuildExtension.with_options(use_ninja=True)):
-    """BuildExtension (ninja) that builds the static core first and records the torch it builds against,
-    next to the sources (editable and in-place builds) and in the build tree (wheels)."""
+def compiler_identity():
+    """The C++ compiler that builds the objects: its command, target and version."""
+    cxx = os.environ.get("CXX", "c++")
+    try:
+        target = subprocess.run([*cxx.split(), "-dumpmachine"], capture_output=True, text=True).stdout.strip()
+        version = subprocess.run([*cxx.split(), "--version"], capture_output=True, text=True).stdout
+    except OSError:
+        return [cxx]
+    return [cxx, target, version.splitlines()[0] if version else ""]
+
+
+@functools.lru_cache(maxsize=None)
+def build_key(with_npu):
+    """What the compiled objects depend on, as a short digest naming their build directory: the torch build
+    (release, commit, C++ ABI), the Python ABI, the architecture, the compiler, the environment's and the
+    package's flags, and, for _C_npu's objects, the torch_npu release. A rebuild after any of them changed
+    compiles into a directory of its own instead of linking objects made for another torch (README,
+    "Install")."""
+    import hashlib
+    import sysconfig
+
+    flags, link = cpu_flags()
+    parts = [
+        torch.__version__,
+        torch.version.git_version,
+        str(torch._C._GLIBCXX_USE_CXX11_ABI),
+        sysconfig.get_config_var("EXT_SUFFIX"),
+        platform.machine(),
+        *compiler_identity(),
+        *(f"{name}={os.environ.get(name, '')}" for name in ("CFLAGS", "CPPFLAGS", "CXXFLAGS", "LDFLAGS")),
+        *flags,
+        *link,
+    ]
+    if with_npu:
+        parts += [installed_version("torch-npu") or "", os.path.realpath(NPU_ROOT)]
+    digest = hashlib.sha256("\n".join(parts).encode()).hexdigest()[:16]
+    return f"torch{release_of(torch.__version__)}-{platform.machine()}-{digest}"
+
+
+def object_dir(with_npu=False):
+    """The build directory of one build key, under the checkout's build/ whatever the build command (pip's
+    editable builds would otherwise compile from scratch in a temporary directory each time)."""
+    path = os.path.join(ROOT, "build", "objects", build_key(with_npu))
+    os.makedirs(path, exist_ok=True)
+    return path
+
+
+@contextlib.contextmanager
+def exclusive(path):
+    """Holds the lock of one build directory: two builds of one key in one checkout (two venvs of the same
+    torch, say) take turns instead of running two ninjas over the same objects."""
+    import fcntl
+
+    with open(os.path.join(path, ".lock"), "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        yield path
+
+
+class Build(build):
+    """The build tree of one build key too (build/lib.<key>): a wheel packs the whole tree, and a tree
+    shared between builds would carry a library of an earlier build (an _C_npu built for another torch_npu
+    into a CPU-only build, say)."""
+
+    def finalize_options(self):
+        if self.build_lib is None and self.build_platlib is None:
+            self.build_platlib = os.path.join(self.build_base or "build", "lib." + build_key(NPU_ROOT is not None))
+        super().finalize_options()
+
+
+class BuildClib(build_clib):
+    """The static core, compiled into and archived in the current build key's directory."""
+
+    def finalize_options(self):
+        super().finalize_options()
+        self.build_temp = self.build_clib = object_dir()
 
     def run(self):
-        dirs = [os.path.join(ROOT, "npu_loss_ops")]
-        if not self.inplace:
-            dirs.append(os.path.join(self.build_lib, "npu_loss_ops"))
-        record_torch_version(dirs, NPU_ROOT)
+        with exclusive(self.build_temp):
+            super().run()
+
+
+class BuildExt(BuildExtension.with_options(use_ninja=True)):
+    """BuildExtension (ninja) that builds the static core first, compiles each extension in the directory
+    of its build key, always links (ninja recompiles only what changed; distutils' own check would keep a
+    library linked for another torch because it is newer than the sources), and records the torch it builds
+    against."""
+
+    def run(self):
+        # Beside the library it describes: in the source folder for in-place (editable) builds, in the build
+        # tree otherwise (never both: another venv's editable build of this checkout reads the source one).
+        package_dir = os.path.join(ROOT if self.inplace else self.build_lib, "npu_loss_ops")
+        record_torch_version([package_dir], NPU_ROOT)
         # An editable install runs build_ext alone; the core must exist before the extensions link it.
         self.run_command("build_clib")
+        self.force = True
         super().run()
+
+    def build_extension(self, ext):
+        base = self.build_temp
+        with exclusive(object_dir(with_npu=ext.name.endswith("_C_npu"))) as self.build_temp:
+            try:
+                super().build_extension(ext)
+            finally:
+                self.build_temp = base
 
 
 setup(
@@ -236,7 +337,7 @@ setup(
     package_data={"npu_loss_ops": ["py.typed"]},
     libraries=[core_library()],
     ext_modules=extensions(),
-    cmdclass={"build_ext": BuildExt},
+    cmdclass={"build": Build, "build_clib": BuildClib, "build_ext": BuildExt},
     # No install_requires on torch: the extension is compiled against the torch already installed, and a
     # requirement would let pip replace the user's torch (often the one their torch_npu pins) with another.
     license="BSD-3-Clause",

@@ -25,6 +25,8 @@ from helpers import init_gloo, leave_gloo
 from npu_loss_ops import _enable
 from test_ddp import _batch, _model
 
+RELEASE = tuple(int(v) for v in torch.__version__.split("+")[0].split(".")[:2])
+
 # torch.func and inductor call torch.jit.script themselves.
 pytestmark = [  # torch 2.13: a DeprecationWarning, 2.14: a FutureWarning
     pytest.mark.filterwarnings("ignore:`torch.jit.script` is deprecated:DeprecationWarning"),
@@ -405,12 +407,20 @@ def test_compile_under_no_grad_and_inference_mode():
     f, x, t = _compiled_case()
     compiled = torch.compile(f, backend="aot_eager", fullgraph=True)
     want = f(x, t)
+    routed = {"npu_loss::smooth_l1_loss", "npu_loss::l1_loss", "npu_loss::kl_div"}
     with npu_loss_ops.enable():
         for context in (torch.no_grad, torch.inference_mode):
             with context():
                 ran = _npu_loss_ops_ran(lambda: compiled(x, t))
                 torch.testing.assert_close(compiled(x, t), want)
-            assert ran == {"npu_loss::smooth_l1_loss", "npu_loss::l1_loss", "npu_loss::kl_div"}, context
+            if context is torch.inference_mode and RELEASE < (2, 8):
+                # torch 2.7 traces l1_loss and kl_div (CompositeImplicitAutograd ops) under
+                # inference_mode by their decomposition before the routing kernel at the backend key is reached
+                # (the Autograd keys, where it would see them first, are excluded there): torch computes
+                # them, as it does without enable() (docs/usage.md, "Use it in existing code").
+                assert "npu_loss::smooth_l1_loss" in ran and ran <= routed, ran
+            else:
+                assert ran == routed, context
     torch._dynamo.reset()
 
 

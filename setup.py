@@ -126,7 +126,23 @@ def cpu_flags():
         # Without it at::parallel_for in the extension runs on one thread.
         flags.append("-fopenmp")
         link.append("-fopenmp")
+    link += glibc_floor_link_args()
     return flags, link
+
+
+# Built into both extensions: with glibc_floor_link_args() it keeps the libraries' glibc floor at 2.28
+# (manylinux_2_28) when they are built on a newer glibc; the file says how (docs/usage.md, "Deploying").
+GLIBC_FLOOR_SOURCE = "csrc/compat/glibc_floor.cpp"
+
+
+def glibc_floor_link_args():
+    """Every call of exp and log through glibc_floor.cpp's wrappers, which bind them to their first glibc
+    versions (GLIBC_2.2.5 on x86-64, GLIBC_2.17 on aarch64) instead of 2.29's."""
+    if platform.system() != "Linux" or platform.libc_ver()[0] != "glibc":
+        return []
+    if platform.machine() not in ("x86_64", "aarch64"):
+        return []
+    return ["-Wl,--wrap=exp", "-Wl,--wrap=log"]
 
 
 def torch_npu_dir():
@@ -155,7 +171,7 @@ def npu_extension(root, flags, link):
         "npu_loss_ops._C_npu",
         # The aclnn kernels; the checks, the composite math they fall back to and the routing table come from
         # the static core.
-        sorted(set(glob.glob("csrc/npu/*.cpp")) - set(CORE_SOURCES)),
+        sorted(set(glob.glob("csrc/npu/*.cpp")) - set(CORE_SOURCES)) + [GLIBC_FLOOR_SOURCE],
         include_dirs=torch_npu_include_dirs(root),
         library_dirs=[os.path.join(root, "lib")],
         libraries=["torch_npu"],
@@ -180,6 +196,7 @@ def extensions():
     ]
     sources += sorted(glob.glob("csrc/autograd/*.cpp"))
     sources += sorted(glob.glob("csrc/cpu/*.cpp"))
+    sources.append(GLIBC_FLOOR_SOURCE)
     exts = [
         CppExtension(
             "npu_loss_ops._C",

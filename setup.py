@@ -346,6 +346,34 @@ class BuildExt(BuildExtension.with_options(use_ninja=True)):
                 self.build_temp = base
 
 
+# A wheel built for distribution (scripts/build_wheel.sh sets NPU_LOSS_OPS_WHEEL=1; docs/usage.md,
+# "Deploying") requires the torch release it was compiled against, as torchvision's wheels do, and, when it
+# holds _C_npu, exactly the torch_npu it was built with: pip installs it only beside them. Every other build,
+# source and editable installs above all, pins nothing: a requirement would let pip replace the user's torch
+# (often the one their torch_npu pins) with another. The switch is explicit because nothing else tells the
+# two apart: `pip install .` builds its wheel through the same PEP 517 build_wheel hook as `pip wheel .`.
+WHEEL_SWITCH = "NPU_LOSS_OPS_WHEEL"
+
+
+def install_requires():
+    if os.environ.get(WHEEL_SWITCH, "0") != "1":
+        return []
+    if any(command in sys.argv for command in ("sdist", "develop", "editable_wheel")):
+        raise SystemExit(f"{WHEEL_SWITCH}=1 makes a wheel require the torch it is built against; an sdist or an "
+                         f"editable install pins nothing: unset {WHEEL_SWITCH}")
+    # The release without its local label: torch==2.13.0 accepts 2.13.0+cpu, PyPI's CUDA build 2.13.0 and
+    # 2.13.0+cu130 alike. Those builds give the extension the same C++ ABI (the same headers, every symbol it
+    # imports), and the import check accepts them (npu_loss_ops/__init__.py, _same_torch_abi).
+    requires = [f"torch=={release_of(torch.__version__)}"]
+    if NPU_ROOT is not None:
+        torch_npu = installed_version("torch-npu")
+        if torch_npu is None:
+            raise SystemExit(f"{WHEEL_SWITCH}=1: _C_npu is built against a torch_npu that pip does not know "
+                             "(no torch-npu distribution is installed), so the wheel cannot require it")
+        requires.append(f"torch-npu=={torch_npu}")
+    return requires
+
+
 setup(
     name="npu_loss_ops",
     version=read_version(),
@@ -355,8 +383,8 @@ setup(
     libraries=[core_library()],
     ext_modules=extensions(),
     cmdclass={"build": Build, "build_clib": BuildClib, "build_ext": BuildExt},
-    # No install_requires on torch: the extension is compiled against the torch already installed, and a
-    # requirement would let pip replace the user's torch (often the one their torch_npu pins) with another.
+    # Nothing, except in a wheel built for distribution (NPU_LOSS_OPS_WHEEL=1): see install_requires().
+    install_requires=install_requires(),
     license="BSD-3-Clause",
     description="SmoothL1, L1 and KL-divergence loss gradients as torch.ops.npu_loss.* ops on Ascend aclnn "
     "kernels, with native CPU kernels everywhere else",

@@ -41,9 +41,27 @@ import torch  # noqa: E402  (libtorch must be loaded before _C)
 from .version import __version__  # noqa: E402
 
 
+def _same_torch_abi(built_with: str, installed: str) -> bool:
+    """True when an extension built against torch `built_with` runs under torch `installed`: the same version,
+    or the same release as another of the builds that export one C++ ABI to it: the CPU build ("+cpu"), the
+    CUDA builds ("+cu130") and the build without a label (PyPI's: CUDA on x86-64, CPU on aarch64). They
+    share every header the extension compiles against and every symbol it imports (docs/usage.md,
+    "Deploying", has the check), so a wheel built against 2.13.0+cpu, which requires torch==2.13.0, runs under
+    each. Any other label (ROCm, XPU, a source build) needs the exact version."""
+    if built_with == installed:
+        return True
+    (release, _, label), (other_release, _, other_label) = built_with.partition("+"), installed.partition("+")
+    return release == other_release and _shares_abi(label) and _shares_abi(other_label)
+
+
+def _shares_abi(label: str) -> bool:
+    return label in ("", "cpu") or (label.startswith("cu") and label[2:].isdigit())
+
+
 def _check_torch_version(built_with: str | None, installed: str) -> None:
-    """The compiled extension only works with the torch it was built against."""
-    if built_with is not None and built_with != installed:
+    """The compiled extension only works with the torch it was built against (or a build of that release
+    with the same C++ ABI, _same_torch_abi)."""
+    if built_with is not None and not _same_torch_abi(built_with, installed):
         raise ImportError(
             f"npu_loss_ops was built against torch {built_with}, but torch {installed} is installed. "
             "Rebuild it against the installed torch: "
@@ -165,9 +183,9 @@ def npu_kernels_available() -> bool:
 
 def build_info() -> dict[str, Any]:
     """What this installation runs: CPU kernel ISA, OpenMP, the torch it was built against (its full
-    version, e.g. '2.13.0+cpu', equal to torch.__version__ or the import fails), the torch_npu its NPU
-    kernels were built against (None without them) and how far they were tested on that release, and the
-    NPU kernels' status."""
+    version, e.g. '2.13.0+cpu': torch.__version__, or a build of that release with the same C++ ABI, or the
+    import fails), the torch_npu its NPU kernels were built against (None without them) and how far they
+    were tested on that release, and the NPU kernels' status."""
     info: dict[str, Any] = dict(_C.build_info())
     info["torch_version"] = _BUILT_WITH_TORCH
     info["torch_npu_version"] = _BUILT_WITH_TORCH_NPU

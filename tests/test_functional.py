@@ -33,7 +33,10 @@ def test_exports():
         assert name in npu_loss_ops.__all__, name
     assert isinstance(npu_loss_ops.npu_kernels_available(), bool)
     info = npu_loss_ops.build_info()
-    assert info["torch_version"] == torch.__version__  # the full version, '+cpu' included
+    # The full version built against ('2.13.0+cpu', the label included): the running torch's, or a build of
+    # that release with the same C++ ABI (a wheel built against +cpu runs under the CUDA build too).
+    assert info["torch_version"] == npu_loss_ops._BUILT_WITH_TORCH
+    assert npu_loss_ops._same_torch_abi(info["torch_version"], torch.__version__), info["torch_version"]
 
 
 def test_build_info_names_the_torch_npu_release_built_against():

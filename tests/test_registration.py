@@ -65,7 +65,29 @@ def test_a_torch_other_than_the_build_one_is_a_clear_rebuild_error():
     npu_loss_ops._check_torch_version(torch.__version__, torch.__version__)  # the normal case passes
     with pytest.raises(ImportError, match=r"built against torch 2\.12\.0, but torch .* Rebuild"):
         npu_loss_ops._check_torch_version("2.12.0", torch.__version__)
-    assert npu_loss_ops._BUILT_WITH_TORCH == torch.__version__
+    assert npu_loss_ops._same_torch_abi(npu_loss_ops._BUILT_WITH_TORCH, torch.__version__)
+
+
+@pytest.mark.parametrize("built, installed, runs", [
+    ("2.13.0+cpu", "2.13.0+cpu", True),
+    ("2.13.0+cpu", "2.13.0", True),  # no label
+    ("2.13.0+cpu", "2.13.0+cu130", True),
+    ("2.13.0", "2.13.0+cpu", True),
+    ("2.13.0+rocm7.1", "2.13.0+rocm7.1", True),
+    ("2.13.0+cpu", "2.13.0+rocm7.1", False),  # never checked: the exact version only
+    ("2.13.0+cpu", "2.13.0+xpu", False),
+    ("2.13.0+cpu", "2.13.1+cpu", False),
+    ("2.13.0+cpu", "2.14.0", False),
+    ("2.13.0a0+git1234567", "2.13.0", False),  # a source build
+])
+def test_a_wheel_runs_under_the_builds_of_its_release_that_share_the_abi(built, installed, runs):
+    """A wheel requires torch==<release> (setup.py, NPU_LOSS_OPS_WHEEL=1), which any build of the release
+    satisfies; the import accepts those whose C++ ABI is the one it was built against (docs/usage.md,
+    "Deploying")."""
+    assert npu_loss_ops._same_torch_abi(built, installed) is runs
+    if not runs:
+        with pytest.raises(ImportError, match="Rebuild it against the installed torch"):
+            npu_loss_ops._check_torch_version(built, installed)
 
 
 def test_fake_tensors_run_the_cpp_meta_kernels_on_symbolic_sizes():

@@ -1,7 +1,7 @@
 """Small helpers several test modules share that are neither samples (samples.py) nor references
 (reference.py): a free TCP port for torch.distributed, a dispatch mode that records the ops a call runs,
-the repository's build_config.py, temporary venvs with this torch and an installed copy of the package, and
-every bfloat16 value."""
+the repository's build_config.py, the package under test's folder, temporary venvs with this torch and an
+installed copy of the package, and every bfloat16 value."""
 from __future__ import annotations
 
 import importlib.util
@@ -53,6 +53,13 @@ def built_package_dir() -> str:
     import npu_loss_ops
 
     return os.path.dirname(os.path.abspath(npu_loss_ops.__file__))
+
+
+def package_parent() -> str:
+    """The directory the package under test is imported from: the checkout for an editable or in-place
+    build, site-packages for an installed wheel. A subprocess started there (`python -c` puts its working
+    directory first on sys.path) imports that same package, never a checkout's unbuilt source folder."""
+    return os.path.dirname(built_package_dir())
 
 
 def install_built_copy(python: str) -> str:

@@ -28,13 +28,12 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 
 import npu_loss_ops
-from helpers import leave_gloo
+from helpers import leave_gloo, package_parent
 
 pytestmark = pytest.mark.skipif(
     not dist.is_available() or not dist.is_gloo_available(), reason="torch.distributed with gloo"
 )
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 WORLD = 2
 SHAPE = (6, 5)
 TIME_LIMIT = 300  # seconds for the two processes, all cases
@@ -283,7 +282,8 @@ def test_result_placements(case_id, dtensor_results):
 
 def _python(code: str) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
-        [sys.executable, "-W", "error", "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=300
+        [sys.executable, "-W", "error", "-c", code], cwd=package_parent(), capture_output=True, text=True,
+        timeout=300,
     )
 
 

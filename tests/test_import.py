@@ -5,13 +5,11 @@ Each check runs in a fresh interpreter with ``-W error``, so any warning during 
 NumPy" replaces the path finder on sys.meta_path with one that cannot see numpy, as if it were not installed:
 ``import numpy`` raises ModuleNotFoundError and ``importlib.util.find_spec("numpy")`` is None.
 """
-import os
 import subprocess
 import sys
 
 import pytest
-
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+from helpers import package_parent
 
 WITHOUT_NUMPY = '''
 import sys
@@ -116,12 +114,12 @@ with FakeTensorMode():
 
 
 def _python(code, *, without_numpy, warnings_are_errors=True):
-    """Runs `code` in a fresh interpreter (with -W error by default) from the repository root, so that it
-    imports this checkout's package."""
+    """Runs `code` in a fresh interpreter (with -W error by default) from the directory the package under
+    test is imported from, so that it imports that package (an installed wheel's too)."""
     options = ["-W", "error"] if warnings_are_errors else []
     return subprocess.run(
         [sys.executable, *options, "-c", (WITHOUT_NUMPY if without_numpy else "") + code],
-        cwd=ROOT, capture_output=True, text=True, timeout=600,
+        cwd=package_parent(), capture_output=True, text=True, timeout=600,
     )
 
 

@@ -1,7 +1,6 @@
 """TorchScript: every module and functional of the Python API compiles with torch.jit.script and gives
 torch.nn.functional's / torch.nn's values and gradients; scripted modules save and load; a model holding one
 of the losses scripts as a whole; bad arguments still raise."""
-import os
 import subprocess
 import sys
 import warnings
@@ -13,6 +12,7 @@ import torch.nn.functional as F
 import npu_loss_ops
 import npu_loss_ops.functional as nf
 from npu_loss_ops._reduction import REDUCTION_ENUMS, get_enum
+from helpers import package_parent
 from samples import LOSSES
 
 # torch 2.13 marks TorchScript deprecated (a DeprecationWarning; 2.14 a FutureWarning); it is still what these
@@ -23,7 +23,6 @@ pytestmark = [
     for category in ("DeprecationWarning", "FutureWarning")
 ]
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SHAPE = (4, 5)
 DTYPES = (torch.float32, torch.float64, torch.bfloat16)
 FUNCTIONAL_CASES = (
@@ -372,6 +371,6 @@ def test_saved_model_loads_in_a_fresh_process(tmp_path):
     )
     result = subprocess.run(
         [sys.executable, "-c", code, str(tmp_path / "distill.pt"), str(tmp_path / "io.pt")],
-        cwd=ROOT, capture_output=True, text=True, timeout=300,
+        cwd=package_parent(), capture_output=True, text=True, timeout=300,
     )
     assert result.returncode == 0 and result.stdout.strip() == "ok", result.stderr

@@ -4,9 +4,10 @@ import importlib.util
 import os
 import subprocess
 import sys
+import sysconfig
 
 import pytest
-from helpers import install_built_copy, venv_with_this_torch
+from helpers import built_package_dir, install_built_copy, package_parent, venv_with_this_torch
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 HAS_MYPY = importlib.util.find_spec("mypy") is not None
@@ -16,24 +17,34 @@ needs_mypy = pytest.mark.skipif(
 
 
 def _mypy(*args):
-    """`python -m mypy --strict` from the repository root, so that pyproject.toml's [tool.mypy] applies and
-    npu_loss_ops is found in the checkout. Its cache (.mypy_cache) makes reruns take seconds; the first run
-    reads torch's annotations and takes about a minute."""
+    """`python -m mypy --strict` with pyproject.toml's [tool.mypy], finding the package under test: an
+    installed copy in site-packages (by its py.typed), a checkout's (editable or in-place build) through
+    MYPYPATH, as mypy cannot see an editable install's import hook. It runs in tests/, where typing_usage
+    is a module, and never in site-packages, whose every module mypy would take for the user's own. Its cache
+    (the repository's .mypy_cache) makes reruns take seconds; the first run reads torch's annotations and
+    takes about a minute."""
+    env = {k: v for k, v in os.environ.items() if k != "MYPYPATH"}
+    installed = {os.path.realpath(sysconfig.get_paths()[key]) for key in ("purelib", "platlib")}
+    if os.path.realpath(package_parent()) not in installed:
+        env["MYPYPATH"] = package_parent()
     return subprocess.run(
-        [sys.executable, "-m", "mypy", "--strict", "--no-color-output", "--no-error-summary", *args],
-        cwd=ROOT, capture_output=True, text=True, timeout=900,
+        [sys.executable, "-m", "mypy", "--strict", "--no-color-output", "--no-error-summary",
+         "--config-file", os.path.join(ROOT, "pyproject.toml"), "--cache-dir", os.path.join(ROOT, ".mypy_cache"),
+         *args],
+        cwd=os.path.join(ROOT, "tests"), env=env, capture_output=True, text=True, timeout=900,
     )
 
 
 def test_py_typed_is_shipped():
     assert os.path.isfile(os.path.join(ROOT, "npu_loss_ops", "py.typed"))
+    assert os.path.isfile(os.path.join(built_package_dir(), "py.typed"))  # in the package under test too
     with open(os.path.join(ROOT, "MANIFEST.in")) as f:
         assert "npu_loss_ops/py.typed" in f.read().split()
 
 
 @needs_mypy
 def test_strict_mypy_passes_on_typed_usage_and_the_package():
-    result = _mypy(os.path.join("tests", "typing_usage.py"), "npu_loss_ops")
+    result = _mypy("-m", "typing_usage", "-p", "npu_loss_ops")
     assert result.returncode == 0, result.stdout + result.stderr
     assert result.stdout.strip() == "", result.stdout
 

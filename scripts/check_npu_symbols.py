@@ -76,6 +76,26 @@ def _runtime_libraries():
     return found
 
 
+def _interpreter():
+    """The interpreter's binary: sys.executable, unless that is a wrapper script (scripts/aarch64.sh runs an
+    aarch64 Python under qemu-user through one; there /proc/self/exe names the binary qemu runs)."""
+    path = os.path.realpath(sys.executable)
+    with open(path, "rb") as f:
+        if f.read(4) == b"\x7fELF":
+            return path
+    return os.path.realpath("/proc/self/exe")
+
+
+def _host_path(path):
+    """A file the interpreter names, as this machine's tools (nm) find it. Under qemu-user the aarch64
+    interpreter sees its sysroot at / (qemu's -L), nm does not: NPU_LOSS_OPS_SYSROOT names that sysroot
+    (scripts/aarch64.sh sets it). Unset, the path is returned as it is."""
+    sysroot = os.environ.get("NPU_LOSS_OPS_SYSROOT", "")
+    if sysroot and os.path.isabs(path) and os.path.exists(sysroot + path):
+        return sysroot + path
+    return path
+
+
 def provided_symbols():
     """Every symbol some library loaded with `_C_npu` provides, and where the set came from."""
     torch_root = _package_root("torch")
@@ -107,8 +127,9 @@ def provided_symbols():
         sources.append(lib)
 
     # The interpreter: the executable itself, or libpython when Python is built shared.
-    provided |= _nm(os.path.realpath(sys.executable), "--defined-only")
+    provided |= _nm(_interpreter(), "--defined-only")
     libpython = os.path.join(sysconfig.get_config_var("LIBDIR") or "", sysconfig.get_config_var("LDLIBRARY") or "")
+    libpython = _host_path(libpython)
     if libpython.endswith(".so") or ".so." in libpython:
         if os.path.exists(libpython):
             provided |= _nm(libpython, "--defined-only")

@@ -560,3 +560,16 @@ def test_reduced_precision_is_rounded_once(loss, log_target, dtype, reduction, l
         assert exact >= 0.99, f"{kind}: only {exact:.2%} correctly rounded"
         err = (out.double() - value).abs()
         assert (err <= torch.finfo(dtype).eps * value.abs() + torch.finfo(dtype).tiny).all(), f"{kind}: > 1 ulp"
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16, torch.float32])
+def test_a_sum_beyond_the_dtype_range_is_inf_as_in_torch(dtype, device):
+    """A 'sum' the result dtype cannot hold is inf, as torch.nn.functional gives it (torch 2.7's
+    scalar_tensor refused such a value; csrc/cpu/loops.h, scalar_result)."""
+    big = torch.finfo(dtype).max
+    x, t = torch.tensor([big, big, -big], dtype=dtype), torch.zeros(3, dtype=dtype)
+    for name, ours, theirs in (("l1", npu_loss_ops.l1_loss, F.l1_loss),
+                               ("huber", npu_loss_ops.huber_loss, F.huber_loss)):
+        got = ours(x.to(device), t.to(device), reduction="sum").cpu()
+        want = theirs(x, t, reduction="sum")
+        assert want.isinf() and got.dtype == want.dtype and torch.equal(got, want), (name, got)

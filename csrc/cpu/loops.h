@@ -24,7 +24,9 @@
 #include "isa.h"
 
 #include <algorithm>
+#include <cmath>
 #include <cstdint>
+#include <limits>
 #include <vector>
 
 namespace npu_loss::cpu {
@@ -187,6 +189,24 @@ inline const char* offset(const at::Tensor& t, int64_t i) {
   return static_cast<const char*>(t.const_data_ptr()) + i * t.element_size();
 }
 
+// A 0-dim result of `value` rounded to the options' dtype as scalar_tensor rounds it (double to float, then to
+// a half dtype), inf beyond the dtype's range as ATen's own reductions give it. torch 2.7's scalar_tensor
+// refuses such a value ("cannot be converted to type at::Half without overflow"); a cast takes the same
+// rounding and never refuses, so only those values take it.
+inline at::Tensor scalar_result(double value, const at::TensorOptions& options) {
+  double largest = std::numeric_limits<double>::max();
+  switch (options.dtype().toScalarType()) {
+    case at::kHalf: largest = static_cast<double>(std::numeric_limits<c10::Half>::max()); break;
+    case at::kBFloat16: largest = static_cast<double>(std::numeric_limits<c10::BFloat16>::max()); break;
+    case at::kFloat: largest = std::numeric_limits<float>::max(); break;
+    default: break;
+  }
+  if (std::isfinite(value) && std::abs(value) > largest) {
+    return at::scalar_tensor(value, options.dtype(at::kDouble)).to(options.dtype());
+  }
+  return at::scalar_tensor(value, options);
+}
+
 // A forward loss on CPU: elementwise ('none') or a deterministic sum ('mean', 'sum').
 inline at::Tensor loss_forward(
     const at::Tensor& x, const at::Tensor& t, int64_t reduction, const ResultSpec& spec, const LossParams& loss) {
@@ -223,7 +243,7 @@ inline at::Tensor loss_forward(
     }, std::array<at::Tensor, 2>{x, t});
     total = sum_contiguous(values);
   }
-  return at::scalar_tensor(reduce_total(total, reduction, n), x.options().dtype(spec.dtype));
+  return scalar_result(reduce_total(total, reduction, n), x.options().dtype(spec.dtype));
 }
 
 // out = gradient(g * scale, x, t) elementwise, with out, g, x, t broadcast to out's shape (KL's reduced

@@ -348,7 +348,7 @@ setup_npu_env() {
     _setup_log "no torch_npu release is paired with torch $TORCH_VERSION (build_config.py, TESTED_RELEASES)"
     return 1
   fi
-  setup_venv "$NPU_VENV_DIR" pyyaml numpy pytest expecttest hypothesis "$@" || return 1
+  setup_venv "$NPU_VENV_DIR" pyyaml numpy pytest expecttest hypothesis mypy==2.4.1 "$@" || return 1
   _setup_log "installing $TORCH_NPU_PIN (--no-deps: its requirements would pull another torch)"
   _pip --no-deps "$TORCH_NPU_PIN" || return 1
   t1=$SECONDS

@@ -32,13 +32,15 @@
 # Nothing arm64 is installed into the system: apt-get works from a private state directory.
 #
 # Knobs: NPU_LOSS_OPS_TORCH_VERSION (default: build_config.py --torch-version; another release gets venvs of
-# its own), MAX_JOBS (default 2), QEMU_CPU (default neoverse-n1: ARMv8.2 without SVE, the closest qemu has to
-# Kunpeng 920's TaiShan v110 cores), NPU_LOSS_OPS_REBUILD=1 (rebuild even when the sources did not change).
+# its own), NPU_LOSS_OPS_AARCH64_DIR (instead of build/aarch64: one sysroot and venv for several clones, e.g.
+# scripts/check_releases.sh's clean clone of each commit), MAX_JOBS (default 2), QEMU_CPU (default
+# neoverse-n1: ARMv8.2 without SVE, the closest qemu has to Kunpeng 920's TaiShan v110 cores),
+# NPU_LOSS_OPS_REBUILD=1 (rebuild even when the sources did not change).
 # Timings under qemu say nothing about aarch64 speed.
 set -euo pipefail
 
 REPO_ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
-WORK="$REPO_ROOT/build/aarch64"
+WORK="${NPU_LOSS_OPS_AARCH64_DIR:-$REPO_ROOT/build/aarch64}"
 SYSROOT="$WORK/sysroot"
 DEFAULT_QEMU_CPU=neoverse-n1
 export QEMU_CPU="${QEMU_CPU:-$DEFAULT_QEMU_CPU}"
@@ -329,10 +331,8 @@ pip_build() {
 cross_build() {
   sync_sources "$SRC"
   mkdir -p "$SRC/build" "$REPO_ROOT/build/objects"
-  if [[ ! -L "$SRC/build/objects" ]]; then
-    rm -rf "$SRC/build/objects"
-    ln -s "$REPO_ROOT/build/objects" "$SRC/build/objects"
-  fi
+  [[ -L "$SRC/build/objects" ]] || rm -rf "$SRC/build/objects"
+  ln -sfn "$REPO_ROOT/build/objects" "$SRC/build/objects"
   local digest
   digest="$(build_digest "$SRC" "$VENV")"
   if [[ "${NPU_LOSS_OPS_REBUILD:-0}" != 1 && -f "$SRC/.aarch64-build" && "$(cat "$SRC/.aarch64-build")" == "$digest" ]] \

@@ -496,7 +496,19 @@ run_full_suite() {
   run_pytest full -m "not large" "$@"
 }
 
+# One run at a time per build/aarch64 (two would rewrite each other's source copy and venvs mid-build or
+# mid-test, e.g. CI's slice and scripts/check_releases.sh's full suite sharing it): a second one waits.
+lock_work() {
+  mkdir -p "$WORK"
+  exec 9>"$WORK/.lock"
+  if ! flock -n 9; then
+    _log "another scripts/aarch64.sh is running on $WORK; waiting for it"
+    flock 9
+  fi
+}
+
 prepare() {
+  lock_work
   ensure_host_tools
   stage sysroot build_sysroot
   make_venv "$VENV"

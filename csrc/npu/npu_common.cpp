@@ -5,7 +5,9 @@
 #include <mutex>
 #include <unordered_map>
 
-#include "acl/acl_base_rt.h"  // aclrtGetSocName, aclFormat
+// aclrtGetSocName, aclFormat: declared in acl_base.h or in the acl_base_rt.h it includes (torch-npu 2.8.0 ships
+// no acl_base_rt.h).
+#include "acl/acl_base.h"
 #include "op_plugin/include/npu_cpp_extension.h"  // GetOpApiFuncAddr
 #include "torch_npu/csrc/core/npu/NPUFormat.h"  // get_npu_format, npu_format_cast
 

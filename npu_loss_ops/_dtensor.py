@@ -219,11 +219,11 @@ def _strategy(op: _OpShape) -> Callable[[OpSchema], OpStrategy]:
         valid: Callable[[list[DTensorSpec], DTensorSpec | tuple[DTensorSpec | None, ...] | None], bool] = (
             functools.partial(_equal_counts, arg_shapes)
         )
-        if op.out is not None and len(placed) == op.tensors:
-            # There torch 2.9 gives the out= tensor the chosen rule's result placement without redistributing
-            # it: so the rules go without their out= entry, and only those whose result has its placement are
-            # valid.
-            rules = [rule[:-1] for rule in rules]
+        if op.out is not None:
+            # Only the rules whose result has the out= tensor's placements are valid: torch 2.9 and 2.10 give
+            # the out= tensor the chosen rule's result placement without redistributing or checking it.
+            if len(placed) == op.tensors:
+                rules = [rule[:-1] for rule in rules]  # torch 2.9: the rules go without their out= entry
             valid = functools.partial(_keeps_placements, _placements(op_schema.kwargs_schema[op.out]), arg_shapes)
 
         try:
@@ -252,7 +252,11 @@ def _strategy(op: _OpShape) -> Callable[[OpSchema], OpStrategy]:
 def register() -> None:
     """Registers the rules of every op in `LOSSES` with DTensor (imports torch.distributed.tensor)."""
     from torch.distributed.tensor._op_schema import RuntimeSchemaInfo
-    from torch.distributed.tensor._ops.utils import register_op_strategy
+
+    try:
+        from torch.distributed.tensor._ops.utils import register_op_strategy
+    except ImportError:  # torch 2.10 keeps it in _ops/registration.py
+        from torch.distributed.tensor._ops.registration import register_op_strategy  # type: ignore[no-redef]
 
     for row in LOSSES:
         for overload, op in _ops_of(row):

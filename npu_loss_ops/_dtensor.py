@@ -29,6 +29,7 @@ rule must give the out tensor's own placement.
 from __future__ import annotations
 
 import functools
+import importlib
 import importlib.abc
 import importlib.machinery
 import sys
@@ -36,7 +37,7 @@ import warnings
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from types import ModuleType
-from typing import TYPE_CHECKING, Literal
+from typing import TYPE_CHECKING, Literal, cast
 
 import torch
 
@@ -249,15 +250,27 @@ def _strategy(op: _OpShape) -> Callable[[OpSchema], OpStrategy]:
     return strategy
 
 
+_Register = Callable[..., Callable[[Callable[["OpSchema"], "OpStrategy"]], object]]
+
+
+def _register_op_strategy() -> _Register:
+    """DTensor's op-strategy registration decorator: in ``_ops/utils.py``, or ``_ops/registration.py`` in torch
+    2.10 (found by name, so that the type checker accepts either release)."""
+    for name in ("torch.distributed.tensor._ops.utils", "torch.distributed.tensor._ops.registration"):
+        try:
+            found = getattr(importlib.import_module(name), "register_op_strategy", None)
+        except ImportError:
+            continue
+        if found is not None:
+            return cast(_Register, found)
+    raise ImportError("torch.distributed.tensor has no register_op_strategy")
+
+
 def register() -> None:
     """Registers the rules of every op in `LOSSES` with DTensor (imports torch.distributed.tensor)."""
     from torch.distributed.tensor._op_schema import RuntimeSchemaInfo
 
-    try:
-        from torch.distributed.tensor._ops.utils import register_op_strategy
-    except ImportError:  # torch 2.10 keeps it in _ops/registration.py
-        from torch.distributed.tensor._ops.registration import register_op_strategy  # type: ignore[no-redef]
-
+    register_op_strategy = _register_op_strategy()
     for row in LOSSES:
         for overload, op in _ops_of(row):
             # DTensor caches a rule per argument placements and shapes, plus what schema_info names: the

@@ -5,6 +5,7 @@
 #   bash scripts/check_releases.sh                   every check below (hours: each release is a 5 GB install)
 #   bash scripts/check_releases.sh 2.8.0 aarch64     only these (a torch release of build_config.py's table,
 #                                                    aarch64, large); their rows are replaced
+#   bash scripts/check_releases.sh 2.11.0/cpu        only that release's CPU suite
 #   bash scripts/check_releases.sh --verify          what CI runs: every row passed on a commit whose
 #                                                    csrc/compat and build_config.py are today's, and every
 #                                                    release has its CPU suite and NPU build check in CI or here
@@ -66,11 +67,11 @@ run() {
 # The CPU suite of one release, and its NPU build check and emulated 910B suite unless CI checks its NPU part
 # (release_table.py pending --npu says which).
 release_checks() {
-  local torch="$1"
+  local torch="$1" only="${2:-}"
   export NPU_LOSS_OPS_TORCH_VERSION="$torch"
   run "$torch" x86_64 "CPU suite" env NPU_LOSS_OPS_FRESH_VENV=1 bash scripts/run_tests.sh -m "not large" -p no:cacheprovider
   rm -rf "$WORK/.venv-torch$torch"
-  if python3 "$REPO_ROOT/scripts/release_table.py" needs-npu "$torch"; then
+  if [[ "$only" != cpu ]] && python3 "$REPO_ROOT/scripts/release_table.py" needs-npu "$torch"; then
     run "$torch" x86_64 "NPU build check" env NPU_LOSS_OPS_FRESH_VENV=1 bash scripts/check_npu.sh
     run "$torch" x86_64 "emulated NPU 910B" env NPU_LOSS_OPS_EMULATOR_DIR="$WORK/build/npu_emulator-torch$torch" \
       NPU_LOSS_OPS_EMULATOR_LOGS="$WORK/build/npu_emulator_logs-torch$torch" bash scripts/run_npu_emulated.sh 910B
@@ -91,6 +92,7 @@ for check in "${CHECKS[@]}"; do
       run "$(python3 build_config.py --torch-version)" x86_64 "tests over 2**31 elements" \
         env NPU_LOSS_OPS_TORCH=cpu NPU_LOSS_OPS_LARGE_TESTS=1 bash scripts/run_tests.sh -m large -p no:cacheprovider
       ;;
+    [0-9]*/cpu) release_checks "${check%/cpu}" cpu ;;
     [0-9]*) release_checks "$check" ;;
     *) echo "check_releases: unknown check '$check' (a release of build_config.py, aarch64 or large)" >&2; exit 2 ;;
   esac

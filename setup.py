@@ -186,14 +186,8 @@ def npu_extension(root, flags, link):
 
 def extensions():
     flags, link = cpu_flags()
-    sources = [
-        "csrc/schema.cpp",
-        "csrc/composite_kernels.cpp",
-        "csrc/meta_kernels.cpp",
-        "csrc/autocast.cpp",
-        "csrc/enable.cpp",
-        "csrc/module.cpp",
-    ]
+    sources = ["csrc/module.cpp", "csrc/enable.cpp", "csrc/composite/kernels.cpp"]
+    sources += sorted(glob.glob("csrc/registration/*.cpp"))
     sources += sorted(glob.glob("csrc/autograd/*.cpp"))
     sources += sorted(glob.glob("csrc/cpu/*.cpp"))
     sources.append(GLIBC_FLOOR_SOURCE)
@@ -213,7 +207,7 @@ def extensions():
 
 
 # The NPU routing table is plain C++: in the core, _C shows it on any machine and _C_npu routes by it.
-CORE_SOURCES = ["csrc/core/checks.cpp", "csrc/core/composite.cpp", "csrc/npu/routing.cpp"]
+CORE_SOURCES = ["csrc/core/checks.cpp", "csrc/composite/math.cpp", "csrc/npu/routing.cpp"]
 
 
 def core_library():

@@ -25,6 +25,7 @@
 
 #include "compat/torch_compat.h"
 #include "core/checks.h"
+#include "core/ops.h"
 
 namespace npu_loss::enable {
 namespace {
@@ -77,38 +78,42 @@ bool accepts_with(const c10::IValue* args, size_t n) {
   }
 }
 
-#define NPU_LOSS_ACCEPTS(check, is_out) \
-  (&accepts_with<&check<int64_t>, &check<c10::SymInt>, is_out>)
-
-// ---- the routing table: one block per loss --------------------------------------------------------------------
+// ---- the routing table: each loss's ATen twins (losses.h, aten_twin) ----------------------------------------
 
 struct Route {
-  const char* loss;      // the torch.nn.functional name enable(ops=...) takes
-  const char* overload;  // the ATen overload, and the npu_loss overload of the same schema
+  std::string loss;      // the torch.nn.functional name enable(ops=...) takes: the forward op's name
+  std::string overload;  // the ATen overload, and the npu_loss overload of the same schema
   Accepts accepts;
 };
 
-// torch 2.13 has no l1_loss or kl_div backward op (their autograd formulas are made of other ops), so those
-// blocks route the forward only.
-constexpr std::array kRoutes = {
-    Route{"smooth_l1_loss", "smooth_l1_loss", NPU_LOSS_ACCEPTS(check_smooth_l1_loss, false)},
-    Route{"smooth_l1_loss", "smooth_l1_loss_backward", NPU_LOSS_ACCEPTS(check_smooth_l1_loss_backward, false)},
-    Route{"smooth_l1_loss", "smooth_l1_loss_backward.grad_input",
-          NPU_LOSS_ACCEPTS(check_smooth_l1_loss_backward_out, true)},
+template <typename Loss>
+void add_routes(std::vector<Route>& routes) {
+  constexpr const LossDecl& d = Loss::decl;
+  using Concrete = LossChecks<Loss, int64_t>;
+  using Symbolic = LossChecks<Loss, c10::SymInt>;
+  if constexpr ((d.aten_twin & static_cast<uint8_t>(AtenTwin::Forward)) != 0) {
+    routes.push_back({d.forward, d.forward, &accepts_with<&Concrete::forward, &Symbolic::forward, false>});
+  }
+  if constexpr ((d.aten_twin & static_cast<uint8_t>(AtenTwin::Backward)) != 0) {
+    routes.push_back({d.forward, d.backward, &accepts_with<&Concrete::backward, &Symbolic::backward, false>});
+  }
+  if constexpr ((d.aten_twin & static_cast<uint8_t>(AtenTwin::BackwardOut)) != 0) {
+    routes.push_back(
+        {d.forward, out_overload_name(d), &accepts_with<&Concrete::backward_out, &Symbolic::backward_out, true>});
+  }
+}
 
-    Route{"huber_loss", "huber_loss", NPU_LOSS_ACCEPTS(check_huber_loss, false)},
-    Route{"huber_loss", "huber_loss_backward", NPU_LOSS_ACCEPTS(check_huber_loss_backward, false)},
-    Route{"huber_loss", "huber_loss_backward.out", NPU_LOSS_ACCEPTS(check_huber_loss_backward_out, true)},
-
-    Route{"l1_loss", "l1_loss", NPU_LOSS_ACCEPTS(check_l1_loss, false)},
-
-    Route{"kl_div", "kl_div", NPU_LOSS_ACCEPTS(check_kl_div, false)},
-};
-
-#undef NPU_LOSS_ACCEPTS
+const std::vector<Route>& all_routes() {
+  static const std::vector<Route> routes = [] {
+    std::vector<Route> r;
+    for_each_loss([&]<typename Loss>() { add_routes<Loss>(r); });
+    return r;
+  }();
+  return routes;
+}
 
 const Route& find_route(const std::string& overload) {
-  for (const Route& route : kRoutes) {
+  for (const Route& route : all_routes()) {
     if (overload == route.overload) {
       return route;
     }
@@ -212,7 +217,7 @@ void register_route(torch::Library& library, const Route& route) {
   for (Original& original : originals) {
     auto kernel = std::make_unique<RoutingKernel>(
         route.accepts, ours, std::move(original.kernel), autocast_exclusion(aten, ours, original.autocast));
-    library.impl(route.overload,
+    library.impl(route.overload.c_str(),
                  torch::dispatch(original.key, torch::CppFunction::makeFromBoxedFunctor(std::move(kernel))));
   }
 }
@@ -225,7 +230,7 @@ torch::Library* g_library = nullptr;
 
 std::vector<std::pair<std::string, std::string>> routes() {
   std::vector<std::pair<std::string, std::string>> rows;
-  for (const Route& route : kRoutes) {
+  for (const Route& route : all_routes()) {
     rows.emplace_back(route.loss, route.overload);
   }
   return rows;

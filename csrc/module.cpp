@@ -7,6 +7,8 @@
 
 #include "autograd/derivatives.h"
 #include "core/checks.h"
+#include "core/ops.h"
+#include "core/schema.h"
 #include "enable.h"
 #include "cpu/isa.h"
 #include "npu/routing.h"
@@ -79,6 +81,33 @@ bool aten_route_accepts(const std::string& overload, const pybind11::args& args,
   return npu_loss::enable::accepts(overload, stack);
 }
 
+// Every loss's declaration (losses.h), for Python (the DTensor rules, enable()) and the tests.
+pybind11::list losses() {
+  using namespace npu_loss;
+  pybind11::list rows;
+  for_each_loss([&]<typename Loss>() {
+    const LossDecl& d = Loss::decl;
+    pybind11::dict row;
+    row["forward"] = d.forward;
+    row["backward"] = d.backward;
+    row["backward_out"] = out_overload_name(d);
+    row["out_arg"] = d.out_arg;
+    row["schemas"] = std::vector<std::string>{forward_schema(d), backward_schema(d), backward_out_schema(d)};
+    row["scalar"] = d.scalar.kind == ScalarKind::None ? pybind11::object(pybind11::none())
+                                                       : pybind11::object(pybind11::str(d.scalar.name));
+    row["grad_of"] = d.grad_of == GradOf::Self ? "self" : "target";
+    row["mean_count"] = d.mean_count == MeanCount::Self ? "self"
+        : d.mean_count == MeanCount::Broadcast          ? "broadcast"
+                                                        : "self_target_broadcast";
+    row["grad_dtype"] = d.grad_dtype == GradDtype::Self ? "self" : d.grad_dtype == GradDtype::Target ? "target" : "promoted";
+    row["out_dtype"] = d.out_dtype == OutDtype::AnyFloating ? "any_floating" : "equals_result";
+    row["autocast_float32"] = d.autocast_float32;
+    row["aclnn"] = std::vector<std::string>{d.aclnn_forward, d.aclnn_backward};
+    rows.append(row);
+  });
+  return rows;
+}
+
 pybind11::dict build_info() {
   pybind11::dict info;
   const auto isa = npu_loss::cpu::selected_isa();
@@ -103,8 +132,7 @@ PYBIND11_MODULE(_C, m) {
   m.def("build_info", &build_info, "What this build of _C contains and which CPU kernels it runs.");
   m.def("_differentiable_ops", &npu_loss::autograd::differentiable_ops,
         "The ops with a derivatives block (csrc/autograd/derivatives.cpp), for tests.");
-  m.def("_checked_ops", &npu_loss::checked_ops,
-        "The ops and out= overloads core/checks.cpp has rules for, by schema name (for tests).");
+  m.def("_losses", &losses, "Every loss's declaration (csrc/losses.h): one dict per loss.");
   m.def("_vec_math", &vec_math, "The CPU kernels' float log or exp, on one instruction set (for tests).");
   m.def("_aten_routes", &npu_loss::enable::routes,
         "enable()'s routing table: (torch.nn.functional name, ATen overload) rows (csrc/enable.cpp).");

@@ -170,7 +170,9 @@ def _per_op_tables() -> dict[str, set[str]]:
 
     return {
         "schemas (SCHEMAS here, docs/semantics.md)": {s.split("(")[0].removeprefix("npu_loss::") for s in SCHEMAS},
-        "validation rules (csrc/core/checks.cpp)": set(_C._checked_ops()),
+        "declarations (csrc/losses.h)": {
+            row[k] for row in _C._losses() for k in ("forward", "backward", "backward_out")
+        },
         "derivatives blocks (csrc/autograd/derivatives.cpp)": set(_C._differentiable_ops()),
         "NPU routing rows (csrc/npu/routing.cpp)": {row["op"] for row in _C._npu_routing_table()},
         "sample families (tests/samples.py)": _sample_ops(),

@@ -12,7 +12,7 @@
 #include <ATen/ATen.h>
 #include <torch/library.h>
 
-#include "../ops.h"
+#include "../core/ops.h"
 #include "node.h"
 #include "vmap.h"
 
@@ -102,74 +102,76 @@ at::Tensor clipped_slope_tangent(
       out, apply_mean((d.abs() < width) * (grad_output.p * d_tangent) * inside, reduction, self.p.sym_numel()));
 }
 
-// What every block shares: its signature, how many leading arguments are (saved, differentiable) tensors,
-// and its dispatcher handle.
-template <typename Sig, size_t N, const c10::TypedOperatorHandle<Sig>& (*Handle)()>
+// What every block shares: its loss, its signature, how many leading arguments are (saved, differentiable)
+// tensors, its dispatcher handle and its name (from the loss's declaration, losses.h).
+template <typename L, bool IsBackward>
 struct Block {
-  using Signature = Sig;
-  static constexpr size_t kTensors = N;
-  static const c10::TypedOperatorHandle<Sig>& op() {
-    return Handle();
+  using Loss = L;
+  using Signature =
+      std::conditional_t<IsBackward, typename Signatures<L>::Backward, typename Signatures<L>::Forward>;
+  static constexpr size_t kTensors = IsBackward ? 3 : 2;
+  static constexpr const char* kName = IsBackward ? L::decl.backward : L::decl.forward;
+  static const c10::TypedOperatorHandle<Signature>& op() {
+    if constexpr (IsBackward) {
+      return ops::backward<L>();
+    } else {
+      return ops::forward<L>();
+    }
   }
 };
 
+// The block of a loss's forward op, and of its backward op.
+template <typename Loss>
+using ForwardBlock = Block<Loss, false>;
+template <typename Loss>
+using BackwardBlock = Block<Loss, true>;
+
 // A forward loss whose slope is odd in d (smooth L1, Huber, L1): its gradients and tangent are its backward
 // op's (odd_slope_grads, odd_slope_tangent), whatever its scalars.
-template <auto Handle, auto BackwardHandle, typename = decltype(Handle)>
+template <typename Loss, typename Scalars = ScalarsOf<Loss>>
 struct OddSlopeLoss;
 
-template <auto Handle, auto BackwardHandle, typename... Scalars>
-struct OddSlopeLoss<
-    Handle, BackwardHandle,
-    const c10::TypedOperatorHandle<at::Tensor(const at::Tensor&, const at::Tensor&, int64_t, Scalars...)>& (*)()>
-    : Block<at::Tensor(const at::Tensor&, const at::Tensor&, int64_t, Scalars...), 2, Handle> {
+template <typename Loss, typename... S>
+struct OddSlopeLoss<Loss, std::tuple<S...>> : ForwardBlock<Loss> {
   static variable_list backward(
       const at::Tensor& grad, const Needs<2>& needs, const at::Tensor& self, const at::Tensor& target,
-      int64_t reduction, Scalars... s) {
+      int64_t reduction, S... s) {
     return odd_slope_grads(grad, needs, self, target, [&](const at::Tensor& g, const at::Tensor& a, const at::Tensor& b) {
-      return BackwardHandle().call(g, a, b, reduction, s...);
+      return ops::backward<Loss>().call(g, a, b, reduction, s...);
     });
   }
 
-  static at::Tensor tangent(const Dual& self, const Dual& target, int64_t reduction, Scalars... s) {
+  static at::Tensor tangent(const Dual& self, const Dual& target, int64_t reduction, S... s) {
     return odd_slope_tangent(self, target, reduction, [&](const at::Tensor& g, const at::Tensor& a, const at::Tensor& b) {
-      return BackwardHandle().call(g, a, b, kNone, s...);
+      return ops::backward<Loss>().call(g, a, b, kNone, s...);
     });
   }
 };
 
 // The backward op of a slope linear inside |d| < width and constant outside (smooth L1's, Huber's), whose
 // derivative inside is Derived::inside(width): clipped_slope_grads and clipped_slope_tangent.
-template <typename Derived, auto Handle>
-struct ClippedSlopeBackward : Block<ops::BackwardSmoothL1, 3, Handle> {
-  static constexpr VmapBackward kVmap{MeanCount::Self, /*result_like_target=*/false, /*promotes=*/false};
-
+template <typename Derived, typename Loss>
+struct ClippedSlopeBackward : BackwardBlock<Loss> {
   static variable_list backward(
       const at::Tensor& gg, const Needs<3>& needs, const at::Tensor& grad_output, const at::Tensor& self,
       const at::Tensor& target, int64_t reduction, double width) {
     return clipped_slope_grads(
         gg, needs, grad_output, self, target, reduction, width, Derived::inside(width),
-        [&](const at::Tensor& g) { return Handle().call(g, self, target, reduction, width); });
+        [&](const at::Tensor& g) { return ops::backward<Loss>().call(g, self, target, reduction, width); });
   }
 
   static at::Tensor tangent(
       const Dual& grad_output, const Dual& self, const Dual& target, int64_t reduction, double width) {
     return clipped_slope_tangent(
         grad_output, self, target, reduction, width, Derived::inside(width),
-        [&](const at::Tensor& g) { return Handle().call(g, self.p, target.p, reduction, width); });
+        [&](const at::Tensor& g) { return ops::backward<Loss>().call(g, self.p, target.p, reduction, width); });
   }
 };
 
-// ---- smooth_l1_loss(self, target, reduction, beta) ----
-struct SmoothL1Loss : OddSlopeLoss<ops::smooth_l1_loss, ops::smooth_l1_loss_backward> {
-  static constexpr const char* kName = "smooth_l1_loss";
-  static constexpr const char* kNode = "NpuLossSmoothL1LossBackward0";
-};
+// ---- smooth L1: its forward, and its backward op (grad_output, self, target, reduction, beta) ----
+using SmoothL1LossForward = OddSlopeLoss<SmoothL1Loss>;
 
-// ---- smooth_l1_loss_backward(grad_output, self, target, reduction, beta) ----
-struct SmoothL1LossBackward : ClippedSlopeBackward<SmoothL1LossBackward, ops::smooth_l1_loss_backward> {
-  static constexpr const char* kName = "smooth_l1_loss_backward";
-  static constexpr const char* kNode = "NpuLossSmoothL1LossBackwardBackward0";
+struct SmoothL1LossBackward : ClippedSlopeBackward<SmoothL1LossBackward, SmoothL1Loss> {
   // The slope d / beta has derivative 1 / beta inside |d| < beta; beta == 0 is the L1 slope sign(d),
   // piecewise constant: a zero derivative.
   static double inside(double beta) {
@@ -177,33 +179,20 @@ struct SmoothL1LossBackward : ClippedSlopeBackward<SmoothL1LossBackward, ops::sm
   }
 };
 
-// ---- huber_loss(self, target, reduction, delta) ----
-struct HuberLoss : OddSlopeLoss<ops::huber_loss, ops::huber_loss_backward> {
-  static constexpr const char* kName = "huber_loss";
-  static constexpr const char* kNode = "NpuLossHuberLossBackward0";
-};
+// ---- Huber: its forward, and its backward op (grad_output, self, target, reduction, delta) ----
+using HuberLossForward = OddSlopeLoss<HuberLoss>;
 
-// ---- huber_loss_backward(grad_output, self, target, reduction, delta) ----
-struct HuberLossBackward : ClippedSlopeBackward<HuberLossBackward, ops::huber_loss_backward> {
-  static constexpr const char* kName = "huber_loss_backward";
-  static constexpr const char* kNode = "NpuLossHuberLossBackwardBackward0";
+struct HuberLossBackward : ClippedSlopeBackward<HuberLossBackward, HuberLoss> {
   // The slope, d clamped to delta, has derivative 1 inside |d| < delta.
   static double inside(double /*delta*/) {
     return 1.0;
   }
 };
 
-// ---- l1_loss(self, target, reduction) ----
-struct L1Loss : OddSlopeLoss<ops::l1_loss, ops::l1_loss_backward> {
-  static constexpr const char* kName = "l1_loss";
-  static constexpr const char* kNode = "NpuLossL1LossBackward0";
-};
+// ---- L1: its forward, and its backward op (grad_output, self, target, reduction) ----
+using L1LossForward = OddSlopeLoss<L1Loss>;
 
-// ---- l1_loss_backward(grad_output, self, target, reduction) ----
-struct L1LossBackward : Block<ops::BackwardL1, 3, ops::l1_loss_backward> {
-  static constexpr const char* kName = "l1_loss_backward";
-  static constexpr const char* kNode = "NpuLossL1LossBackwardBackward0";
-  static constexpr VmapBackward kVmap{MeanCount::Broadcast, /*result_like_target=*/false, /*promotes=*/true};
+struct L1LossBackward : BackwardBlock<L1Loss> {
 
   static variable_list backward(
       const at::Tensor& gg, const Needs<3>& needs, const at::Tensor& grad_output, const at::Tensor& self,
@@ -223,10 +212,8 @@ struct L1LossBackward : Block<ops::BackwardL1, 3, ops::l1_loss_backward> {
   }
 };
 
-// ---- kl_div(self, target, reduction, *, log_target) ----
-struct KlDiv : Block<ops::LossKl, 2, ops::kl_div> {
-  static constexpr const char* kName = "kl_div";
-  static constexpr const char* kNode = "NpuLossKlDivBackward0";
+// ---- KL: its forward (self, target, reduction, *, log_target), and its backward op ----
+struct KlDivForward : ForwardBlock<KlDiv> {
 
   static variable_list backward(
       const at::Tensor& grad, const Needs<2>& needs, const at::Tensor& self, const at::Tensor& target,
@@ -244,7 +231,7 @@ struct KlDiv : Block<ops::LossKl, 2, ops::kl_div> {
       out[0] = reduce_to(expand_to(coef * p, shape), self);
     }
     if (needs[1]) {
-      out[1] = reduce_to(ops::kl_div_target_backward().call(grad, self, target, reduction, log_target), target);
+      out[1] = reduce_to(ops::backward<KlDiv>().call(grad, self, target, reduction, log_target), target);
     }
     return out;
   }
@@ -256,19 +243,14 @@ struct KlDiv : Block<ops::LossKl, 2, ops::kl_div> {
       // The target gradient with target's tangent as grad_output, over the broadcast shape (nothing summed).
       const auto shape = broadcast_shape(self.p, target.p);
       values = add_defined(
-          values, ops::kl_div_target_backward().call(
+          values, ops::backward<KlDiv>().call(
                       expand_to(target.t, shape), self.p, expand_to(target.p, shape), kNone, log_target));
     }
     return reduce_values(values, reduction);
   }
 };
 
-// ---- kl_div_target_backward(grad_output, self, target, reduction, log_target) ----
-struct KlDivTargetBackward : Block<ops::BackwardKl, 3, ops::kl_div_target_backward> {
-  static constexpr const char* kName = "kl_div_target_backward";
-  static constexpr const char* kNode = "NpuLossKlDivTargetBackwardBackward0";
-  static constexpr VmapBackward kVmap{
-      MeanCount::SelfTargetBroadcast, /*result_like_target=*/true, /*promotes=*/false};
+struct KlDivBackward : BackwardBlock<KlDiv> {
 
   static variable_list backward(
       const at::Tensor& gg_in, const Needs<3>& needs, const at::Tensor& grad_output, const at::Tensor& self,
@@ -339,8 +321,8 @@ struct Blocks {
 };
 
 using AllBlocks = Blocks<
-    SmoothL1Loss, SmoothL1LossBackward, HuberLoss, HuberLossBackward, L1Loss, L1LossBackward, KlDiv,
-    KlDivTargetBackward>;
+    SmoothL1LossForward, SmoothL1LossBackward, HuberLossForward, HuberLossBackward, L1LossForward, L1LossBackward,
+    KlDivForward, KlDivBackward>;
 
 }  // namespace
 

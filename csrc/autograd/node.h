@@ -8,8 +8,7 @@
 //     history, and sets the forward-mode tangent from the op's tangent formula.
 //
 // An op's block gives:
-//   kName, kNode          the op's schema name and its node's name (prefixed, so compiled autograd never
-//                         confuses it with ATen's SmoothL1LossBackward0 and friends)
+//   kName                 the op's schema name; its node is named from it (node_name)
 //   Signature, op()       the op's C++ signature and its dispatcher handle (ops.h)
 //   kTensors              how many leading arguments are differentiable tensor inputs (all saved); the
 //                         rest are the scalars the node keeps
@@ -27,6 +26,7 @@
 #include <torch/csrc/dynamo/compiled_autograd.h>
 
 #include <array>
+#include <cctype>
 #include <string>
 #include <tuple>
 #include <utility>
@@ -127,21 +127,38 @@ variable_list proxy_into_compiled_graph(
 }  // namespace detail
 
 template <typename Op>
-using ScalarsOf = typename detail::SignatureParts<typename Op::Signature, Op::kTensors>::Scalars;
+using SavedScalars = typename detail::SignatureParts<typename Op::Signature, Op::kTensors>::Scalars;
 
 // ---- the node ----
+
+// "NpuLoss", the op's name in CamelCase, "Backward0" (smooth_l1_loss: NpuLossSmoothL1LossBackward0): prefixed,
+// so that compiled autograd never confuses it with ATen's SmoothL1LossBackward0 and friends.
+inline std::string node_name(const char* op) {
+  std::string name = "NpuLoss";
+  bool upper = true;
+  for (const char* c = op; *c != '\0'; ++c) {
+    if (*c == '_') {
+      upper = true;
+      continue;
+    }
+    name += upper ? static_cast<char>(std::toupper(static_cast<unsigned char>(*c))) : *c;
+    upper = false;
+  }
+  return name + "Backward0";
+}
 
 template <typename Op>
 struct LossNode final : public torch::autograd::TraceableFunction {
   static constexpr size_t N = Op::kTensors;
-  using Scalars = ScalarsOf<Op>;
+  using Scalars = SavedScalars<Op>;
   using Inputs = std::array<at::Tensor, N>;
 
   std::array<torch::autograd::SavedVariable, N> saved;
   Scalars scalars;
 
   std::string name() const override {
-    return Op::kNode;
+    static const std::string name = node_name(Op::kName);
+    return name;
   }
 
   void release_variables() override {
@@ -257,7 +274,7 @@ struct AutogradKernel<Op, at::Tensor(Args...)> {
       grad_fn = compat::make_node<LossNode<Op>>();
       grad_fn->set_next_edges(torch::autograd::collect_next_edges(std::get<I>(all)...));
       for (size_t i = 0; i < N; ++i) grad_fn->saved[i] = torch::autograd::SavedVariable(*inputs[i], false);
-      grad_fn->scalars = ScalarsOf<Op>(std::get<N + J>(all)...);
+      grad_fn->scalars = SavedScalars<Op>(std::get<N + J>(all)...);
     }
     bool forward_ad = false;
     for (const auto* t : inputs) forward_ad = forward_ad || (defined && t->_fw_grad(kLevel).defined());

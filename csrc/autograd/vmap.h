@@ -11,7 +11,8 @@
 //     reduce each sample's row (half types in float32, rounded once at the end);
 //   - backward ops (grad_output, self, target, reduction, ...) run with "sum" (no scaling) after grad_output
 //     is divided by each sample's own "mean" count, since the op would otherwise divide by the whole
-//     batch's count. What differs between them is the op block's kVmap (VmapBackward below);
+//     batch's count. What differs between them is read from the loss's declaration (losses.h): what the
+//     op differentiates, its dtype rule and its "mean" count;
 //   - results get the dtype of the unbatched call (a 0-dim operand does not promote a dimensioned one, even
 //     though its batched physical tensor has a dim).
 // Calls whose padded rank would exceed the ops' 8 dims run sample by sample.
@@ -29,24 +30,10 @@
 #include <vector>
 
 #include "../core/checks.h"
+#include "../losses.h"
 #include "../core/reduction.h"
 
 namespace npu_loss::autograd {
-
-// Which element count a backward op's "mean" divides by.
-enum class MeanCount {
-  Self,                   // self.numel() (smooth L1, as ATen and the Ascend kernels do)
-  Broadcast,              // broadcast(grad_output, self, target).numel()
-  SelfTargetBroadcast,    // broadcast(self, target).numel()
-};
-
-// What a backward op's batching rule needs to know beyond the generic recipe.
-struct VmapBackward {
-  MeanCount mean_count;
-  bool result_like_target;  // the result has target's shape (KL), so target carries the batch dim
-  bool promotes;            // the result dtype is the promotion of all three operands (else the physical
-                            // call already gives the unbatched call's dtype)
-};
 
 namespace vmap {
 
@@ -239,14 +226,15 @@ struct VmapKernel<Op, at::Tensor(const at::Tensor&, const at::Tensor&, int64_t, 
   }
 };
 
-// Backward ops: (grad_output, self, target, reduction, scalars...), shaped by the op block's kVmap.
+// Backward ops: (grad_output, self, target, reduction, scalars...), shaped by their loss's declaration.
 template <typename Op, typename... Scalars>
 struct VmapKernel<Op, at::Tensor(const at::Tensor&, const at::Tensor&, const at::Tensor&, int64_t, Scalars...)> {
   static at::Tensor call(
       const at::Tensor& grad_output, const at::Tensor& self, const at::Tensor& target, int64_t reduction,
       Scalars... s) {
     using namespace vmap;
-    constexpr VmapBackward rule = Op::kVmap;
+    constexpr const LossDecl& d = Op::Loss::decl;
+    constexpr bool result_like_target = d.grad_of == GradOf::Target;  // target carries the batch dim
     const auto op = [&](const at::Tensor& g, const at::Tensor& x, const at::Tensor& t, int64_t r) {
       return Op::op().call(g, x, t, r, s...);
     };
@@ -257,11 +245,11 @@ struct VmapKernel<Op, at::Tensor(const at::Tensor&, const at::Tensor&, const at:
     const auto& x = operands[1];
     const auto& t = operands[2];
     if (!all_defined(operands) || !is_valid_reduction(reduction)) return op(g.value, x.value, t.value, reduction);
-    if (rule.result_like_target) {
+    if (result_like_target) {
       // The op's own rule, on each sample's shapes (the physical call could not see it).
       const auto shape = at::infer_size_symdimvector(x.logical_sizes(), t.logical_sizes());
       TORCH_CHECK(
-          at::infer_size_symdimvector(g.logical_sizes(), shape) == shape, Op::kName, ": grad_output of shape ",
+          at::infer_size_symdimvector(g.logical_sizes(), shape) == shape, d.backward, ": grad_output of shape ",
           c10::SymIntArrayRef(g.logical_sizes()), " must broadcast to the shape of broadcast(self, target) ",
           c10::SymIntArrayRef(shape), " without enlarging it");
     }
@@ -271,16 +259,16 @@ struct VmapKernel<Op, at::Tensor(const at::Tensor&, const at::Tensor&, const at:
           level, operands, [&](const std::vector<at::Tensor>& a) { return op(a[0], a[1], a[2], reduction); });
     }
     auto gv = batch_first(g, rank);
-    if (is_mean(reduction)) gv = upcast(gv).div(c10::Scalar(mean_count(rule.mean_count, g, x, t)));
+    if (is_mean(reduction)) gv = upcast(gv).div(c10::Scalar(mean_count(d.mean_count, g, x, t)));
     const auto batch_size = level.layer.batchSize();
-    const auto tv = rule.result_like_target ? batch_first_expanded(t, rank, batch_size) : batch_first(t, rank);
+    const auto tv = result_like_target ? batch_first_expanded(t, rank, batch_size) : batch_first(t, rank);
     auto result = op(gv, batch_first(x, rank), tv, kSum);
-    if (rule.result_like_target && t.logical_rank() < rank) {
+    if (result_like_target && t.logical_rank() < rank) {
       auto sizes = t.logical_sizes();
       sizes.insert(sizes.begin(), batch_size);
       result = result.view_symint(sizes);
     }
-    if (rule.promotes) {
+    if constexpr (d.grad_dtype == GradDtype::Promoted) {  // else the physical call gives the unbatched dtype
       const auto dtype = logical_result_type(operands);
       if (result.scalar_type() != dtype) result = result.to(dtype);
     }

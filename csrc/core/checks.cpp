@@ -121,16 +121,6 @@ void check_reduction(const char* op, int64_t reduction) {
       reduction);
 }
 
-void check_delta(const char* op, double delta) {
-  // Written so that NaN fails too; +inf is allowed (0.5 * d^2 everywhere, as in F).
-  TORCH_CHECK_VALUE(delta > 0, op, ": delta must be > 0, got ", delta);
-}
-
-void check_beta(const char* op, double beta) {
-  // Written so that NaN fails too.
-  TORCH_CHECK_VALUE(beta >= 0, op, ": beta must be >= 0, got ", beta);
-}
-
 void check_dims(const char* op, std::initializer_list<NamedTensor> tensors) {
   for (const auto& [name, t] : tensors) {
     TORCH_CHECK(
@@ -186,39 +176,6 @@ c10::MemoryFormat result_memory_format_of(
     if (Geometry<Int>::sizes(*t) == shape) return t->suggest_memory_format();
   }
   return c10::MemoryFormat::Contiguous;
-}
-
-// The first checks every loss shares, in this order.
-void check_common(const char* op, std::initializer_list<NamedTensor> tensors, int64_t reduction) {
-  check_defined(op, tensors);
-  check_same_device(op, tensors);
-  check_dtypes(op, tensors);
-  check_reduction(op, reduction);
-}
-
-// The forwards: broadcast(self, target) for "none", 0-dim otherwise, in at::result_type(self, target).
-template <typename Int>
-BasicResultSpec<Int> forward_spec(
-    const char* op, const at::Tensor& self, const at::Tensor& target, int64_t reduction) {
-  const std::initializer_list<NamedTensor> args = {{"self", &self}, {"target", &target}};
-  check_dims(op, args);
-  auto b = broadcast_shapes<Int>(op, args);
-  Shape<Int> shape = reduction == kNone ? b : Shape<Int>{};
-  const auto format = result_memory_format_of<Int>(shape, {&self, &target});
-  return {shape, result_type_of(args), b, format};
-}
-
-// The smooth L1 and L1 gradients w.r.t. self: broadcast(grad_output, self, target), in `dtype`.
-template <typename Int>
-BasicResultSpec<Int> self_gradient_spec(
-    const char* op, const at::Tensor& grad_output, const at::Tensor& self, const at::Tensor& target,
-    c10::ScalarType dtype) {
-  const std::initializer_list<NamedTensor> args = {
-      {"grad_output", &grad_output}, {"self", &self}, {"target", &target}};
-  check_dims(op, args);
-  auto b = broadcast_shapes<Int>(op, args);
-  const auto format = result_memory_format_of<Int>(b, {&self, &target, &grad_output});
-  return {b, dtype, b, format};
 }
 
 template <typename Int>
@@ -302,13 +259,93 @@ at::Tensor empty_with_format_of(c10::ArrayRef<Int> sizes, const at::TensorOption
 
 }  // namespace
 
-bool float64_allowed(const at::Tensor& t) {
-  return device_type(t) != c10::DeviceType::PrivateUse1;
+void check_common(const char* op, std::initializer_list<NamedTensor> tensors, int64_t reduction) {
+  check_defined(op, tensors);
+  check_same_device(op, tensors);
+  check_dtypes(op, tensors);
+  check_reduction(op, reduction);
 }
 
-c10::MemoryFormat result_memory_format(
-    c10::IntArrayRef shape, std::initializer_list<const at::Tensor*> operands_by_priority) {
-  return result_memory_format_of<int64_t>(shape, operands_by_priority);
+void check_scalar(const char* op, const ScalarArg& arg, double value) {
+  // Written so that NaN fails both rules; +inf passes both (Huber's delta == inf is 0.5 * d^2 everywhere).
+  if (arg.rule == ScalarRule::NonNegative) {
+    TORCH_CHECK_VALUE(value >= 0, op, ": ", arg.name, " must be >= 0, got ", value);
+  } else if (arg.rule == ScalarRule::Positive) {
+    TORCH_CHECK_VALUE(value > 0, op, ": ", arg.name, " must be > 0, got ", value);
+  }
+}
+
+template <typename Int>
+BasicResultSpec<Int> forward_spec(
+    const char* op, const at::Tensor& self, const at::Tensor& target, int64_t reduction) {
+  const std::initializer_list<NamedTensor> args = {{"self", &self}, {"target", &target}};
+  check_dims(op, args);
+  auto b = broadcast_shapes<Int>(op, args);
+  Shape<Int> shape = reduction == kNone ? b : Shape<Int>{};
+  const auto format = result_memory_format_of<Int>(shape, {&self, &target});
+  Int count = numel_of(b);
+  return {shape, result_type_of(args), std::move(b), format, std::move(count)};
+}
+
+namespace {
+
+// The gradients w.r.t. self: broadcast(grad_output, self, target), in `dtype`.
+template <typename Int>
+BasicResultSpec<Int> self_gradient_spec(
+    const char* op, const at::Tensor& grad_output, const at::Tensor& self, const at::Tensor& target,
+    c10::ScalarType dtype) {
+  const std::initializer_list<NamedTensor> args = {
+      {"grad_output", &grad_output}, {"self", &self}, {"target", &target}};
+  check_dims(op, args);
+  auto b = broadcast_shapes<Int>(op, args);
+  const auto format = result_memory_format_of<Int>(b, {&self, &target, &grad_output});
+  return {b, dtype, b, format};
+}
+
+// The gradient w.r.t. target (KL's): target's shape and dtype, with grad_output broadcasting to
+// broadcast(self, target) without enlarging it.
+template <typename Int>
+BasicResultSpec<Int> target_gradient_spec(
+    const char* op, const at::Tensor& grad_output, const at::Tensor& self, const at::Tensor& target) {
+  const std::initializer_list<NamedTensor> args = {
+      {"grad_output", &grad_output}, {"self", &self}, {"target", &target}};
+  check_dims(op, args);
+  auto b = broadcast_shapes<Int>(op, {{"self", &self}, {"target", &target}});
+  auto with_grad = broadcast_shapes<Int>(op, args);
+  TORCH_CHECK(
+      with_grad == b, op, ": grad_output of shape ", Geometry<Int>::sizes(grad_output),
+      " must broadcast to the shape of broadcast(self, target) ", c10::ArrayRef<Int>(b),
+      " without enlarging it");
+  const auto shape = Geometry<Int>::sizes(target);
+  return {Shape<Int>(shape.begin(), shape.end()), target.scalar_type(), b,
+          result_memory_format_of<Int>(shape, {&target})};
+}
+
+}  // namespace
+
+template <typename Int>
+BasicResultSpec<Int> backward_spec(
+    const char* op, const LossDecl& decl, const at::Tensor& grad_output, const at::Tensor& self,
+    const at::Tensor& target) {
+  BasicResultSpec<Int> spec;
+  if (decl.grad_of == GradOf::Target) {
+    spec = target_gradient_spec<Int>(op, grad_output, self, target);
+  } else {
+    const c10::ScalarType dtype = decl.grad_dtype == GradDtype::Self
+        ? self.scalar_type()
+        : (decl.grad_dtype == GradDtype::Target
+               ? target.scalar_type()
+               : result_type_of({{"grad_output", &grad_output}, {"self", &self}, {"target", &target}}));
+    spec = self_gradient_spec<Int>(op, grad_output, self, target, dtype);
+  }
+  // broadcast_shape is broadcast(grad_output, self, target) for a gradient of self, broadcast(self, target)
+  // for one of target.
+  spec.mean_count = decl.mean_count == MeanCount::Self ? Geometry<Int>::numel(self) : numel_of(spec.broadcast_shape);
+  return spec;
+}
+
+bool float64_allowed(const at::Tensor& t) {
+  return device_type(t) != c10::DeviceType::PrivateUse1;
 }
 
 at::Tensor empty_with_format(c10::IntArrayRef sizes, const at::TensorOptions& options, c10::MemoryFormat format) {
@@ -358,166 +395,14 @@ void check_out(
   }
 }
 
-template <typename Int>
-BasicResultSpec<Int> check_smooth_l1_loss(
-    const at::Tensor& self, const at::Tensor& target, int64_t reduction, double beta) {
-  constexpr const char* op = "smooth_l1_loss";
-  check_common(op, {{"self", &self}, {"target", &target}}, reduction);
-  check_beta(op, beta);
-  return forward_spec<Int>(op, self, target, reduction);
-}
-
-template <typename Int>
-BasicResultSpec<Int> check_smooth_l1_loss_backward(
-    const at::Tensor& grad_output, const at::Tensor& self, const at::Tensor& target, int64_t reduction,
-    double beta) {
-  constexpr const char* op = "smooth_l1_loss_backward";
-  check_common(op, {{"grad_output", &grad_output}, {"self", &self}, {"target", &target}}, reduction);
-  check_beta(op, beta);
-  return self_gradient_spec<Int>(op, grad_output, self, target, self.scalar_type());
-}
-
-template <typename Int>
-BasicResultSpec<Int> check_huber_loss(
-    const at::Tensor& self, const at::Tensor& target, int64_t reduction, double delta) {
-  constexpr const char* op = "huber_loss";
-  check_common(op, {{"self", &self}, {"target", &target}}, reduction);
-  check_delta(op, delta);
-  return forward_spec<Int>(op, self, target, reduction);
-}
-
-template <typename Int>
-BasicResultSpec<Int> check_huber_loss_backward(
-    const at::Tensor& grad_output, const at::Tensor& self, const at::Tensor& target, int64_t reduction,
-    double delta) {
-  constexpr const char* op = "huber_loss_backward";
-  check_common(op, {{"grad_output", &grad_output}, {"self", &self}, {"target", &target}}, reduction);
-  check_delta(op, delta);
-  return self_gradient_spec<Int>(op, grad_output, self, target, self.scalar_type());
-}
-
-template <typename Int>
-BasicResultSpec<Int> check_l1_loss(const at::Tensor& self, const at::Tensor& target, int64_t reduction) {
-  constexpr const char* op = "l1_loss";
-  check_common(op, {{"self", &self}, {"target", &target}}, reduction);
-  return forward_spec<Int>(op, self, target, reduction);
-}
-
-template <typename Int>
-BasicResultSpec<Int> check_l1_loss_backward(
-    const at::Tensor& grad_output, const at::Tensor& self, const at::Tensor& target, int64_t reduction) {
-  constexpr const char* op = "l1_loss_backward";
-  const std::initializer_list<NamedTensor> args = {
-      {"grad_output", &grad_output}, {"self", &self}, {"target", &target}};
-  check_common(op, args, reduction);
-  return self_gradient_spec<Int>(op, grad_output, self, target, result_type_of(args));
-}
-
-template <typename Int>
-BasicResultSpec<Int> check_kl_div(const at::Tensor& self, const at::Tensor& target, int64_t reduction) {
-  constexpr const char* op = "kl_div";
-  check_common(op, {{"self", &self}, {"target", &target}}, reduction);
-  return forward_spec<Int>(op, self, target, reduction);
-}
-
-template <typename Int>
-BasicResultSpec<Int> check_kl_div_target_backward(
-    const at::Tensor& grad_output, const at::Tensor& self, const at::Tensor& target, int64_t reduction) {
-  constexpr const char* op = "kl_div_target_backward";
-  const std::initializer_list<NamedTensor> args = {
-      {"grad_output", &grad_output}, {"self", &self}, {"target", &target}};
-  check_common(op, args, reduction);
-  check_dims(op, args);
-  auto b = broadcast_shapes<Int>(op, {{"self", &self}, {"target", &target}});
-  auto with_grad = broadcast_shapes<Int>(op, args);
-  TORCH_CHECK(
-      with_grad == b, op, ": grad_output of shape ", Geometry<Int>::sizes(grad_output),
-      " must broadcast to the shape of broadcast(self, target) ", c10::ArrayRef<Int>(b),
-      " without enlarging it");
-  const auto shape = Geometry<Int>::sizes(target);
-  return {Shape<Int>(shape.begin(), shape.end()), target.scalar_type(), b,
-          result_memory_format_of<Int>(shape, {&target})};
-}
-
-template <typename Int>
-BasicResultSpec<Int> check_smooth_l1_loss_backward_out(
-    const at::Tensor& grad_output, const at::Tensor& self, const at::Tensor& target, int64_t reduction,
-    double beta, const at::Tensor& grad_input) {
-  auto spec = check_smooth_l1_loss_backward<Int>(grad_output, self, target, reduction, beta);
-  check_out<Int>(
-      "smooth_l1_loss_backward", "grad_input", grad_input, spec, OutDtype::AnyFloating,
-      {{"grad_output", &grad_output}, {"self", &self}, {"target", &target}});
-  return spec;
-}
-
-template <typename Int>
-BasicResultSpec<Int> check_huber_loss_backward_out(
-    const at::Tensor& grad_output, const at::Tensor& self, const at::Tensor& target, int64_t reduction,
-    double delta, const at::Tensor& grad_input) {
-  auto spec = check_huber_loss_backward<Int>(grad_output, self, target, reduction, delta);
-  check_out<Int>(
-      "huber_loss_backward", "grad_input", grad_input, spec, OutDtype::AnyFloating,
-      {{"grad_output", &grad_output}, {"self", &self}, {"target", &target}});
-  return spec;
-}
-
-template <typename Int>
-BasicResultSpec<Int> check_l1_loss_backward_out(
-    const at::Tensor& grad_output, const at::Tensor& self, const at::Tensor& target, int64_t reduction,
-    const at::Tensor& grad_input) {
-  auto spec = check_l1_loss_backward<Int>(grad_output, self, target, reduction);
-  check_out<Int>(
-      "l1_loss_backward", "grad_input", grad_input, spec, OutDtype::AnyFloating,
-      {{"grad_output", &grad_output}, {"self", &self}, {"target", &target}});
-  return spec;
-}
-
-template <typename Int>
-BasicResultSpec<Int> check_kl_div_target_backward_out(
-    const at::Tensor& grad_output, const at::Tensor& self, const at::Tensor& target, int64_t reduction,
-    const at::Tensor& grad_target) {
-  auto spec = check_kl_div_target_backward<Int>(grad_output, self, target, reduction);
-  check_out<Int>(
-      "kl_div_target_backward", "grad_target", grad_target, spec, OutDtype::EqualsResult,
-      {{"grad_output", &grad_output}, {"self", &self}, {"target", &target}});
-  return spec;
-}
-
-const std::vector<std::string>& checked_ops() {
-  static const std::vector<std::string> names = {
-      "smooth_l1_loss", "smooth_l1_loss_backward", "smooth_l1_loss_backward.grad_input",
-      "l1_loss",        "l1_loss_backward",        "l1_loss_backward.grad_input",
-      "kl_div",         "kl_div_target_backward",  "kl_div_target_backward.grad_target",
-      "huber_loss",     "huber_loss_backward",     "huber_loss_backward.out",
-  };
-  return names;
-}
-
 // Every rule in both size types: int64_t for the kernels, c10::SymInt for the Meta kernels.
-#define NPU_LOSS_INSTANTIATE_CHECKS(Int)                                                                         \
-  template BasicResultSpec<Int> check_smooth_l1_loss<Int>(const at::Tensor&, const at::Tensor&, int64_t, double); \
-  template BasicResultSpec<Int> check_smooth_l1_loss_backward<Int>(                                              \
-      const at::Tensor&, const at::Tensor&, const at::Tensor&, int64_t, double);                                 \
-  template BasicResultSpec<Int> check_huber_loss<Int>(const at::Tensor&, const at::Tensor&, int64_t, double);     \
-  template BasicResultSpec<Int> check_huber_loss_backward<Int>(                                                  \
-      const at::Tensor&, const at::Tensor&, const at::Tensor&, int64_t, double);                                 \
-  template BasicResultSpec<Int> check_huber_loss_backward_out<Int>(                                              \
-      const at::Tensor&, const at::Tensor&, const at::Tensor&, int64_t, double, const at::Tensor&);              \
-  template BasicResultSpec<Int> check_l1_loss<Int>(const at::Tensor&, const at::Tensor&, int64_t);               \
-  template BasicResultSpec<Int> check_l1_loss_backward<Int>(                                                     \
-      const at::Tensor&, const at::Tensor&, const at::Tensor&, int64_t);                                         \
-  template BasicResultSpec<Int> check_kl_div<Int>(const at::Tensor&, const at::Tensor&, int64_t);                \
-  template BasicResultSpec<Int> check_kl_div_target_backward<Int>(                                               \
-      const at::Tensor&, const at::Tensor&, const at::Tensor&, int64_t);                                         \
-  template BasicResultSpec<Int> check_smooth_l1_loss_backward_out<Int>(                                          \
-      const at::Tensor&, const at::Tensor&, const at::Tensor&, int64_t, double, const at::Tensor&);              \
-  template BasicResultSpec<Int> check_l1_loss_backward_out<Int>(                                                 \
-      const at::Tensor&, const at::Tensor&, const at::Tensor&, int64_t, const at::Tensor&);                      \
-  template BasicResultSpec<Int> check_kl_div_target_backward_out<Int>(                                           \
-      const at::Tensor&, const at::Tensor&, const at::Tensor&, int64_t, const at::Tensor&);                      \
-  template void check_out<Int>(                                                                                  \
-      const char*, const char*, const at::Tensor&, const BasicResultSpec<Int>&, OutDtype,                        \
-      std::initializer_list<NamedTensor>);                                                                       \
+#define NPU_LOSS_INSTANTIATE_CHECKS(Int)                                                                  \
+  template BasicResultSpec<Int> forward_spec<Int>(const char*, const at::Tensor&, const at::Tensor&, int64_t); \
+  template BasicResultSpec<Int> backward_spec<Int>(                                                       \
+      const char*, const LossDecl&, const at::Tensor&, const at::Tensor&, const at::Tensor&);              \
+  template void check_out<Int>(                                                                           \
+      const char*, const char*, const at::Tensor&, const BasicResultSpec<Int>&, OutDtype,                 \
+      std::initializer_list<NamedTensor>);                                                                \
   template at::Tensor empty_result<Int>(const BasicResultSpec<Int>&, const at::TensorOptions&);
 
 NPU_LOSS_INSTANTIATE_CHECKS(int64_t)

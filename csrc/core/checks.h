@@ -6,9 +6,10 @@
 // lists the rules (rule, exception class, message) and docs/semantics.md the shapes, dtypes and layouts of
 // results.
 //
-// Each rule is written once, as a template over the size type: `check_l1_loss(...)` checks real tensors
-// (int64_t sizes, a ResultSpec), `check_l1_loss<c10::SymInt>(...)` fake and meta tensors, whose sizes may be
-// symbolic (a SymResultSpec). checks.cpp instantiates both.
+// Each rule is written once, as a template over the size type: `LossChecks<L1Loss>::forward(...)` checks real
+// tensors (int64_t sizes, a ResultSpec), `LossChecks<L1Loss, c10::SymInt>::forward(...)` fake and meta
+// tensors, whose sizes may be symbolic (a SymResultSpec). A loss's checks are made from its declaration
+// (losses.h) and the shared rules, which checks.cpp instantiates for both size types.
 #pragma once
 
 #include <ATen/core/Tensor.h>
@@ -18,9 +19,10 @@
 
 #include <initializer_list>
 #include <string>
+#include <tuple>
 #include <utility>
-#include <vector>
 
+#include "../losses.h"
 #include "reduction.h"
 
 namespace npu_loss {
@@ -28,13 +30,16 @@ namespace npu_loss {
 constexpr int64_t kMaxDims = 8;
 
 // What an op returns: its shape, its dtype, the shape all inputs broadcast to, and the memory format a
-// result this op allocates gets (see result_memory_format; out= tensors keep their own layout).
+// result this op allocates gets (docs/semantics.md, "Memory format"; out= tensors keep their own layout).
 template <typename Int>
 struct BasicResultSpec {
   c10::SmallVector<Int, c10::kDimVectorStaticSize> shape;  // c10::DimVector / c10::SymDimVector
   c10::ScalarType dtype;
   c10::SmallVector<Int, c10::kDimVectorStaticSize> broadcast_shape;
   c10::MemoryFormat memory_format = c10::MemoryFormat::Contiguous;
+  // What "mean" divides by: the broadcast count for a forward, the count the declaration names
+  // (losses.h, MeanCount) for a backward op.
+  Int mean_count = 0;
 };
 
 using ResultSpec = BasicResultSpec<int64_t>;
@@ -43,37 +48,6 @@ using SymResultSpec = BasicResultSpec<c10::SymInt>;
 // A named tensor argument, for messages.
 using NamedTensor = std::pair<const char*, const at::Tensor*>;
 
-template <typename Int = int64_t>
-BasicResultSpec<Int> check_smooth_l1_loss(
-    const at::Tensor& self, const at::Tensor& target, int64_t reduction, double beta);
-template <typename Int = int64_t>
-BasicResultSpec<Int> check_smooth_l1_loss_backward(
-    const at::Tensor& grad_output, const at::Tensor& self, const at::Tensor& target, int64_t reduction,
-    double beta);
-template <typename Int = int64_t>
-BasicResultSpec<Int> check_huber_loss(
-    const at::Tensor& self, const at::Tensor& target, int64_t reduction, double delta);
-template <typename Int = int64_t>
-BasicResultSpec<Int> check_huber_loss_backward(
-    const at::Tensor& grad_output, const at::Tensor& self, const at::Tensor& target, int64_t reduction,
-    double delta);
-template <typename Int = int64_t>
-BasicResultSpec<Int> check_l1_loss(const at::Tensor& self, const at::Tensor& target, int64_t reduction);
-template <typename Int = int64_t>
-BasicResultSpec<Int> check_l1_loss_backward(
-    const at::Tensor& grad_output, const at::Tensor& self, const at::Tensor& target, int64_t reduction);
-template <typename Int = int64_t>
-BasicResultSpec<Int> check_kl_div(const at::Tensor& self, const at::Tensor& target, int64_t reduction);
-template <typename Int = int64_t>
-BasicResultSpec<Int> check_kl_div_target_backward(
-    const at::Tensor& grad_output, const at::Tensor& self, const at::Tensor& target, int64_t reduction);
-
-// How an out= tensor's dtype is constrained.
-enum class OutDtype {
-  AnyFloating,   // any accepted floating dtype (the result is cast into it)
-  EqualsResult,  // exactly the result's dtype (grad_target must have target's dtype)
-};
-
 // Validates an out= tensor against the result it will receive: defined, same device, dtype, exact shape,
 // no internal overlap, and no partial overlap with any input (an exact alias is allowed only where the
 // result has the broadcast shape). For ResultSpec and SymResultSpec.
@@ -81,13 +55,6 @@ template <typename Int>
 void check_out(
     const char* op, const char* name, const at::Tensor& out, const BasicResultSpec<Int>& spec, OutDtype rule,
     std::initializer_list<NamedTensor> inputs);
-
-// The layout of an op's result, as TensorIterator lays out an elementwise output: the suggested memory
-// format (channels_last for a 4-D NHWC tensor, channels_last_3d for a 5-D NDHWC one, else contiguous) of
-// the first operand, in priority order, that has the result's full shape; contiguous when none has it.
-// docs/semantics.md ("Memory format") lists each op's operand order.
-c10::MemoryFormat result_memory_format(
-    c10::IntArrayRef shape, std::initializer_list<const at::Tensor*> operands_by_priority);
 
 // A new tensor of `sizes` laid out in `format`. Made with empty_strided, which every backend supports
 // (torch_npu creates tensors in the contiguous format only, but takes any strides).
@@ -101,30 +68,66 @@ at::Tensor empty_result(const BasicResultSpec<Int>& spec, const at::TensorOption
 // NPU's restriction to the contiguous format).
 at::Tensor with_memory_format(const at::Tensor& t, c10::MemoryFormat format);
 
-// The checks of an out= overload: its op's checks, then check_out on the out tensor. Every backend's out=
-// kernel starts with one of these; the Meta kernels with its SymInt form.
-template <typename Int = int64_t>
-BasicResultSpec<Int> check_smooth_l1_loss_backward_out(
-    const at::Tensor& grad_output, const at::Tensor& self, const at::Tensor& target, int64_t reduction,
-    double beta, const at::Tensor& grad_input);
-template <typename Int = int64_t>
-BasicResultSpec<Int> check_huber_loss_backward_out(
-    const at::Tensor& grad_output, const at::Tensor& self, const at::Tensor& target, int64_t reduction,
-    double delta, const at::Tensor& grad_input);
-template <typename Int = int64_t>
-BasicResultSpec<Int> check_l1_loss_backward_out(
-    const at::Tensor& grad_output, const at::Tensor& self, const at::Tensor& target, int64_t reduction,
-    const at::Tensor& grad_input);
-template <typename Int = int64_t>
-BasicResultSpec<Int> check_kl_div_target_backward_out(
-    const at::Tensor& grad_output, const at::Tensor& self, const at::Tensor& target, int64_t reduction,
-    const at::Tensor& grad_target);
-
 // float64 runs on CPU and the fallback, never on the NPU.
 bool float64_allowed(const at::Tensor& t);
 
-// The ops and out= overloads the functions above check, by schema name ("l1_loss",
-// "l1_loss_backward.grad_input"): the rule table's rows, which the tests compare with the registered ops.
-const std::vector<std::string>& checked_ops();
+// ---- the rules every loss shares, written for either size type (checks.cpp) ----
+
+// The first checks of every op, in this order: tensors defined, on one device, of accepted dtypes, and a
+// valid reduction.
+void check_common(const char* op, std::initializer_list<NamedTensor> tensors, int64_t reduction);
+
+// A float scalar's rule (losses.h, ScalarRule), naming it; a bool scalar has none.
+void check_scalar(const char* op, const ScalarArg& arg, double value);
+inline void check_scalar(const char*, const ScalarArg&, bool) {}
+
+// A forward's result: broadcast(self, target) for "none", 0-dim otherwise, in at::result_type(self, target).
+template <typename Int>
+BasicResultSpec<Int> forward_spec(const char* op, const at::Tensor& self, const at::Tensor& target, int64_t reduction);
+
+// A backward op's result, by what it differentiates, its dtype rule and its "mean" count (losses.h): self's gradient over
+// broadcast(grad_output, self, target), or target's over target's own shape (grad_output must broadcast to
+// broadcast(self, target) without enlarging it).
+template <typename Int>
+BasicResultSpec<Int> backward_spec(
+    const char* op, const LossDecl& decl, const at::Tensor& grad_output, const at::Tensor& self,
+    const at::Tensor& target);
+
+// ---- each loss's checks, from its declaration ----
+//
+// LossChecks<Loss>::forward(self, target, reduction, scalars...), ::backward(grad_output, self, target,
+// reduction, scalars...) and ::backward_out(..., out): the checks of the loss's three ops, returning the
+// result's spec. LossChecks<Loss, c10::SymInt> checks fake and meta tensors.
+template <typename Loss, typename Int = int64_t, typename Scalars = ScalarsOf<Loss>>
+struct LossChecks;
+
+template <typename Loss, typename Int, typename... S>
+struct LossChecks<Loss, Int, std::tuple<S...>> {
+  static constexpr const LossDecl& d = Loss::decl;
+
+  static BasicResultSpec<Int> forward(const at::Tensor& self, const at::Tensor& target, int64_t reduction, S... s) {
+    check_common(d.forward, {{"self", &self}, {"target", &target}}, reduction);
+    (check_scalar(d.forward, d.scalar, s), ...);
+    return forward_spec<Int>(d.forward, self, target, reduction);
+  }
+
+  static BasicResultSpec<Int> backward(
+      const at::Tensor& grad_output, const at::Tensor& self, const at::Tensor& target, int64_t reduction, S... s) {
+    check_common(d.backward, {{"grad_output", &grad_output}, {"self", &self}, {"target", &target}}, reduction);
+    (check_scalar(d.backward, d.scalar, s), ...);
+    return backward_spec<Int>(d.backward, d, grad_output, self, target);
+  }
+
+  // The out= overload: the backward's checks, then check_out on the out tensor.
+  static BasicResultSpec<Int> backward_out(
+      const at::Tensor& grad_output, const at::Tensor& self, const at::Tensor& target, int64_t reduction, S... s,
+      const at::Tensor& out) {
+    auto spec = backward(grad_output, self, target, reduction, s...);
+    check_out<Int>(
+        d.backward, d.out_arg, out, spec, d.out_dtype,
+        {{"grad_output", &grad_output}, {"self", &self}, {"target", &target}});
+    return spec;
+  }
+};
 
 }  // namespace npu_loss

@@ -14,7 +14,7 @@ LossParams kl_div(bool log_target) {
 }
 
 at::Tensor kl_div_cpu(const at::Tensor& self, const at::Tensor& target, int64_t reduction, bool log_target) {
-  const auto spec = check_kl_div(self, target, reduction);
+  const auto spec = LossChecks<KlDiv>::forward(self, target, reduction, log_target);
   return loss_forward(self, target, reduction, spec, kl_div(log_target));
 }
 
@@ -83,7 +83,7 @@ void kl_div_target_backward_into(
     at::Tensor& out, const ResultSpec& spec, const at::Tensor& grad_output, const at::Tensor& self,
     const at::Tensor& target, int64_t reduction, bool log_target) {
   if (empty_sum_into(out, spec)) return;
-  const double scale = reduction_scale(reduction, numel_of(spec.broadcast_shape));
+  const double scale = reduction_scale(reduction, spec.mean_count);
   if (target.sizes() == c10::IntArrayRef(spec.broadcast_shape)) {
     loss_backward_into(out, grad_output, self, target, scale, kl_div(log_target));
   } else {
@@ -94,7 +94,7 @@ void kl_div_target_backward_into(
 }  // namespace
 
 TORCH_LIBRARY_IMPL(npu_loss, CPU, m) {
-  impl_loss<kKlDiv, &kl_div_cpu, &kl_div_target_backward_into>(m);
+  impl_loss<KlDiv, &kl_div_cpu, &kl_div_target_backward_into>(m);
 }
 
 }  // namespace npu_loss::cpu

@@ -12,21 +12,20 @@ namespace {
 constexpr LossParams kL1{LossKind::L1};
 
 at::Tensor l1_loss_cpu(const at::Tensor& self, const at::Tensor& target, int64_t reduction) {
-  const auto spec = check_l1_loss(self, target, reduction);
+  const auto spec = LossChecks<L1Loss>::forward(self, target, reduction);
   return loss_forward(self, target, reduction, spec, kL1);
 }
 
-// "mean" divides by the element count of the broadcast result.
 void l1_loss_backward_into(
-    at::Tensor& out, const ResultSpec&, const at::Tensor& grad_output, const at::Tensor& self,
+    at::Tensor& out, const ResultSpec& spec, const at::Tensor& grad_output, const at::Tensor& self,
     const at::Tensor& target, int64_t reduction) {
-  loss_backward_into(out, grad_output, self, target, reduction_scale(reduction, out.numel()), kL1);
+  loss_backward_into(out, grad_output, self, target, reduction_scale(reduction, spec.mean_count), kL1);
 }
 
 }  // namespace
 
 TORCH_LIBRARY_IMPL(npu_loss, CPU, m) {
-  impl_loss<kL1Loss, &l1_loss_cpu, &l1_loss_backward_into>(m);
+  impl_loss<L1Loss, &l1_loss_cpu, &l1_loss_backward_into>(m);
 }
 
 }  // namespace npu_loss::cpu

@@ -14,22 +14,21 @@ LossParams smooth_l1(double beta) {
 }
 
 at::Tensor smooth_l1_loss_cpu(const at::Tensor& self, const at::Tensor& target, int64_t reduction, double beta) {
-  const auto spec = check_smooth_l1_loss(self, target, reduction, beta);
+  const auto spec = LossChecks<SmoothL1Loss>::forward(self, target, reduction, beta);
   return loss_forward(self, target, reduction, spec, smooth_l1(beta));
 }
 
-// "mean" divides by self.numel(), as ATen and both Ascend kernels do.
 void smooth_l1_loss_backward_into(
-    at::Tensor& out, const ResultSpec&, const at::Tensor& grad_output, const at::Tensor& self,
+    at::Tensor& out, const ResultSpec& spec, const at::Tensor& grad_output, const at::Tensor& self,
     const at::Tensor& target, int64_t reduction, double beta) {
   loss_backward_into(
-      out, grad_output, self, target, reduction_scale(reduction, self.numel()), smooth_l1(beta));
+      out, grad_output, self, target, reduction_scale(reduction, spec.mean_count), smooth_l1(beta));
 }
 
 }  // namespace
 
 TORCH_LIBRARY_IMPL(npu_loss, CPU, m) {
-  impl_loss<kSmoothL1Loss, &smooth_l1_loss_cpu, &smooth_l1_loss_backward_into>(m);
+  impl_loss<SmoothL1Loss, &smooth_l1_loss_cpu, &smooth_l1_loss_backward_into>(m);
 }
 
 }  // namespace npu_loss::cpu

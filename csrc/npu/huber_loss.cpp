@@ -13,7 +13,7 @@
 
 #include "../core/backend.h"
 #include "../core/checks.h"
-#include "../core/composite.h"
+#include "../composite/math.h"
 #include "aclnn_api.h"
 #include "npu_common.h"
 
@@ -28,11 +28,11 @@ bool in_float32(const Route& path, bool out_of_range, c10::ScalarType dtype) {
 
 at::Tensor huber_loss_npu(const at::Tensor& self, const at::Tensor& target, int64_t reduction, double delta) {
   const c10::OptionalDeviceGuard guard(at::device_of(self));
-  const auto spec = check_huber_loss(self, target, reduction, delta);
+  const auto spec = LossChecks<HuberLoss>::forward(self, target, reduction, delta);
   if (numel_of(spec.broadcast_shape) == 0) return empty_forward(spec, reduction, self.options());
   const auto path = route_here(
       Op::HuberLoss, dtype_class({&self, &target}), delta_class(delta, routing_dtype(spec.dtype)), false);
-  if (!path.aclnn) return composite::huber_loss(self, target, reduction, delta);
+  if (!path.aclnn) return Composite<HuberLoss>::forward(self, target, reduction, delta);
   at::Tensor out = empty_result(spec, self.options());
   const float beta = static_cast<float>(delta);  // aclnn takes beta as float
   at::Tensor self_nd = base_format(self), target_nd = base_format(target);
@@ -68,7 +68,7 @@ void huber_loss_backward_into(
       Op::HuberLossBackward, dtype_class({&out, &grad_output_in, &self_in, &target_in}),
       delta_class(delta, routing_dtype(out.scalar_type())), false);
   if (!path.aclnn) {
-    out.copy_(composite::huber_loss_backward(grad_output_in, self_in, target_in, reduction, delta));
+    out.copy_(Composite<HuberLoss>::backward(grad_output_in, self_in, target_in, reduction, delta));
     return;
   }
   at::Tensor grad_output = base_format(grad_output_in), self = base_format(self_in), target = base_format(target_in),
@@ -88,7 +88,7 @@ void huber_loss_backward_into(
 }  // namespace
 
 TORCH_LIBRARY_IMPL(npu_loss, PrivateUse1, m) {
-  impl_loss<kHuberLoss, &huber_loss_npu, &huber_loss_backward_into, SelfDeviceGuard>(m);
+  impl_loss<HuberLoss, &huber_loss_npu, &huber_loss_backward_into, SelfDeviceGuard>(m);
 }
 
 }  // namespace npu_loss::npu

@@ -3,7 +3,7 @@
 
 #include "../core/backend.h"
 #include "../core/checks.h"
-#include "../core/composite.h"
+#include "../composite/math.h"
 #include "aclnn_api.h"
 #include "npu_common.h"
 
@@ -12,10 +12,10 @@ namespace {
 
 at::Tensor kl_div_npu(const at::Tensor& self, const at::Tensor& target, int64_t reduction, bool log_target) {
   const c10::OptionalDeviceGuard guard(at::device_of(self));
-  const auto spec = check_kl_div(self, target, reduction);
+  const auto spec = LossChecks<KlDiv>::forward(self, target, reduction, log_target);
   if (numel_of(spec.broadcast_shape) == 0) return empty_forward(spec, reduction, self.options());
   if (!route_here(Op::KlDiv, dtype_class({&self, &target}), BetaClass::None, log_target).aclnn) {
-    return composite::kl_div(self, target, reduction, log_target);
+    return Composite<KlDiv>::forward(self, target, reduction, log_target);
   }
   at::Tensor out = empty_result(spec, self.options());
   at::Tensor self_nd = base_format(self), target_nd = base_format(target);
@@ -31,7 +31,7 @@ void kl_div_target_backward_into(
   const auto dtypes = dtype_class({&out, &grad_output, &self, &target});
   const auto path = route_here(Op::KlDivTargetBackward, dtypes, BetaClass::None, log_target);
   if (!path.aclnn) {
-    out.copy_(composite::kl_div_target_backward(grad_output, self, target, reduction, log_target));
+    out.copy_(Composite<KlDiv>::backward(grad_output, self, target, reduction, log_target));
     return;
   }
   // The op's "mean" divides by the broadcast count.
@@ -56,7 +56,7 @@ void kl_div_target_backward_into(
 }  // namespace
 
 TORCH_LIBRARY_IMPL(npu_loss, PrivateUse1, m) {
-  impl_loss<kKlDiv, &kl_div_npu, &kl_div_target_backward_into, SelfDeviceGuard>(m);
+  impl_loss<KlDiv, &kl_div_npu, &kl_div_target_backward_into, SelfDeviceGuard>(m);
 }
 
 }  // namespace npu_loss::npu

@@ -3,7 +3,7 @@
 
 #include "../core/backend.h"
 #include "../core/checks.h"
-#include "../core/composite.h"
+#include "../composite/math.h"
 #include "aclnn_api.h"
 #include "npu_common.h"
 
@@ -12,10 +12,10 @@ namespace {
 
 at::Tensor l1_loss_npu(const at::Tensor& self, const at::Tensor& target, int64_t reduction) {
   const c10::OptionalDeviceGuard guard(at::device_of(self));
-  const auto spec = check_l1_loss(self, target, reduction);
+  const auto spec = LossChecks<L1Loss>::forward(self, target, reduction);
   if (numel_of(spec.broadcast_shape) == 0) return empty_forward(spec, reduction, self.options());
   if (!route_here(Op::L1Loss, dtype_class({&self, &target}), BetaClass::None, false).aclnn) {
-    return composite::l1_loss(self, target, reduction);
+    return Composite<L1Loss>::forward(self, target, reduction);
   }
   at::Tensor out = empty_result(spec, self.options());
   at::Tensor self_nd = base_format(self), target_nd = base_format(target);
@@ -31,7 +31,7 @@ void l1_loss_backward_into(
   if (out.numel() == 0) return;  // aclnn launches nothing for empty inputs
   const auto dtypes = dtype_class({&out, &grad_output, &self, &target});
   if (!route_here(Op::L1LossBackward, dtypes, BetaClass::None, false).aclnn) {
-    out.copy_(composite::l1_loss_backward(grad_output, self, target, reduction));
+    out.copy_(Composite<L1Loss>::backward(grad_output, self, target, reduction));
     return;
   }
   at::Tensor grad_output_nd = base_format(grad_output), self_nd = base_format(self),
@@ -43,7 +43,7 @@ void l1_loss_backward_into(
 }  // namespace
 
 TORCH_LIBRARY_IMPL(npu_loss, PrivateUse1, m) {
-  impl_loss<kL1Loss, &l1_loss_npu, &l1_loss_backward_into, SelfDeviceGuard>(m);
+  impl_loss<L1Loss, &l1_loss_npu, &l1_loss_backward_into, SelfDeviceGuard>(m);
 }
 
 }  // namespace npu_loss::npu

@@ -4,7 +4,7 @@
 
 #include "../core/backend.h"
 #include "../core/checks.h"
-#include "../core/composite.h"
+#include "../composite/math.h"
 #include "aclnn_api.h"
 #include "npu_common.h"
 
@@ -13,11 +13,11 @@ namespace {
 
 at::Tensor smooth_l1_loss_npu(const at::Tensor& self, const at::Tensor& target, int64_t reduction, double beta) {
   const c10::OptionalDeviceGuard guard(at::device_of(self));
-  const auto spec = check_smooth_l1_loss(self, target, reduction, beta);
+  const auto spec = LossChecks<SmoothL1Loss>::forward(self, target, reduction, beta);
   if (numel_of(spec.broadcast_shape) == 0) return empty_forward(spec, reduction, self.options());
   const auto path = route_here(
       Op::SmoothL1Loss, dtype_class({&self, &target}), beta_class(beta, routing_dtype(spec.dtype)), false);
-  if (!path.aclnn) return composite::smooth_l1_loss(self, target, reduction, beta);
+  if (!path.aclnn) return Composite<SmoothL1Loss>::forward(self, target, reduction, beta);
   at::Tensor out = empty_result(spec, self.options());
   const float beta_f = static_cast<float>(beta);  // aclnn takes beta as float
   at::Tensor self_nd = base_format(self), target_nd = base_format(target);
@@ -33,7 +33,7 @@ void smooth_l1_loss_backward_into(
       Op::SmoothL1LossBackward, dtype_class({&out, &grad_output_in, &self_in, &target_in}),
       beta_class(beta, routing_dtype(out.scalar_type())), false);
   if (!path.aclnn) {
-    out.copy_(composite::smooth_l1_loss_backward(grad_output_in, self_in, target_in, reduction, beta));
+    out.copy_(Composite<SmoothL1Loss>::backward(grad_output_in, self_in, target_in, reduction, beta));
     return;
   }
   at::Tensor grad_output = base_format(grad_output_in), self = base_format(self_in), target = base_format(target_in),
@@ -55,7 +55,7 @@ void smooth_l1_loss_backward_into(
 }  // namespace
 
 TORCH_LIBRARY_IMPL(npu_loss, PrivateUse1, m) {
-  impl_loss<kSmoothL1Loss, &smooth_l1_loss_npu, &smooth_l1_loss_backward_into, SelfDeviceGuard>(m);
+  impl_loss<SmoothL1Loss, &smooth_l1_loss_npu, &smooth_l1_loss_backward_into, SelfDeviceGuard>(m);
 }
 
 }  // namespace npu_loss::npu

@@ -1,16 +1,17 @@
 // The fallback's math for any device without a dedicated kernel (CUDA, XPU, MPS, ... and the NPU for calls a
 // chip's aclnn kernel cannot serve): each op made of ATen ops, after the same checks as every other
-// backend. Math only: composite_kernels.cpp registers it (with the out= overloads and the Functionalize
-// kernels), and _C_npu compiles this file too, to call the same math where the NPU falls back.
+// backend. Math only: kernels.cpp registers it (with the out= overloads and the Functionalize kernels), and
+// _C_npu compiles this file too, to call the same math where the NPU falls back. One forward and one backward
+// per loss, told apart by the loss's declaration type (losses.h) as their first argument.
 #include <ATen/ATen.h>
 #include <ATen/ExpandUtils.h>
 #include <torch/library.h>
 
 #include <limits>
 
-#include "composite.h"
+#include "math.h"
 
-#include "checks.h"
+#include "../core/checks.h"
 
 namespace npu_loss {
 namespace {
@@ -45,12 +46,9 @@ at::Tensor loss_result(const at::Tensor& values, int64_t reduction, const Result
   return reduce_values(values, reduction).to(spec.dtype);
 }
 
-}  // namespace
 
-namespace composite {
-
-at::Tensor smooth_l1_loss(const at::Tensor& self, const at::Tensor& target, int64_t reduction, double beta) {
-  const auto spec = check_smooth_l1_loss(self, target, reduction, beta);
+at::Tensor forward(SmoothL1Loss, const at::Tensor& self, const at::Tensor& target, int64_t reduction, double beta) {
+  const auto spec = LossChecks<SmoothL1Loss>::forward(self, target, reduction, beta);
   const auto c = compute_dtype({&self, &target});
   const auto d = operand(self, c) - operand(target, c);
   const auto ad = d.abs();
@@ -58,20 +56,19 @@ at::Tensor smooth_l1_loss(const at::Tensor& self, const at::Tensor& target, int6
   return loss_result(values, reduction, spec);
 }
 
-at::Tensor smooth_l1_loss_backward(
-    const at::Tensor& grad_output, const at::Tensor& self, const at::Tensor& target, int64_t reduction,
+at::Tensor backward(SmoothL1Loss, const at::Tensor& grad_output, const at::Tensor& self, const at::Tensor& target, int64_t reduction,
     double beta) {
-  const auto spec = check_smooth_l1_loss_backward(grad_output, self, target, reduction, beta);
+  const auto spec = LossChecks<SmoothL1Loss>::backward(grad_output, self, target, reduction, beta);
   const auto c = compute_dtype({&grad_output, &self, &target});
   const auto d = operand(self, c) - operand(target, c);
   const auto sign = sign_nan_zero(d);
   const auto slope = beta == 0 ? sign : at::where(d.abs() >= beta, sign, d / beta);
-  const auto g = operand(grad_output, c) * reduction_scale(reduction, self.numel());
+  const auto g = operand(grad_output, c) * reduction_scale(reduction, spec.mean_count);
   return with_memory_format((g * slope).expand(spec.shape).to(spec.dtype), spec.memory_format);
 }
 
-at::Tensor huber_loss(const at::Tensor& self, const at::Tensor& target, int64_t reduction, double delta) {
-  const auto spec = check_huber_loss(self, target, reduction, delta);
+at::Tensor forward(HuberLoss, const at::Tensor& self, const at::Tensor& target, int64_t reduction, double delta) {
+  const auto spec = LossChecks<HuberLoss>::forward(self, target, reduction, delta);
   const auto c = compute_dtype({&self, &target});
   const auto d = operand(self, c) - operand(target, c);
   const auto ad = d.abs();
@@ -79,10 +76,9 @@ at::Tensor huber_loss(const at::Tensor& self, const at::Tensor& target, int64_t 
   return loss_result(values, reduction, spec);
 }
 
-at::Tensor huber_loss_backward(
-    const at::Tensor& grad_output, const at::Tensor& self, const at::Tensor& target, int64_t reduction,
+at::Tensor backward(HuberLoss, const at::Tensor& grad_output, const at::Tensor& self, const at::Tensor& target, int64_t reduction,
     double delta) {
-  const auto spec = check_huber_loss_backward(grad_output, self, target, reduction, delta);
+  const auto spec = LossChecks<HuberLoss>::backward(grad_output, self, target, reduction, delta);
   const auto c = compute_dtype({&grad_output, &self, &target});
   // d clamped to [-delta, delta]; a NaN d stays NaN, as in ATen. A delta beyond float's range clamps no
   // float (ATen's clamp rejects such a bound for a float tensor, torch_npu's too).
@@ -90,27 +86,26 @@ at::Tensor huber_loss_backward(
       ? std::numeric_limits<double>::infinity()
       : delta;
   const auto slope = (operand(self, c) - operand(target, c)).clamp(-bound, bound);
-  const auto g = operand(grad_output, c) * reduction_scale(reduction, self.numel());
+  const auto g = operand(grad_output, c) * reduction_scale(reduction, spec.mean_count);
   return with_memory_format((g * slope).expand(spec.shape).to(spec.dtype), spec.memory_format);
 }
 
-at::Tensor l1_loss(const at::Tensor& self, const at::Tensor& target, int64_t reduction) {
-  const auto spec = check_l1_loss(self, target, reduction);
+at::Tensor forward(L1Loss, const at::Tensor& self, const at::Tensor& target, int64_t reduction) {
+  const auto spec = LossChecks<L1Loss>::forward(self, target, reduction);
   const auto c = compute_dtype({&self, &target});
   return loss_result((operand(self, c) - operand(target, c)).abs(), reduction, spec);
 }
 
-at::Tensor l1_loss_backward(
-    const at::Tensor& grad_output, const at::Tensor& self, const at::Tensor& target, int64_t reduction) {
-  const auto spec = check_l1_loss_backward(grad_output, self, target, reduction);
+at::Tensor backward(L1Loss, const at::Tensor& grad_output, const at::Tensor& self, const at::Tensor& target, int64_t reduction) {
+  const auto spec = LossChecks<L1Loss>::backward(grad_output, self, target, reduction);
   const auto c = compute_dtype({&grad_output, &self, &target});
-  const auto g = operand(grad_output, c) * reduction_scale(reduction, numel_of(spec.shape));
+  const auto g = operand(grad_output, c) * reduction_scale(reduction, spec.mean_count);
   const auto values = g * sign_nan_zero(operand(self, c) - operand(target, c));
   return with_memory_format(values.expand(spec.shape).to(spec.dtype), spec.memory_format);
 }
 
-at::Tensor kl_div(const at::Tensor& self, const at::Tensor& target, int64_t reduction, bool log_target) {
-  const auto spec = check_kl_div(self, target, reduction);
+at::Tensor forward(KlDiv, const at::Tensor& self, const at::Tensor& target, int64_t reduction, bool log_target) {
+  const auto spec = LossChecks<KlDiv>::forward(self, target, reduction, log_target);
   const auto c = compute_dtype({&self, &target});
   const auto x = operand(self, c);
   const auto t = operand(target, c);
@@ -118,14 +113,13 @@ at::Tensor kl_div(const at::Tensor& self, const at::Tensor& target, int64_t redu
   return loss_result(values, reduction, spec);
 }
 
-at::Tensor kl_div_target_backward(
-    const at::Tensor& grad_output, const at::Tensor& self, const at::Tensor& target, int64_t reduction,
+at::Tensor backward(KlDiv, const at::Tensor& grad_output, const at::Tensor& self, const at::Tensor& target, int64_t reduction,
     bool log_target) {
-  const auto spec = check_kl_div_target_backward(grad_output, self, target, reduction);
+  const auto spec = LossChecks<KlDiv>::backward(grad_output, self, target, reduction, log_target);
   const auto c = compute_dtype({&grad_output, &self, &target});
   const auto x = operand(self, c);
   const auto t = operand(target, c);
-  const auto g = operand(grad_output, c) * reduction_scale(reduction, numel_of(spec.broadcast_shape));
+  const auto g = operand(grad_output, c) * reduction_scale(reduction, spec.mean_count);
   at::Tensor values;
   if (log_target) {
     values = g * t.exp() * (t + 1 - x);
@@ -138,5 +132,22 @@ at::Tensor kl_div_target_backward(
   return with_memory_format(at::sum_to(values, target.sizes()).to(spec.dtype), spec.memory_format);
 }
 
-}  // namespace composite
+}  // namespace
+
+template <typename Loss, typename... S>
+at::Tensor Composite<Loss, std::tuple<S...>>::forward(
+    const at::Tensor& self, const at::Tensor& target, int64_t reduction, S... s) {
+  return npu_loss::forward(Loss{}, self, target, reduction, s...);
+}
+
+template <typename Loss, typename... S>
+at::Tensor Composite<Loss, std::tuple<S...>>::backward(
+    const at::Tensor& grad_output, const at::Tensor& self, const at::Tensor& target, int64_t reduction, S... s) {
+  return npu_loss::backward(Loss{}, grad_output, self, target, reduction, s...);
+}
+
+#define NPU_LOSS_INSTANTIATE(Loss) template struct Composite<Loss>;
+NPU_LOSS_FOR_EACH_LOSS(NPU_LOSS_INSTANTIATE)
+#undef NPU_LOSS_INSTANTIATE
+
 }  // namespace npu_loss

@@ -1,0 +1,65 @@
+// The composite fallback's registrations, for every loss: CompositeExplicitAutograd kernels for its ops
+// (the math of math.cpp, plus the out= overload writing it into out), and the Functionalize kernel of its
+// out= overload. _C only; _C_npu calls the math directly where a chip falls back.
+#include <ATen/ATen.h>
+#include <torch/library.h>
+
+#include "../core/backend.h"
+#include "../core/checks.h"
+#include "../core/ops.h"
+#include "math.h"
+
+namespace npu_loss {
+namespace {
+
+template <typename Loss, typename Scalars = ScalarsOf<Loss>>
+struct CompositeOut;
+
+template <typename Loss, typename... S>
+struct CompositeOut<Loss, std::tuple<S...>> {
+  // The into kernel (core/backend.h) of the composite: its result, copied into out.
+  static void into(
+      at::Tensor& out, const ResultSpec&, const at::Tensor& grad_output, const at::Tensor& self,
+      const at::Tensor& target, int64_t reduction, S... s) {
+    out.copy_(Composite<Loss>::backward(grad_output, self, target, reduction, s...));
+  }
+
+  // The Functionalize kernel: PyTorch does not functionalize a custom op whose result aliases an input, so
+  // the out= overload is rewritten as its functional op plus a copy into out (both functionalizable), after
+  // the out tensor's shape and dtype rules on the result.
+  static at::Tensor& functionalize(
+      const at::Tensor& grad_output, const at::Tensor& self, const at::Tensor& target, int64_t reduction, S... s,
+      at::Tensor& out) {
+    constexpr const LossDecl& d = Loss::decl;
+    const auto result = ops::backward<Loss>().call(grad_output, self, target, reduction, s...);
+    TORCH_CHECK_TYPE(
+        d.out_dtype != OutDtype::EqualsResult || out.scalar_type() == result.scalar_type(), d.backward, ": ",
+        d.out_arg, " must have dtype ", c10::getDtypeNames(result.scalar_type()).first,
+        " (the result's dtype), got ", c10::getDtypeNames(out.scalar_type()).first);
+    TORCH_CHECK(
+        out.sym_sizes() == result.sym_sizes(), d.backward, ": ", d.out_arg, " must have shape ",
+        result.sym_sizes(), " (the result's shape), got ", out.sym_sizes());
+    out.copy_(result);
+    return out;
+  }
+};
+
+}  // namespace
+
+// The composite's math is its own functional kernel (it runs the checks itself); the out= overload runs the
+// out= checks and copies the math's result into out.
+TORCH_LIBRARY_IMPL(npu_loss, CompositeExplicitAutograd, m) {
+  for_each_loss([&]<typename Loss>() {
+    m.impl(Loss::decl.forward, &Composite<Loss>::forward);
+    m.impl(Loss::decl.backward, &Composite<Loss>::backward);
+    m.impl(out_overload_name(Loss::decl).c_str(), &BackendKernels<Loss, &CompositeOut<Loss>::into>::out);
+  });
+}
+
+TORCH_LIBRARY_IMPL(npu_loss, Functionalize, m) {
+  for_each_loss([&]<typename Loss>() {
+    m.impl(out_overload_name(Loss::decl).c_str(), &CompositeOut<Loss>::functionalize);
+  });
+}
+
+}  // namespace npu_loss

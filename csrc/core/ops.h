@@ -1,0 +1,61 @@
+// The typed dispatcher handles of every loss's ops, derived from its declaration (losses.h) and looked up
+// once per process. `.call(...)` enters the dispatcher at the top (autograd, vmap, autocast all apply);
+// `.redispatch(ks, ...)` continues below the keys a kernel has masked off.
+#pragma once
+
+#include <ATen/core/Tensor.h>
+#include <ATen/core/dispatch/Dispatcher.h>
+
+#include <string>
+#include <tuple>
+
+#include "../losses.h"
+
+namespace npu_loss {
+
+// The C++ signatures of a loss's three ops: (self, target, reduction, scalars...), (grad_output, self,
+// target, reduction, scalars...) and the latter with the out= tensor last.
+template <typename Loss, typename Scalars = ScalarsOf<Loss>>
+struct Signatures;
+
+template <typename Loss, typename... S>
+struct Signatures<Loss, std::tuple<S...>> {
+  using Forward = at::Tensor(const at::Tensor&, const at::Tensor&, int64_t, S...);
+  using Backward = at::Tensor(const at::Tensor&, const at::Tensor&, const at::Tensor&, int64_t, S...);
+  using BackwardOut = at::Tensor&(const at::Tensor&, const at::Tensor&, const at::Tensor&, int64_t, S..., at::Tensor&);
+};
+
+// "backward.out_overload", the out= overload's full name.
+inline std::string out_overload_name(const LossDecl& decl) {
+  return std::string(decl.backward) + "." + decl.out_overload;
+}
+
+namespace ops {
+
+template <typename Schema>
+c10::TypedOperatorHandle<Schema> find(const char* name, const char* overload = "") {
+  return c10::Dispatcher::singleton().findSchemaOrThrow((std::string("npu_loss::") + name).c_str(), overload).typed<Schema>();
+}
+
+// The handle of a loss's forward op, of its backward op, and of the backward's out= overload.
+template <typename Loss>
+const c10::TypedOperatorHandle<typename Signatures<Loss>::Forward>& forward() {
+  static const auto op = find<typename Signatures<Loss>::Forward>(Loss::decl.forward);
+  return op;
+}
+
+template <typename Loss>
+const c10::TypedOperatorHandle<typename Signatures<Loss>::Backward>& backward() {
+  static const auto op = find<typename Signatures<Loss>::Backward>(Loss::decl.backward);
+  return op;
+}
+
+template <typename Loss>
+const c10::TypedOperatorHandle<typename Signatures<Loss>::BackwardOut>& backward_out() {
+  static const auto op =
+      find<typename Signatures<Loss>::BackwardOut>(Loss::decl.backward, Loss::decl.out_overload);
+  return op;
+}
+
+}  // namespace ops
+}  // namespace npu_loss

@@ -1,0 +1,198 @@
+// The declaration of every loss: the one source the package's tables are derived from, as PyTorch's
+// native_functions.yaml and derivatives.yaml are for ATen. One block per loss holds its facts: its ops and
+// their schemas, its scalar argument, what its backward op differentiates and how its "mean" divides, the
+// dtype and out= rules, which ATen overloads enable() routes to it, its autocast policy and its aclnn APIs.
+// What stays per loss is its math: the CPU functor (cpu/), the composite formula (composite/), the
+// derivative formulas (autograd/formulas.h) and the NPU call (npu/). docs/adding_a_loss.md walks through a
+// new block.
+//
+// Plain C++ (no torch types): the static core, the routing table and every layer include it.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <tuple>
+#include <utility>
+
+namespace npu_loss {
+
+// ---- the vocabulary of a declaration ----
+
+// The one scalar argument after `reduction`, if any: smooth L1's beta, Huber's delta, KL's log_target.
+enum class ScalarKind : uint8_t { None, Float, Bool };
+
+// What the checks require of a float scalar (NaN fails both rules).
+enum class ScalarRule : uint8_t { Any, NonNegative, Positive };
+
+struct ScalarArg {
+  ScalarKind kind = ScalarKind::None;
+  const char* name = nullptr;
+  const char* default_value = nullptr;  // in the forward's schema, as the schema writes it
+  bool keyword_only = false;            // in the forward's schema (KL's log_target, as in ATen)
+  ScalarRule rule = ScalarRule::Any;
+};
+
+// The input a backward op differentiates (its result has that input's shape: the broadcast shape for self,
+// whose gradient autograd sums to self's own shape; target's own shape for target).
+enum class GradOf : uint8_t { Self, Target };
+
+// The element count a backward op's "mean" divides by.
+enum class MeanCount : uint8_t {
+  Self,                 // self.numel() (smooth L1, Huber and MSE, as ATen and the Ascend kernels do)
+  Broadcast,            // broadcast(grad_output, self, target).numel()
+  SelfTargetBroadcast,  // broadcast(self, target).numel()
+};
+
+// The dtype of a backward op's result.
+enum class GradDtype : uint8_t {
+  Self,      // self's dtype
+  Promoted,  // the promotion of grad_output, self and target
+  Target,    // target's dtype
+};
+
+// How an out= tensor's dtype is constrained.
+enum class OutDtype : uint8_t {
+  AnyFloating,   // any accepted floating dtype (the result is cast into it)
+  EqualsResult,  // exactly the result's dtype
+};
+
+// The ATen overloads of the same name and schema that enable() routes to the loss's ops, as bits. torch has
+// no l1_loss or kl_div backward op (their autograd formulas are made of other ops).
+enum class AtenTwin : uint8_t { Forward = 1, Backward = 2, BackwardOut = 4, All = 7 };
+
+struct LossDecl {
+  const char* forward;       // the forward op, e.g. "smooth_l1_loss"
+  const char* backward;      // its backward op
+  const char* out_overload;  // the backward's out= overload name
+  const char* out_arg;       // the out= tensor's name
+  ScalarArg scalar;
+  GradOf grad_of;
+  MeanCount mean_count;
+  GradDtype grad_dtype;
+  OutDtype out_dtype;
+  uint8_t aten_twin;
+  bool autocast_float32;     // under torch.autocast the forward runs in float32 (torch's float32 op list)
+  const char* aclnn_forward;   // the aclnn APIs of the NPU kernels (the routing rows are npu/routes.h's)
+  const char* aclnn_backward;
+};
+
+// ---- one block per loss ----
+
+struct SmoothL1Loss {
+  static constexpr LossDecl decl{
+      .forward = "smooth_l1_loss",
+      .backward = "smooth_l1_loss_backward",
+      .out_overload = "grad_input",
+      .out_arg = "grad_input",
+      .scalar = {ScalarKind::Float, "beta", "1.0", false, ScalarRule::NonNegative},
+      .grad_of = GradOf::Self,
+      .mean_count = MeanCount::Self,
+      .grad_dtype = GradDtype::Self,
+      .out_dtype = OutDtype::AnyFloating,
+      .aten_twin = static_cast<uint8_t>(AtenTwin::All),
+      .autocast_float32 = true,
+      .aclnn_forward = "aclnnSmoothL1Loss",
+      .aclnn_backward = "aclnnSmoothL1LossBackward",
+  };
+};
+
+// Huber runs smooth L1's aclnn kernels with beta = delta (npu/huber_loss.cpp).
+struct HuberLoss {
+  static constexpr LossDecl decl{
+      .forward = "huber_loss",
+      .backward = "huber_loss_backward",
+      .out_overload = "out",
+      .out_arg = "grad_input",
+      .scalar = {ScalarKind::Float, "delta", "1.0", false, ScalarRule::Positive},
+      .grad_of = GradOf::Self,
+      .mean_count = MeanCount::Self,
+      .grad_dtype = GradDtype::Self,
+      .out_dtype = OutDtype::AnyFloating,
+      .aten_twin = static_cast<uint8_t>(AtenTwin::All),
+      .autocast_float32 = true,
+      .aclnn_forward = "aclnnSmoothL1Loss",
+      .aclnn_backward = "aclnnSmoothL1LossBackward",
+  };
+};
+
+struct L1Loss {
+  static constexpr LossDecl decl{
+      .forward = "l1_loss",
+      .backward = "l1_loss_backward",
+      .out_overload = "grad_input",
+      .out_arg = "grad_input",
+      .scalar = {},
+      .grad_of = GradOf::Self,
+      .mean_count = MeanCount::Broadcast,
+      .grad_dtype = GradDtype::Promoted,
+      .out_dtype = OutDtype::AnyFloating,
+      .aten_twin = static_cast<uint8_t>(AtenTwin::Forward),
+      .autocast_float32 = true,
+      .aclnn_forward = "aclnnL1Loss",
+      .aclnn_backward = "aclnnL1LossBackward",
+  };
+};
+
+struct KlDiv {
+  static constexpr LossDecl decl{
+      .forward = "kl_div",
+      .backward = "kl_div_target_backward",
+      .out_overload = "grad_target",
+      .out_arg = "grad_target",
+      .scalar = {ScalarKind::Bool, "log_target", "False", true, ScalarRule::Any},
+      .grad_of = GradOf::Target,
+      .mean_count = MeanCount::SelfTargetBroadcast,
+      .grad_dtype = GradDtype::Target,
+      .out_dtype = OutDtype::EqualsResult,
+      .aten_twin = static_cast<uint8_t>(AtenTwin::Forward),
+      .autocast_float32 = true,
+      .aclnn_forward = "aclnnKlDiv",
+      .aclnn_backward = "aclnnKlDivTargetBackward",
+  };
+};
+
+// Every loss, in the order of the package's tables: X(Loss) for each, for the few places that must name each
+// type (explicit instantiations), and as a tuple for everything else.
+#define NPU_LOSS_FOR_EACH_LOSS(X) X(SmoothL1Loss) X(HuberLoss) X(L1Loss) X(KlDiv)
+
+namespace detail {
+template <typename First, typename... Rest>
+using TupleOfRest = std::tuple<Rest...>;
+}  // namespace detail
+
+#define NPU_LOSS_COMMA_AND_TYPE(Loss) , Loss
+using AllLosses = detail::TupleOfRest<void NPU_LOSS_FOR_EACH_LOSS(NPU_LOSS_COMMA_AND_TYPE)>;
+#undef NPU_LOSS_COMMA_AND_TYPE
+
+// ---- what the layers derive from a block ----
+
+// f.template operator()<Loss>() for every loss, in order.
+template <typename F>
+constexpr void for_each_loss(F&& f) {
+  [&]<size_t... I>(std::index_sequence<I...>) {
+    (f.template operator()<std::tuple_element_t<I, AllLosses>>(), ...);
+  }(std::make_index_sequence<std::tuple_size_v<AllLosses>>{});
+}
+
+namespace detail {
+template <ScalarKind K>
+struct ScalarTypes;
+template <>
+struct ScalarTypes<ScalarKind::None> {
+  using type = std::tuple<>;
+};
+template <>
+struct ScalarTypes<ScalarKind::Float> {
+  using type = std::tuple<double>;
+};
+template <>
+struct ScalarTypes<ScalarKind::Bool> {
+  using type = std::tuple<bool>;
+};
+}  // namespace detail
+
+// The C++ types of a loss's scalar arguments, as a tuple: std::tuple<>, std::tuple<double> or std::tuple<bool>.
+template <typename Loss>
+using ScalarsOf = typename detail::ScalarTypes<Loss::decl.scalar.kind>::type;
+
+}  // namespace npu_loss

@@ -207,7 +207,7 @@ def extensions():
 
 
 # The NPU routing table is plain C++: in the core, _C shows it on any machine and _C_npu routes by it.
-CORE_SOURCES = ["csrc/core/checks.cpp", "csrc/composite/math.cpp", "csrc/npu/routing.cpp"]
+CORE_SOURCES = ["csrc/core/checks.cpp", "csrc/composite/math.cpp", "csrc/chips/paths.cpp"]
 
 
 def core_library():

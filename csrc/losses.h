@@ -6,8 +6,10 @@
 // derivative formulas (autograd/formulas.h) and the NPU call (npu/). docs/adding_a_loss.md walks through a
 // new block.
 //
-// Plain C++ (no torch types): the static core, the routing table and every layer include it.
+// Plain C++ (no torch types): the static core, the chip paths and every layer include it.
 #pragma once
+
+#include "chips/paths.h"
 
 #include <cstddef>
 #include <cstdint>
@@ -72,9 +74,12 @@ struct LossDecl {
   OutDtype out_dtype;
   uint8_t aten_twin;
   bool autocast_float32;     // under torch.autocast the forward runs in float32 (torch's float32 op list)
-  const char* aclnn_forward;   // the aclnn APIs of the NPU kernels (the routing rows are npu/routes.h's)
+  const char* aclnn_forward;   // the aclnn APIs of the loss's own NPU kernels
   const char* aclnn_backward;
 };
+
+// Beside `decl`, each block has `forward_paths` and `backward_paths`: what serves each call of its forward
+// and backward ops on each chip family (chips/paths.h; docs/npu_routing.md gives the reason for each row).
 
 // ---- one block per loss ----
 
@@ -93,6 +98,102 @@ struct SmoothL1Loss {
       .autocast_float32 = true,
       .aclnn_forward = "aclnnSmoothL1Loss",
       .aclnn_backward = "aclnnSmoothL1LossBackward",
+  };
+  // aclnnSmoothL1Loss lists bf16 from Ascend 910B on.
+  static constexpr chips::PathRow forward_paths[] = {
+      {.chips = chips::k910, .dtypes = chips::kNoBf16, .aclnn = decl.aclnn_forward},
+      {.chips = chips::k910, .dtypes = chips::kBf16},
+      {.chips = chips::k910B | chips::k950, .aclnn = decl.aclnn_forward},
+      {.chips = chips::k310B},
+  };
+  // The TBE kernels divide by beta + 1e-6 (and list bf16 from 910B on). The Ascend 950 kernel gives NaN for
+  // beta < 1e-6, at d == 0 for beta == 0 (where its L1 kernel serves, with its own "mean" divisor) and at
+  // d = +-inf for beta == inf.
+  static constexpr chips::PathRow backward_paths[] = {
+      {.chips = chips::k910, .dtypes = chips::kBf16},
+      {.chips = chips::k910, .dtypes = chips::kNoBf16, .betas = chips::kTbeExact, .aclnn = decl.aclnn_backward},
+      {.chips = chips::k910, .dtypes = chips::kNoBf16, .betas = chips::kTbeBiased},
+      {.chips = chips::k910B, .betas = chips::kTbeExact, .aclnn = decl.aclnn_backward},
+      {.chips = chips::k910B, .betas = chips::kTbeBiased},
+      {.chips = chips::k950, .betas = chips::set_of({chips::BetaClass::Zero}), .aclnn = "aclnnL1LossBackward",
+       .fixes = chips::kPrescaledMean},
+      {.chips = chips::k950, .betas = chips::set_of({chips::BetaClass::Small, chips::BetaClass::Normal}),
+       .aclnn = decl.aclnn_backward},
+      {.chips = chips::k950, .betas = chips::set_of({chips::BetaClass::Tiny, chips::BetaClass::Inf})},
+      {.chips = chips::k310B},
+  };
+};
+
+struct L1Loss {
+  static constexpr LossDecl decl{
+      .forward = "l1_loss",
+      .backward = "l1_loss_backward",
+      .out_overload = "grad_input",
+      .out_arg = "grad_input",
+      .scalar = {},
+      .grad_of = GradOf::Self,
+      .mean_count = MeanCount::Broadcast,
+      .grad_dtype = GradDtype::Promoted,
+      .out_dtype = OutDtype::AnyFloating,
+      .aten_twin = static_cast<uint8_t>(AtenTwin::Forward),
+      .autocast_float32 = true,
+      .aclnn_forward = "aclnnL1Loss",
+      .aclnn_backward = "aclnnL1LossBackward",
+  };
+  // aclnn's L1 kernels list bf16 from Ascend 910B on.
+  static constexpr chips::PathRow forward_paths[] = {
+      {.chips = chips::k910, .dtypes = chips::kNoBf16, .aclnn = decl.aclnn_forward},
+      {.chips = chips::k910, .dtypes = chips::kBf16},
+      {.chips = chips::k910B | chips::k950, .aclnn = decl.aclnn_forward},
+      {.chips = chips::k310B},
+  };
+  static constexpr chips::PathRow backward_paths[] = {
+      {.chips = chips::k910, .dtypes = chips::kNoBf16, .aclnn = decl.aclnn_backward},
+      {.chips = chips::k910, .dtypes = chips::kBf16},
+      {.chips = chips::k910B | chips::k950, .aclnn = decl.aclnn_backward},
+      {.chips = chips::k310B},
+  };
+};
+
+struct KlDiv {
+  static constexpr LossDecl decl{
+      .forward = "kl_div",
+      .backward = "kl_div_target_backward",
+      .out_overload = "grad_target",
+      .out_arg = "grad_target",
+      .scalar = {ScalarKind::Bool, "log_target", "False", true, ScalarRule::Any},
+      .grad_of = GradOf::Target,
+      .mean_count = MeanCount::SelfTargetBroadcast,
+      .grad_dtype = GradDtype::Target,
+      .out_dtype = OutDtype::EqualsResult,
+      .aten_twin = static_cast<uint8_t>(AtenTwin::Forward),
+      .autocast_float32 = true,
+      .aclnn_forward = "aclnnKlDiv",
+      .aclnn_backward = "aclnnKlDivTargetBackward",
+  };
+  // Only the Ascend 950 kernel gives 0 at target == 0 (the TBE formula gives NaN); no bf16 on 910/310P.
+  static constexpr chips::PathRow forward_paths[] = {
+      {.chips = chips::k910 | chips::k910B, .log_targets = chips::kProbabilities},
+      {.chips = chips::k910, .dtypes = chips::kBf16, .log_targets = chips::kLogProbabilities},
+      {.chips = chips::k910, .dtypes = chips::kNoBf16, .log_targets = chips::kLogProbabilities,
+       .aclnn = decl.aclnn_forward},
+      {.chips = chips::k910B, .log_targets = chips::kLogProbabilities, .aclnn = decl.aclnn_forward},
+      {.chips = chips::k950, .aclnn = decl.aclnn_forward},
+      {.chips = chips::k310B},
+  };
+  // No dtype at all on 910/310P. Every chip's kernel gives NaN at target == 0; Ascend 950's divides "mean"
+  // by numel(self) and sums half results in their own dtype.
+  static constexpr chips::PathRow backward_paths[] = {
+      {.chips = chips::k910},
+      {.chips = chips::k910B, .log_targets = chips::kProbabilities, .aclnn = decl.aclnn_backward,
+       .fixes = chips::kPrescaledMean | chips::kZeroWhereTargetZero},
+      {.chips = chips::k910B, .log_targets = chips::kLogProbabilities, .aclnn = decl.aclnn_backward,
+       .fixes = chips::kPrescaledMean},
+      {.chips = chips::k950, .log_targets = chips::kProbabilities, .aclnn = decl.aclnn_backward,
+       .fixes = chips::kPrescaledMean | chips::kZeroWhereTargetZero | chips::kFloat32Sum},
+      {.chips = chips::k950, .log_targets = chips::kLogProbabilities, .aclnn = decl.aclnn_backward,
+       .fixes = chips::kPrescaledMean | chips::kFloat32Sum},
+      {.chips = chips::k310B},
   };
 };
 
@@ -113,47 +214,39 @@ struct HuberLoss {
       .aclnn_forward = "aclnnSmoothL1Loss",
       .aclnn_backward = "aclnnSmoothL1LossBackward",
   };
-};
-
-struct L1Loss {
-  static constexpr LossDecl decl{
-      .forward = "l1_loss",
-      .backward = "l1_loss_backward",
-      .out_overload = "grad_input",
-      .out_arg = "grad_input",
-      .scalar = {},
-      .grad_of = GradOf::Self,
-      .mean_count = MeanCount::Broadcast,
-      .grad_dtype = GradDtype::Promoted,
-      .out_dtype = OutDtype::AnyFloating,
-      .aten_twin = static_cast<uint8_t>(AtenTwin::Forward),
-      .autocast_float32 = true,
-      .aclnn_forward = "aclnnL1Loss",
-      .aclnn_backward = "aclnnL1LossBackward",
+  // Smooth L1's rows with the factor delta folded into grad_output (the backward) or applied to the result
+  // (the forward), except at delta == +inf, where delta * smooth L1 is inf * 0: the composite.
+  static constexpr chips::PathRow forward_paths[] = {
+      {.chips = chips::k910, .dtypes = chips::kNoBf16, .betas = chips::kFinite, .aclnn = decl.aclnn_forward,
+       .fixes = chips::kFloat32Scaled},
+      {.chips = chips::k910, .dtypes = chips::kBf16},
+      {.chips = chips::k910, .dtypes = chips::kNoBf16, .betas = chips::set_of({chips::BetaClass::Inf})},
+      {.chips = chips::k910B | chips::k950, .betas = chips::kFinite, .aclnn = decl.aclnn_forward,
+       .fixes = chips::kFloat32Scaled},
+      {.chips = chips::k910B | chips::k950, .betas = chips::set_of({chips::BetaClass::Inf})},
+      {.chips = chips::k310B},
   };
-};
-
-struct KlDiv {
-  static constexpr LossDecl decl{
-      .forward = "kl_div",
-      .backward = "kl_div_target_backward",
-      .out_overload = "grad_target",
-      .out_arg = "grad_target",
-      .scalar = {ScalarKind::Bool, "log_target", "False", true, ScalarRule::Any},
-      .grad_of = GradOf::Target,
-      .mean_count = MeanCount::SelfTargetBroadcast,
-      .grad_dtype = GradDtype::Target,
-      .out_dtype = OutDtype::EqualsResult,
-      .aten_twin = static_cast<uint8_t>(AtenTwin::Forward),
-      .autocast_float32 = true,
-      .aclnn_forward = "aclnnKlDiv",
-      .aclnn_backward = "aclnnKlDivTargetBackward",
+  // As smooth L1's gradient (the TBE beta + 1e-6 divisor, the 950 kernel's 1 / beta), and at delta == +inf
+  // the composite on every chip.
+  static constexpr chips::PathRow backward_paths[] = {
+      {.chips = chips::k910, .dtypes = chips::kBf16},
+      {.chips = chips::k910, .dtypes = chips::kNoBf16, .betas = chips::set_of({chips::BetaClass::Normal}),
+       .aclnn = decl.aclnn_backward, .fixes = chips::kFloat32Scaled},
+      {.chips = chips::k910, .dtypes = chips::kNoBf16,
+       .betas = chips::kTbeBiased | chips::set_of({chips::BetaClass::Inf})},
+      {.chips = chips::k910B, .betas = chips::set_of({chips::BetaClass::Normal}), .aclnn = decl.aclnn_backward,
+       .fixes = chips::kFloat32Scaled},
+      {.chips = chips::k910B, .betas = chips::kTbeBiased | chips::set_of({chips::BetaClass::Inf})},
+      {.chips = chips::k950, .betas = chips::set_of({chips::BetaClass::Small, chips::BetaClass::Normal}),
+       .aclnn = decl.aclnn_backward, .fixes = chips::kFloat32Scaled},
+      {.chips = chips::k950, .betas = chips::set_of({chips::BetaClass::Tiny, chips::BetaClass::Inf})},
+      {.chips = chips::k310B},
   };
 };
 
 // Every loss, in the order of the package's tables: X(Loss) for each, for the few places that must name each
 // type (explicit instantiations), and as a tuple for everything else.
-#define NPU_LOSS_FOR_EACH_LOSS(X) X(SmoothL1Loss) X(HuberLoss) X(L1Loss) X(KlDiv)
+#define NPU_LOSS_FOR_EACH_LOSS(X) X(SmoothL1Loss) X(L1Loss) X(KlDiv) X(HuberLoss)
 
 namespace detail {
 template <typename First, typename... Rest>

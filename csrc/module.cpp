@@ -11,7 +11,7 @@
 #include "core/schema.h"
 #include "enable.h"
 #include "cpu/isa.h"
-#include "npu/routing.h"
+#include "chips/paths.h"
 
 namespace {
 
@@ -44,7 +44,7 @@ at::Tensor vec_math(const std::string& fn, const at::Tensor& x, const std::strin
 // The NPU routing table, row by row as docs/npu_routing.md writes it (tests compare the two on any machine).
 pybind11::list npu_routing_table() {
   pybind11::list rows;
-  for (const auto& row : npu_loss::npu::routing_table()) {
+  for (const auto& row : npu_loss::chips::path_table()) {
     pybind11::dict d;
     d["op"] = row.op;
     d["chip"] = row.chip;
@@ -61,12 +61,12 @@ pybind11::list npu_routing_table() {
 // The routing's class of a smooth L1 beta for a result dtype ("float32", "float16" or "bfloat16"), as the
 // table names it ("0", "tiny", "small", "normal", "inf").
 std::string npu_beta_class(double beta, const std::string& dtype) {
-  using npu_loss::npu::Dtype;
+  using npu_loss::chips::Dtype;
   TORCH_CHECK(
       dtype == "float32" || dtype == "float16" || dtype == "bfloat16",
       "_npu_beta_class: dtype must be 'float32', 'float16' or 'bfloat16', got '", dtype, "'");
   const Dtype d = dtype == "float32" ? Dtype::Float32 : (dtype == "float16" ? Dtype::Float16 : Dtype::BFloat16);
-  return npu_loss::npu::beta_class_name(npu_loss::npu::beta_class(beta, d));
+  return npu_loss::chips::beta_class_name(npu_loss::chips::beta_class(beta, d));
 }
 
 // Whether enable()'s kernel for an ATen overload would call the npu_loss op for these arguments (given as
@@ -91,6 +91,7 @@ pybind11::list losses() {
     row["forward"] = d.forward;
     row["backward"] = d.backward;
     row["backward_out"] = out_overload_name(d);
+    row["out_overload"] = d.out_overload;
     row["out_arg"] = d.out_arg;
     row["schemas"] = std::vector<std::string>{forward_schema(d), backward_schema(d), backward_out_schema(d)};
     row["scalar"] = d.scalar.kind == ScalarKind::None ? pybind11::object(pybind11::none())

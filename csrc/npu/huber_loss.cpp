@@ -1,13 +1,13 @@
 // Huber loss on the NPU. CANN has no Huber kernel that serves it (aclnnHuberLoss: A2 only, no broadcast, no
 // reduction, no backward), but huber(d; delta) = delta * smooth_l1(d; beta = delta), so it runs
-// aclnnSmoothL1Loss and aclnnSmoothL1LossBackward with beta = delta, routed as smooth L1 (routing.cpp):
+// aclnnSmoothL1Loss and aclnnSmoothL1LossBackward with beta = delta, routed as smooth L1 (the declaration's path rows, losses.h):
 // - backward: gradInput is linear in grad_output, so delta goes into it (delta * grad_output: a 0-dim
 //   tensor for "mean"/"sum", a full-size one for "none");
 // - forward: the result (0-dim for "mean"/"sum") is scaled by delta after the call.
 // At delta == 1 the two losses are the same and the call is smooth L1's, nothing added. At delta == +inf
 // delta * smooth L1 is inf * 0 (the composite serves it), and in a half dtype the unscaled huber / delta
 // or the scaled grad_output can leave the dtype's range or round twice (delta != 1), so those calls run in
-// float32 (Fix::Float32Delta).
+// float32 (Fix::Float32Scaled).
 #include <ATen/ScalarOps.h>
 #include <torch/library.h>
 
@@ -20,18 +20,18 @@
 namespace npu_loss::npu {
 namespace {
 
-// Whether a call whose values would otherwise be in `dtype` runs in float32 (Fix::Float32Delta), where
-// `out_of_range` says that delta takes them out of a half dtype's range.
-bool in_float32(const Route& path, bool out_of_range, c10::ScalarType dtype) {
-  return path.has(Fix::Float32Delta) && out_of_range && dtype != at::kFloat;
+// Whether a call whose values would otherwise be in `dtype` runs in float32 (Fix::Float32Scaled): a half
+// dtype, on a row with that fix.
+bool in_float32(const Path& path, c10::ScalarType dtype) {
+  return path.has(Fix::Float32Scaled) && dtype != at::kFloat;
 }
 
 at::Tensor huber_loss_npu(const at::Tensor& self, const at::Tensor& target, int64_t reduction, double delta) {
   const c10::OptionalDeviceGuard guard(at::device_of(self));
   const auto spec = LossChecks<HuberLoss>::forward(self, target, reduction, delta);
   if (numel_of(spec.broadcast_shape) == 0) return empty_forward(spec, reduction, self.options());
-  const auto path = route_here(
-      Op::HuberLoss, dtype_class({&self, &target}), delta_class(delta, routing_dtype(spec.dtype)), false);
+  const auto path = path_here<HuberLoss, false>(
+      dtype_class({&self, &target}), beta_class(delta, routing_dtype(spec.dtype)), false);
   if (!path.aclnn) return Composite<HuberLoss>::forward(self, target, reduction, delta);
   at::Tensor out = empty_result(spec, self.options());
   const float beta = static_cast<float>(delta);  // aclnn takes beta as float
@@ -43,7 +43,7 @@ at::Tensor huber_loss_npu(const at::Tensor& self, const at::Tensor& target, int6
   // delta != 1 here. The kernel writes huber / delta in the promoted dtype, which for a half dtype underflows
   // where delta is large (float16, delta = 1e4, d = 1e-2: 5e-9) and overflows where delta < 1 and |d| is
   // beyond the dtype's largest value (float16, delta = 0.5, d = 1.2e5: huber = 6e4 fits, huber / delta not).
-  if (in_float32(path, true, spec.dtype)) {
+  if (in_float32(path, spec.dtype)) {
     // Float32 inputs make the kernel write float32; the one scaling launch then rounds delta * that to
     // out's dtype once.
     at::Tensor self32 = self_nd.to(at::kFloat), target32 = target_nd.to(at::kFloat);
@@ -64,9 +64,9 @@ void huber_loss_backward_into(
     at::Tensor& out, const ResultSpec&, const at::Tensor& grad_output_in, const at::Tensor& self_in,
     const at::Tensor& target_in, int64_t reduction, double delta) {
   if (out.numel() == 0) return;  // aclnn launches nothing for empty inputs
-  const auto path = route_here(
-      Op::HuberLossBackward, dtype_class({&out, &grad_output_in, &self_in, &target_in}),
-      delta_class(delta, routing_dtype(out.scalar_type())), false);
+  const auto path = path_here<HuberLoss, true>(
+      dtype_class({&out, &grad_output_in, &self_in, &target_in}),
+      beta_class(delta, routing_dtype(out.scalar_type())), false);
   if (!path.aclnn) {
     out.copy_(Composite<HuberLoss>::backward(grad_output_in, self_in, target_in, reduction, delta));
     return;
@@ -77,7 +77,7 @@ void huber_loss_backward_into(
     // delta * grad_output, a new tensor (out may be grad_output itself). In a half dtype it is made in
     // float32, where it cannot overflow (delta > 1) nor round a second time; the kernel then computes in
     // float32 (the promoted dtype) and rounds the gradient once, to out's dtype.
-    grad_output = in_float32(path, true, grad_output.scalar_type()) ? grad_output.to(at::kFloat).mul_(delta)
+    grad_output = in_float32(path, grad_output.scalar_type()) ? grad_output.to(at::kFloat).mul_(delta)
                                                                     : grad_output * delta;
   }
   const float beta = static_cast<float>(delta);

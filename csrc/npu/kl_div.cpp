@@ -14,7 +14,7 @@ at::Tensor kl_div_npu(const at::Tensor& self, const at::Tensor& target, int64_t 
   const c10::OptionalDeviceGuard guard(at::device_of(self));
   const auto spec = LossChecks<KlDiv>::forward(self, target, reduction, log_target);
   if (numel_of(spec.broadcast_shape) == 0) return empty_forward(spec, reduction, self.options());
-  if (!route_here(Op::KlDiv, dtype_class({&self, &target}), BetaClass::None, log_target).aclnn) {
+  if (!path_here<KlDiv, false>(dtype_class({&self, &target}), BetaClass::None, log_target).aclnn) {
     return Composite<KlDiv>::forward(self, target, reduction, log_target);
   }
   at::Tensor out = empty_result(spec, self.options());
@@ -29,7 +29,7 @@ void kl_div_target_backward_into(
   if (empty_sum_into(out, spec)) return;  // aclnn would leave grad_target unwritten for an empty self
   const int64_t n = numel_of(spec.broadcast_shape);
   const auto dtypes = dtype_class({&out, &grad_output, &self, &target});
-  const auto path = route_here(Op::KlDivTargetBackward, dtypes, BetaClass::None, log_target);
+  const auto path = path_here<KlDiv, true>(dtypes, BetaClass::None, log_target);
   if (!path.aclnn) {
     out.copy_(Composite<KlDiv>::backward(grad_output, self, target, reduction, log_target));
     return;

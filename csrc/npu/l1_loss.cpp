@@ -14,7 +14,7 @@ at::Tensor l1_loss_npu(const at::Tensor& self, const at::Tensor& target, int64_t
   const c10::OptionalDeviceGuard guard(at::device_of(self));
   const auto spec = LossChecks<L1Loss>::forward(self, target, reduction);
   if (numel_of(spec.broadcast_shape) == 0) return empty_forward(spec, reduction, self.options());
-  if (!route_here(Op::L1Loss, dtype_class({&self, &target}), BetaClass::None, false).aclnn) {
+  if (!path_here<L1Loss, false>(dtype_class({&self, &target}), BetaClass::None, false).aclnn) {
     return Composite<L1Loss>::forward(self, target, reduction);
   }
   at::Tensor out = empty_result(spec, self.options());
@@ -30,7 +30,7 @@ void l1_loss_backward_into(
     const at::Tensor& target, int64_t reduction) {
   if (out.numel() == 0) return;  // aclnn launches nothing for empty inputs
   const auto dtypes = dtype_class({&out, &grad_output, &self, &target});
-  if (!route_here(Op::L1LossBackward, dtypes, BetaClass::None, false).aclnn) {
+  if (!path_here<L1Loss, true>(dtypes, BetaClass::None, false).aclnn) {
     out.copy_(Composite<L1Loss>::backward(grad_output, self, target, reduction));
     return;
   }

@@ -1,7 +1,6 @@
 // This process's chip, the route of a call on it, aclnn API presence and private formats (see npu_common.h).
 #include "npu_common.h"
 
-#include <array>
 #include <mutex>
 #include <unordered_map>
 
@@ -52,22 +51,6 @@ bool aclnn_api_available(const char* name) {
   return it->second;
 }
 
-namespace {
-
-// aclnn_api_available for the API of every op, asked once: the answer is fixed for the process, so a call
-// pays no lock or lookup for it.
-bool api_available(Op op) {
-  constexpr size_t kOps = static_cast<size_t>(Op::HuberLossBackward) + 1;
-  static const auto present = [] {
-    std::array<bool, kOps> found{};
-    for (size_t i = 0; i < kOps; ++i) found[i] = aclnn_api_available(aclnn_api(static_cast<Op>(i)));
-    return found;
-  }();
-  return present[static_cast<size_t>(op)];
-}
-
-}  // namespace
-
 DtypeClass dtype_class(std::initializer_list<const at::Tensor*> tensors) {
   for (const auto* t : tensors) {
     if (t->scalar_type() == at::kBFloat16) return DtypeClass::BFloat16;
@@ -77,12 +60,6 @@ DtypeClass dtype_class(std::initializer_list<const at::Tensor*> tensors) {
 
 Dtype routing_dtype(c10::ScalarType dtype) {
   return dtype == at::kFloat ? Dtype::Float32 : (dtype == at::kHalf ? Dtype::Float16 : Dtype::BFloat16);
-}
-
-Route route_here(Op op, DtypeClass dtypes, BetaClass beta, bool log_target) {
-  const Route r = route(op, current_chip(), dtypes, beta, log_target);
-  if (!r.aclnn || api_available(*r.aclnn)) return r;
-  return {std::nullopt, 0};
 }
 
 bool has_private_format(const at::Tensor& t) {

@@ -1,5 +1,5 @@
-// What every NPU kernel shares: the chip of this process and the route of a call on it (the table itself
-// is routing.h's), whether the installed CANN has an aclnn API at all, private NPU formats, and the small
+// What every NPU kernel shares: the chip of this process and the path of a call on it (the rows are each
+// loss's declaration's, chips/paths.h), whether the installed CANN has an aclnn API at all, private NPU formats, and the small
 // host-side fixes around the aclnn calls.
 #pragma once
 
@@ -7,11 +7,15 @@
 
 #include <initializer_list>
 #include <string>
+#include <vector>
 
 #include "../core/checks.h"
-#include "routing.h"
+#include "../chips/paths.h"
+#include "../losses.h"
 
 namespace npu_loss::npu {
+
+using namespace npu_loss::chips;  // the paths' vocabulary
 
 // The SoC name of this process's NPU, read with aclrtGetSocName() on first use and cached. The device must
 // be initialised by then (it is, inside any kernel; Python initialises it before asking).
@@ -24,15 +28,25 @@ Chip current_chip();
 // checks it: an older toolkit may lack one, and EXEC_NPU_CMD_EXT would then fail from inside the macro.
 bool aclnn_api_available(const char* name);
 
-// The dtype class of a call (routing.h) from its operands and result.
+// The dtype class of a call (chips/paths.h) from its operands and result.
 DtypeClass dtype_class(std::initializer_list<const at::Tensor*> tensors);
 
-// A result dtype as routing.h names it (the checks let only float32, float16 and bfloat16 reach the NPU).
+// A result dtype as chips/paths.h names it (the checks let only float32, float16 and bfloat16 reach the NPU).
 Dtype routing_dtype(c10::ScalarType dtype);
 
-// The route of a call on this process's chip: route() of routing.h, and the composite when the installed
-// CANN lacks the API the row names.
-Route route_here(Op op, DtypeClass dtypes, BetaClass beta, bool log_target);
+// The path of a call of a loss's forward (Backward false) or backward op on this process's chip: path() of
+// chips/paths.h, and the composite when the installed CANN lacks the API the row names (asked once per row:
+// the answer is fixed for the process, so a call pays no lock or lookup for it).
+template <typename Loss, bool Backward>
+Path path_here(DtypeClass dtypes, BetaClass beta, bool log_target) {
+  const Path p = path<Loss, Backward>(current_chip(), dtypes, beta, log_target);
+  static const std::vector<bool> present = [] {
+    std::vector<bool> found;
+    for (const PathRow& row : rows_of<Loss, Backward>()) found.push_back(row.aclnn && aclnn_api_available(row.aclnn));
+    return found;
+  }();
+  return p.aclnn && present[p.row] ? p : Path{nullptr, 0, p.row};
+}
 
 // The aclnn loss kernels reject private NPU storage formats (NZ, 5HD, ...) with 161002, which
 // EXEC_NPU_CMD_EXT does not report. Inputs in such a format are converted to ND; an out= tensor in one

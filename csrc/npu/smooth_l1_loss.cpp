@@ -15,8 +15,8 @@ at::Tensor smooth_l1_loss_npu(const at::Tensor& self, const at::Tensor& target, 
   const c10::OptionalDeviceGuard guard(at::device_of(self));
   const auto spec = LossChecks<SmoothL1Loss>::forward(self, target, reduction, beta);
   if (numel_of(spec.broadcast_shape) == 0) return empty_forward(spec, reduction, self.options());
-  const auto path = route_here(
-      Op::SmoothL1Loss, dtype_class({&self, &target}), beta_class(beta, routing_dtype(spec.dtype)), false);
+  const auto path = path_here<SmoothL1Loss, false>(
+      dtype_class({&self, &target}), beta_class(beta, routing_dtype(spec.dtype)), false);
   if (!path.aclnn) return Composite<SmoothL1Loss>::forward(self, target, reduction, beta);
   at::Tensor out = empty_result(spec, self.options());
   const float beta_f = static_cast<float>(beta);  // aclnn takes beta as float
@@ -29,8 +29,8 @@ void smooth_l1_loss_backward_into(
     at::Tensor& out, const ResultSpec&, const at::Tensor& grad_output_in, const at::Tensor& self_in,
     const at::Tensor& target_in, int64_t reduction, double beta) {
   if (out.numel() == 0) return;  // aclnn launches nothing for empty inputs
-  const auto path = route_here(
-      Op::SmoothL1LossBackward, dtype_class({&out, &grad_output_in, &self_in, &target_in}),
+  const auto path = path_here<SmoothL1Loss, true>(
+      dtype_class({&out, &grad_output_in, &self_in, &target_in}),
       beta_class(beta, routing_dtype(out.scalar_type())), false);
   if (!path.aclnn) {
     out.copy_(Composite<SmoothL1Loss>::backward(grad_output_in, self_in, target_in, reduction, beta));
@@ -38,7 +38,7 @@ void smooth_l1_loss_backward_into(
   }
   at::Tensor grad_output = base_format(grad_output_in), self = base_format(self_in), target = base_format(target_in),
              result = base_format_out(out);
-  if (*path.aclnn == Op::L1LossBackward) {
+  if (std::string_view(path.aclnn) == L1Loss::decl.aclnn_backward) {
     // aclnnL1LossBackward's "mean" divides by the broadcast count, smooth L1's by self.numel().
     auto scaled = path.has(Fix::PrescaledMean) && self.numel() != out.numel()
         ? mean_as_scaled_sum(grad_output, reduction, self.numel())

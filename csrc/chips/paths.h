@@ -1,0 +1,165 @@
+// What serves each call on each Ascend chip family: an aclnn API (with the fixes the kernels apply around
+// it) or the composite fallback. The rows are part of each loss's declaration (losses.h, forward_paths and
+// backward_paths); this header is their vocabulary and the lookup. docs/npu_routing.md writes the rows out
+// with the reason for each, and tests/test_npu_routing.py compares them with path_table().
+//
+// Plain C++ (no torch or torch_npu types): compiled into the static core, so that _C exposes the table on
+// any machine and _C_npu takes its paths from it.
+#pragma once
+
+#include <cstdint>
+#include <initializer_list>
+#include <span>
+#include <string>
+#include <vector>
+
+namespace npu_loss::chips {
+
+// Families of Ascend chips, by what their aclnn loss kernels can do.
+enum class Chip : uint8_t {
+  Tbe910,         // Ascend 910 (Atlas A1) and 310P: TBE kernels, fp32/fp16 only, no KL target gradient
+  Tbe910B,        // Ascend 910B / 910_93 (Atlas A2/A3): TBE kernels with bf16 and the KL target gradient
+  Regbase950,     // Ascend 950 and every newer chip (op-plugin treats SocVersion >= Ascend950 alike)
+  CompositeOnly,  // Ascend 310B (none of the aclnn loss APIs) and chips this package does not know
+};
+
+// The family of a SoC name as aclrtGetSocName() reports it ("Ascend910B1", "Ascend950DT_9571", ...).
+Chip chip_from_soc_name(const std::string& soc_name);
+
+// A readable name of a family, for build_info().
+const char* chip_family_name(Chip chip);
+
+// The dtypes of a call, as the chips tell them apart: whether any operand or the result is bfloat16.
+enum class DtypeClass : uint8_t { NoBFloat16, BFloat16 };
+
+// A floating dtype the NPU accepts (float64 never reaches the paths: the checks reject it there).
+enum class Dtype : uint8_t { Float32, Float16, BFloat16 };
+
+// A loss's float scalar (smooth L1's beta, Huber's delta), as the chips tell it apart. None: the loss has
+// no float scalar.
+enum class BetaClass : uint8_t {
+  None,
+  Zero,    // 0: the L1 gradient
+  Tiny,    // 0 < beta < 1e-6: the Ascend 950 kernel sets 1 / beta to NaN
+  Small,   // 1e-6 <= beta, where the TBE kernels' beta + 1e-6 divisor biases the result beyond its dtype's
+           // tolerance
+  Normal,  // every other finite beta
+  Inf,     // +inf: the Ascend 950 kernel's d * (1 / beta) is NaN at d = +-inf
+};
+
+// The class of a float scalar for a result of dtype `result` (the TBE bias is judged by the result's
+// tolerance), as the kernels receive it: a float, so a double beyond float's range is +inf.
+BetaClass beta_class(double beta, Dtype result);
+
+// The table's name of a beta class: "0", "tiny", "small", "normal", "inf" ("-" for None).
+const char* beta_class_name(BetaClass beta);
+
+// What the kernels do around an aclnn call, as bits of a row's fixes.
+enum class Fix : uint8_t {
+  // "mean" is passed as "sum" with grad_output pre-scaled in float32 by 1 / the op's "mean" count (where
+  // the kernel's own divisor differs from the op's).
+  PrescaledMean = 1,
+  // The NaN the kernel gives where target == 0 is set to 0 (a zero probability gets a zero gradient).
+  ZeroWhereTargetZero = 2,
+  // float16/bfloat16 results summed over broadcast dims are computed and summed in float32, rounded once.
+  Float32Sum = 4,
+  // A result the loss scales by its scalar (Huber through smooth L1's kernels) is computed in float32 in
+  // float16/bfloat16, where the scaling could leave the dtype's range (npu/huber_loss.cpp says where).
+  Float32Scaled = 8,
+};
+
+// ---- the rows' vocabulary: a column is a set of values, one bit each ----
+
+using Set = uint8_t;
+inline constexpr Set kAll = 0xFF;
+
+template <typename E>
+constexpr Set set_of(std::initializer_list<E> values) {
+  Set s = 0;
+  for (E v : values) s |= static_cast<Set>(1u << static_cast<unsigned>(v));
+  return s;
+}
+
+template <typename E>
+constexpr bool contains(Set s, E value) {
+  return (s >> static_cast<unsigned>(value)) & 1u;
+}
+
+inline constexpr Set k910 = set_of({Chip::Tbe910});
+inline constexpr Set k910B = set_of({Chip::Tbe910B});
+inline constexpr Set k950 = set_of({Chip::Regbase950});
+inline constexpr Set k310B = set_of({Chip::CompositeOnly});
+inline constexpr Set kNoBf16 = set_of({DtypeClass::NoBFloat16});
+inline constexpr Set kBf16 = set_of({DtypeClass::BFloat16});
+inline constexpr Set kEveryBeta =
+    set_of({BetaClass::Zero, BetaClass::Tiny, BetaClass::Small, BetaClass::Normal, BetaClass::Inf});
+// The betas at which the TBE kernels' beta + 1e-6 divisor biases the result beyond its dtype's tolerance.
+inline constexpr Set kTbeBiased = set_of({BetaClass::Tiny, BetaClass::Small});
+inline constexpr Set kTbeExact = set_of({BetaClass::Zero, BetaClass::Normal, BetaClass::Inf});
+inline constexpr Set kFinite = set_of({BetaClass::Zero, BetaClass::Tiny, BetaClass::Small, BetaClass::Normal});
+inline constexpr Set kProbabilities = set_of({false});  // log_target=False
+inline constexpr Set kLogProbabilities = set_of({true});
+inline constexpr uint8_t kPrescaledMean = static_cast<uint8_t>(Fix::PrescaledMean);
+inline constexpr uint8_t kZeroWhereTargetZero = static_cast<uint8_t>(Fix::ZeroWhereTargetZero);
+inline constexpr uint8_t kFloat32Sum = static_cast<uint8_t>(Fix::Float32Sum);
+inline constexpr uint8_t kFloat32Scaled = static_cast<uint8_t>(Fix::Float32Scaled);
+
+// One row of an op's paths: the calls it serves (chips, dtype classes, beta classes, log_target values:
+// kAll for every value) and what serves them.
+struct PathRow {
+  Set chips;
+  Set dtypes = kAll;
+  Set betas = kAll;
+  Set log_targets = kAll;
+  const char* aclnn = nullptr;  // the aclnn API that serves the call (possibly another loss's); none: the composite
+  uint8_t fixes = 0;
+};
+
+// What serves one call: its row's API and fixes, and the row's index among its op's rows.
+struct Path {
+  const char* aclnn;
+  uint8_t fixes;
+  size_t row;
+  bool has(Fix fix) const {
+    return (fixes & static_cast<uint8_t>(fix)) != 0;
+  }
+};
+
+// The rows of a loss's forward (Backward false) or backward op.
+template <typename Loss, bool Backward>
+constexpr std::span<const PathRow> rows_of() {
+  if constexpr (Backward) {
+    return Loss::backward_paths;
+  } else {
+    return Loss::forward_paths;
+  }
+}
+
+constexpr bool matches(const PathRow& row, Chip chip, DtypeClass dtypes, BetaClass beta, bool log_target) {
+  return contains(row.chips, chip) && contains(row.dtypes, dtypes) && contains(row.betas, beta) &&
+      contains(row.log_targets, log_target);
+}
+
+// The path of one call of a loss's op. `beta` is BetaClass::None for a loss without a float scalar;
+// `log_target` false for one without it. Exactly one row matches each call (checked at compile time in
+// paths.cpp). Whether the installed CANN has the API is the caller's question (an older one may lack it,
+// and then the call runs the composite).
+template <typename Loss, bool Backward>
+constexpr Path path(Chip chip, DtypeClass dtypes, BetaClass beta, bool log_target) {
+  const auto rows = rows_of<Loss, Backward>();
+  for (size_t i = 0; i < rows.size(); ++i) {
+    if (matches(rows[i], chip, dtypes, beta, log_target)) return {rows[i].aclnn, rows[i].fixes, i};
+  }
+  return {nullptr, 0, rows.size()};  // unreachable for the calls the rows cover (paths.cpp)
+}
+
+// One row of the table, each cell as docs/npu_routing.md writes it: "any" for every value of a column, "-"
+// for an argument the op does not take, else the values joined by ", ".
+struct PathTableRow {
+  std::string op, chip, dtypes, beta, log_target, api, fixes;
+};
+
+// Every row of every loss's ops, in the declarations' order.
+std::vector<PathTableRow> path_table();
+
+}  // namespace npu_loss::chips

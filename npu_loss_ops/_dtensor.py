@@ -70,13 +70,23 @@ class LossRow:
     """The backward's result shape: the broadcast shape, or target's (summed over the broadcast dims)."""
 
 
-# One row per loss; docs/semantics.md gives each op's "mean" divisor and result shape.
-LOSSES: tuple[LossRow, ...] = (
-    LossRow("smooth_l1_loss", "smooth_l1_loss_backward", "grad_input", "self", "broadcast"),
-    LossRow("huber_loss", "huber_loss_backward", "out", "self", "broadcast"),
-    LossRow("l1_loss", "l1_loss_backward", "grad_input", "broadcast", "broadcast"),
-    LossRow("kl_div", "kl_div_target_backward", "grad_target", "broadcast", "target"),
-)
+def _rows() -> tuple[LossRow, ...]:
+    """One row per loss, read from its declaration (csrc/losses.h, through ``_C._losses()``)."""
+    from . import _C  # type: ignore[attr-defined]  # compiled: no Python source to check
+
+    return tuple(
+        LossRow(
+            d["forward"],
+            d["backward"],
+            d["out_overload"],
+            "self" if d["mean_count"] == "self" else "broadcast",
+            "target" if d["grad_of"] == "target" else "broadcast",
+        )
+        for d in _C._losses()
+    )
+
+
+LOSSES: tuple[LossRow, ...] = _rows()
 
 
 @dataclass(frozen=True)

@@ -399,7 +399,7 @@ def l1_nan_gives_minus_grad(device: str, *tensors: torch.Tensor) -> bool:
 # TBE_BETA_BIAS / beta. TBE_BIAS_TOLERANCE is how much of it each result dtype tolerates before the NPU kernels
 # run the composite instead: docs/npu_routing.md's beta limits (float32 0.1, float16 1e-3, bfloat16 6.25e-5)
 # are 1e-6 divided by these. float16's is about its epsilon (9.8e-4), bfloat16's two epsilons (2 * 7.8e-3),
-# float32's its RTOL above. csrc/npu/routing.cpp routes by the same numbers.
+# float32's its RTOL above. csrc/chips/paths.cpp classifies by the same numbers.
 TBE_BETA_BIAS = 1e-6
 TBE_BIAS_TOLERANCE = {torch.float32: 1e-5, torch.float16: 1e-3, torch.bfloat16: 1.6e-2}
 

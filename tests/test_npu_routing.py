@@ -1,7 +1,7 @@
 """Which aclnn API each op runs on each chip family.
 
 On any machine: docs/npu_routing.md's tables ("Which chips run which path") are the routing table of
-csrc/npu/routing.cpp, row by row (`_C._npu_routing_table()`), so the two cannot drift apart.
+the path rows of csrc/losses.h, row by row (`_C._npu_routing_table()`), so the two cannot drift apart.
 
 On device="npu" under the host-emulated CANN (scripts/run_npu_emulated.sh, one process per chip): what each
 op ran, read from the emulator's trace. The expected API is written out here a second time on purpose: the
@@ -69,13 +69,13 @@ def documented_routes():
 
 
 def test_doc_tables_are_the_routing_table():
-    """docs/npu_routing.md's tables and csrc/npu/routing.cpp's table: the same rows in the same order."""
+    """docs/npu_routing.md's tables and the declarations' path rows (csrc/losses.h): the same rows in the same order."""
     documented = documented_routes()
     table = npu_loss_ops._C._npu_routing_table()
     assert documented, "no routing rows found in docs/npu_routing.md"
     for i, (doc_row, code_row) in enumerate(zip(documented, table)):
-        assert doc_row == code_row, f"row {i}: docs/npu_routing.md has {doc_row}, csrc/npu/routing.cpp has {code_row}"
-    assert len(documented) == len(table), f"docs/npu_routing.md has {len(documented)} rows, routing.cpp {len(table)}"
+        assert doc_row == code_row, f"row {i}: docs/npu_routing.md has {doc_row}, csrc/losses.h has {code_row}"
+    assert len(documented) == len(table), f"docs/npu_routing.md has {len(documented)} rows, csrc/losses.h {len(table)}"
 
 
 def test_every_op_has_routing_rows():

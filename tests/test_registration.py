@@ -91,7 +91,7 @@ def test_a_wheel_runs_under_the_builds_of_its_release_that_share_the_abi(built, 
 
 
 def test_fake_tensors_run_the_cpp_meta_kernels_on_symbolic_sizes():
-    """No op has a Python fake kernel: FakeTensorMode runs the C++ Meta kernels (csrc/meta_kernels.cpp,
+    """No op has a Python fake kernel: FakeTensorMode runs the C++ Meta kernels (csrc/registration/meta.cpp,
     the checks on SymInt sizes), on symbolic sizes too (a ShapeEnv, as torch.compile(dynamic=True) and
     torch.export use): each result keeps the symbolic batch size."""
     from torch._library.simple_registry import singleton
@@ -174,7 +174,7 @@ def _per_op_tables() -> dict[str, set[str]]:
             row[k] for row in _C._losses() for k in ("forward", "backward", "backward_out")
         },
         "derivatives blocks (csrc/autograd/derivatives.cpp)": set(_C._differentiable_ops()),
-        "NPU routing rows (csrc/npu/routing.cpp)": {row["op"] for row in _C._npu_routing_table()},
+        "NPU path rows (csrc/losses.h)": {row["op"] for row in _C._npu_routing_table()},
         "sample families (tests/samples.py)": _sample_ops(),
         "DTensor rows (npu_loss_ops/_dtensor.py)": _dtensor_ops(),
     }
@@ -194,7 +194,7 @@ def test_every_registered_op_has_a_block_in_every_table(op):
     """A loss added with one block missing fails here, naming the op and the table. Derivatives and
     routing are per functional op (an out= overload has neither autograd nor a route of its own)."""
     tables = _per_op_tables()
-    per_functional = ("derivatives blocks", "NPU routing rows")
+    per_functional = ("derivatives blocks", "NPU path rows")
     missing = [
         table
         for table, ops in tables.items()

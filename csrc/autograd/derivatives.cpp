@@ -1,6 +1,6 @@
 // The derivatives of every npu_loss op, one block per op: its saved inputs (the first kTensors arguments)
 // and scalars (the rest of its signature), its backward formula (one gradient per tensor input), its
-// tangent formula (forward-mode AD) and, for backward ops, what its batching rule needs (kVmap). The blocks
+// tangent formula (forward-mode AD); its batching rule reads the rest from the loss's declaration. The blocks
 // drive the generic node and Autograd kernel (node.h) and the generic vmap rules (vmap.h); the bottom of
 // this file registers them. docs/adding_a_loss.md says what a new loss adds here.
 //

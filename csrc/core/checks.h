@@ -1,7 +1,7 @@
 // Validation, result shapes, dtypes and memory formats for every npu_loss op: every rule exists once, here.
 //
 // Every backend (CPU kernels, the composite fallback, the NPU kernels) calls these before doing any work,
-// and the Meta kernels (meta_kernels.cpp) call the same rules on SymInt sizes, so fake and meta tensors
+// and the Meta kernels (registration/meta.cpp) call the same rules on SymInt sizes, so fake and meta tensors
 // (torch.compile, torch.export, opcheck) are validated and shaped exactly as real ones. docs/validation.md
 // lists the rules (rule, exception class, message) and docs/semantics.md the shapes, dtypes and layouts of
 // results.

@@ -63,8 +63,9 @@ def test_npu_kernels_available_says_whether_the_aclnn_kernels_are_registered(sch
 
 def test_a_torch_other_than_the_build_one_is_a_clear_rebuild_error():
     npu_loss_ops._check_torch_version(torch.__version__, torch.__version__)  # the normal case passes
-    with pytest.raises(ImportError, match=r"built against torch 2\.12\.0, but torch .* Rebuild"):
-        npu_loss_ops._check_torch_version("2.12.0", torch.__version__)
+    # A release below every supported one, so that it differs from the installed torch on every release.
+    with pytest.raises(ImportError, match=r"built against torch 2\.0\.0, but torch .* Rebuild"):
+        npu_loss_ops._check_torch_version("2.0.0", torch.__version__)
     assert npu_loss_ops._same_torch_abi(npu_loss_ops._BUILT_WITH_TORCH, torch.__version__)
 
 

@@ -14,6 +14,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <tuple>
+#include <type_traits>
 #include <utility>
 
 namespace npu_loss {
@@ -265,6 +266,17 @@ constexpr void for_each_loss(F&& f) {
   [&]<size_t... I>(std::index_sequence<I...>) {
     (f.template operator()<std::tuple_element_t<I, AllLosses>>(), ...);
   }(std::make_index_sequence<std::tuple_size_v<AllLosses>>{});
+}
+
+// A loss's position in AllLosses (the CPU kernels' tables are indexed by it).
+template <typename Loss>
+constexpr int loss_index() {
+  int index = -1, i = 0;
+  for_each_loss([&]<typename L>() {
+    if (std::is_same_v<L, Loss>) index = i;
+    ++i;
+  });
+  return index;
 }
 
 namespace detail {

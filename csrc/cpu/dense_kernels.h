@@ -363,27 +363,56 @@ NPU_LOSS_SIMD_INLINE void with_io(DType dtype, const Fn& fn) {
   }
 }
 
-// Calls fn(forward functor, gradient functor) for the loss, on the storage type's value type.
+// Each loss's forward and gradient functors (above), by its declaration's type: Math<Loss>::with(p, fn)
+// calls fn(forward functor, gradient functor) on the storage type's value type.
+template <class Loss, class IoT>
+struct Math;
+
+template <class IoT>
+struct Math<::npu_loss::SmoothL1Loss, IoT> {
+  template <class Fn>
+  static NPU_LOSS_SIMD_INLINE void with(const LossParams& p, const Fn& fn) {
+    fn(SmoothL1<typename IoT::V>(p), SmoothL1Grad<typename IoT::V>(p));
+  }
+};
+
+template <class IoT>
+struct Math<::npu_loss::HuberLoss, IoT> {
+  template <class Fn>
+  static NPU_LOSS_SIMD_INLINE void with(const LossParams& p, const Fn& fn) {
+    fn(Huber<typename IoT::V>(p), HuberGrad<typename IoT::V>(p));
+  }
+};
+
+template <class IoT>
+struct Math<::npu_loss::L1Loss, IoT> {
+  template <class Fn>
+  static NPU_LOSS_SIMD_INLINE void with(const LossParams& p, const Fn& fn) {
+    fn(L1<typename IoT::V>(p), L1Grad<typename IoT::V>(p));
+  }
+};
+
+// KL: the flag is log_target.
+template <class IoT>
+struct Math<::npu_loss::KlDiv, IoT> {
+  template <class Fn>
+  static NPU_LOSS_SIMD_INLINE void with(const LossParams& p, const Fn& fn) {
+    using V = typename IoT::V;
+    if (p.flag) {
+      fn(KlDivLog<V>(p), KlTargetGradLog<V>(p));
+    } else {
+      fn(KlDiv<V, IoT::kBf16Values>(p), KlTargetGrad<V, IoT::kBf16Values>(p));
+    }
+  }
+};
+
+// Calls fn(forward functor, gradient functor) for the call's loss.
 template <class IoT, class Fn>
 NPU_LOSS_SIMD_INLINE void with_loss(const LossParams& p, const Fn& fn) {
-  using V = typename IoT::V;
-  switch (p.kind) {
-    case LossKind::SmoothL1:
-      fn(SmoothL1<V>(p), SmoothL1Grad<V>(p));
-      break;
-    case LossKind::Huber:
-      fn(Huber<V>(p), HuberGrad<V>(p));
-      break;
-    case LossKind::L1:
-      fn(L1<V>(p), L1Grad<V>(p));
-      break;
-    case LossKind::KlDiv:
-      fn(KlDiv<V, IoT::kBf16Values>(p), KlTargetGrad<V, IoT::kBf16Values>(p));
-      break;
-    case LossKind::KlDivLogTarget:
-      fn(KlDivLog<V>(p), KlTargetGradLog<V>(p));
-      break;
-  }
+  int i = 0;
+  for_each_loss([&]<typename Loss>() {
+    if (p.loss == i++) Math<Loss, IoT>::with(p, fn);
+  });
 }
 
 void backward(const LossParams& p, DType dtype, const void* g, bool g_scalar, const void* x, const void* t,

@@ -8,6 +8,8 @@
 
 #include <cstdint>
 
+#include "../losses.h"
+
 // A loop whose iterations add into acc, vectorized as a reduction (lanes summed in a fixed order).
 #if defined(_OPENMP) || defined(__clang__)
 #define NPU_LOSS_SIMD_SUM(acc) _Pragma("omp simd reduction(+ : acc)")
@@ -19,16 +21,18 @@ namespace npu_loss::cpu {
 
 enum class Isa : int { Baseline = 0, Avx2 = 1, Avx512 = 2 };
 
-enum class LossKind : int { SmoothL1, Huber, L1, KlDiv, KlDivLogTarget };
 
 // The storage types of the dense kernels' operands (all operands of one call share it). FloatOfBFloat16 is
 // float storage whose values are all bfloat16: the strided route's buffers for bfloat16 inputs, computed
 // as the bfloat16 kernels compute (KL's log of a bfloat16 target), so that both routes give the same bits.
 enum class DType : int { Float, BFloat16, Half, Double, FloatOfBFloat16 };
 
+// A call's loss and scalar: the loss's index in AllLosses (losses.h, loss_index), and its float scalar
+// (smooth L1's beta, Huber's delta) or bool scalar (KL's log_target).
 struct LossParams {
-  LossKind kind;
-  double beta = 0;  // smooth L1's beta, Huber's delta
+  int loss;
+  double beta = 0;
+  bool flag = false;
 };
 
 // Kernels over n elements at the same offsets: element i of each operand is at its pointer + i.

@@ -1,5 +1,11 @@
-// KL divergence on CPU: forward and gradient w.r.t. target.
+// Every loss's CPU kernels, from its declaration (losses.h): the forward, and the backward's into kernel
+// for core/backend.h. The math is each loss's functors in dense_kernels.h (Math<Loss>); the loops are
+// loops.h's. A gradient w.r.t. self is elementwise over the broadcast shape; one w.r.t. target (KL's) is
+// summed back to target's shape.
 #include <torch/library.h>
+
+#include <tuple>
+#include <vector>
 
 #include "../core/backend.h"
 #include "../core/checks.h"
@@ -8,20 +14,24 @@
 namespace npu_loss::cpu {
 namespace {
 
-// The math is dense_kernels.h's KlDiv/KlTargetGrad and, for a log-space target, KlDivLog/KlTargetGradLog.
-LossParams kl_div(bool log_target) {
-  return {log_target ? LossKind::KlDivLogTarget : LossKind::KlDiv};
+// The call's loss and scalar, as the dense kernels take them.
+template <typename Loss>
+LossParams params_of() {
+  return {loss_index<Loss>()};
 }
-
-at::Tensor kl_div_cpu(const at::Tensor& self, const at::Tensor& target, int64_t reduction, bool log_target) {
-  const auto spec = LossChecks<KlDiv>::forward(self, target, reduction, log_target);
-  return loss_forward(self, target, reduction, spec, kl_div(log_target));
+template <typename Loss>
+LossParams params_of(double beta) {
+  return {loss_index<Loss>(), beta};
+}
+template <typename Loss>
+LossParams params_of(bool flag) {
+  return {loss_index<Loss>(), 0, flag};
 }
 
 // Sums `values` (contiguous, viewed as rows x cols) along each row into `sums` (contiguous, `rows` long).
 // Every row is cut into fixed chunks whose partials are added in order: the same bits for any thread count.
 void sum_rows(const at::Tensor& values, int64_t rows, int64_t cols, const at::Tensor& sums) {
-  AT_DISPATCH_FLOATING_TYPES(values.scalar_type(), "kl_div_target_backward_sum", [&] {
+  AT_DISPATCH_FLOATING_TYPES(values.scalar_type(), "npu_loss_sum_rows", [&] {
     const scalar_t* v = values.const_data_ptr<scalar_t>();
     scalar_t* s = sums.mutable_data_ptr<scalar_t>();
     const int64_t chunks_per_row = (cols + kSumChunk - 1) / kSumChunk;
@@ -47,10 +57,10 @@ void sum_rows(const at::Tensor& values, int64_t rows, int64_t cols, const at::Te
   });
 }
 
-// The gradient over broadcast(self, target), summed back to target's shape. The broadcast values go into
-// one opmath temporary laid out with target's dims first and the summed dims last, so each output element
-// is the sum of one contiguous row.
-void kl_div_target_backward_reduced(
+// A gradient w.r.t. target over broadcast(self, target), summed back to target's shape. The broadcast values
+// go into one opmath temporary laid out with target's dims first and the summed dims last, so each output
+// element is the sum of one contiguous row.
+void target_gradient_summed(
     const at::Tensor& out, const at::Tensor& grad_output, const at::Tensor& self, const at::Tensor& target,
     const ResultSpec& spec, double scale, const LossParams& loss) {
   const auto& b = spec.broadcast_shape;
@@ -79,22 +89,37 @@ void kl_div_target_backward_reduced(
   out.copy_(sums);
 }
 
-void kl_div_target_backward_into(
-    at::Tensor& out, const ResultSpec& spec, const at::Tensor& grad_output, const at::Tensor& self,
-    const at::Tensor& target, int64_t reduction, bool log_target) {
-  if (empty_sum_into(out, spec)) return;
-  const double scale = reduction_scale(reduction, spec.mean_count);
-  if (target.sizes() == c10::IntArrayRef(spec.broadcast_shape)) {
-    loss_backward_into(out, grad_output, self, target, scale, kl_div(log_target));
-  } else {
-    kl_div_target_backward_reduced(out, grad_output, self, target, spec, scale, kl_div(log_target));
+template <typename Loss, typename Scalars = ScalarsOf<Loss>>
+struct CpuKernels;
+
+template <typename Loss, typename... S>
+struct CpuKernels<Loss, std::tuple<S...>> {
+  static at::Tensor forward(const at::Tensor& self, const at::Tensor& target, int64_t reduction, S... s) {
+    const auto spec = LossChecks<Loss>::forward(self, target, reduction, s...);
+    return loss_forward(self, target, reduction, spec, params_of<Loss>(s...));
   }
-}
+
+  static void backward_into(
+      at::Tensor& out, const ResultSpec& spec, const at::Tensor& grad_output, const at::Tensor& self,
+      const at::Tensor& target, int64_t reduction, S... s) {
+    const double scale = reduction_scale(reduction, spec.mean_count);
+    if constexpr (Loss::decl.grad_of == GradOf::Target) {
+      if (empty_sum_into(out, spec)) return;
+      if (target.sizes() != c10::IntArrayRef(spec.broadcast_shape)) {
+        target_gradient_summed(out, grad_output, self, target, spec, scale, params_of<Loss>(s...));
+        return;
+      }
+    }
+    loss_backward_into(out, grad_output, self, target, scale, params_of<Loss>(s...));
+  }
+};
 
 }  // namespace
 
 TORCH_LIBRARY_IMPL(npu_loss, CPU, m) {
-  impl_loss<KlDiv, &kl_div_cpu, &kl_div_target_backward_into>(m);
+  for_each_loss([&]<typename Loss>() {
+    impl_loss<Loss, &CpuKernels<Loss>::forward, &CpuKernels<Loss>::backward_into>(m);
+  });
 }
 
 }  // namespace npu_loss::cpu

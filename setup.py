@@ -380,7 +380,7 @@ setup(
     # Nothing, except in a wheel built for distribution (NPU_LOSS_OPS_WHEEL=1): see install_requires().
     install_requires=install_requires(),
     license="BSD-3-Clause",
-    description="SmoothL1, L1 and KL-divergence loss gradients as torch.ops.npu_loss.* ops on Ascend aclnn "
+    description="Loss functions and their gradients as torch.ops.npu_loss.* ops on Ascend aclnn "
     "kernels, with native CPU kernels everywhere else",
     long_description=open(os.path.join(ROOT, "README.md")).read(),
     long_description_content_type="text/markdown",

@@ -1,4 +1,4 @@
-"""npu_loss_ops: SmoothL1, L1 and KL-divergence losses with their gradients as torch.ops.npu_loss.* ops.
+"""npu_loss_ops: loss functions and their gradients as torch.ops.npu_loss.* ops.
 
 On an Ascend NPU (torch_npu) the gradients run on the CANN aclnn kernels; everywhere else native CPU
 kernels (or, on other devices, a composite of ATen ops) give the same numbers and the same errors.

@@ -67,17 +67,11 @@ Isa parse_isa(const char* name, const char* source) {
   return isa;
 }
 
-Isa default_isa() {
-  // The best the CPU and the build run. The AVX-512 kernels have passed the whole suite, the tests over 2^31
-  // elements included, on AVX-512 CPUs (an Intel Xeon with AVX-512F/BW/VL/BF16, and AMD EPYC), and they
-  // hold bfloat16 to its roofline where AVX2 does not (docs/cpu_kernels.md).
-  return best_isa();
-}
 
 Isa selected_isa() {
   static const Isa isa = [] {
     const char* env = std::getenv("NPU_LOSS_OPS_CPU_ISA");
-    return env == nullptr || *env == '\0' ? default_isa() : parse_isa(env, "NPU_LOSS_OPS_CPU_ISA");
+    return env == nullptr || *env == '\0' ? best_isa() : parse_isa(env, "NPU_LOSS_OPS_CPU_ISA");
   }();
   return isa;
 }

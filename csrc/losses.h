@@ -103,25 +103,31 @@ struct SmoothL1Loss {
   // aclnnSmoothL1Loss lists bf16 from Ascend 910B on.
   static constexpr chips::PathRow forward_paths[] = {
       {.chips = chips::k910, .dtypes = chips::kNoBf16, .aclnn = decl.aclnn_forward},
-      {.chips = chips::k910, .dtypes = chips::kBf16},
+      {.chips = chips::k910, .dtypes = chips::kBf16, .why = "aclnn lists bf16 from Ascend 910B on"},
       {.chips = chips::k910B | chips::k950, .aclnn = decl.aclnn_forward},
-      {.chips = chips::k310B},
+      {.chips = chips::k310B, .why = "Ascend 310B has none of the six APIs"},
   };
   // The TBE kernels divide by beta + 1e-6 (and list bf16 from 910B on). The Ascend 950 kernel gives NaN for
   // beta < 1e-6, at d == 0 for beta == 0 (where its L1 kernel serves, with its own "mean" divisor) and at
   // d = +-inf for beta == inf.
   static constexpr chips::PathRow backward_paths[] = {
-      {.chips = chips::k910, .dtypes = chips::kBf16},
-      {.chips = chips::k910, .dtypes = chips::kNoBf16, .betas = chips::kTbeExact, .aclnn = decl.aclnn_backward},
-      {.chips = chips::k910, .dtypes = chips::kNoBf16, .betas = chips::kTbeBiased},
-      {.chips = chips::k910B, .betas = chips::kTbeExact, .aclnn = decl.aclnn_backward},
-      {.chips = chips::k910B, .betas = chips::kTbeBiased},
+      {.chips = chips::k910, .dtypes = chips::kBf16, .why = "aclnn lists bf16 from Ascend 910B on"},
+      {.chips = chips::k910, .dtypes = chips::kNoBf16, .betas = chips::kTbeExact, .aclnn = decl.aclnn_backward,
+       .why = "at beta == 0 the TBE kernel gives sign(d) with sign(0) = 0 and 0 at a NaN, this package's result "
+              "(its `aclnnL1LossBackward` would give -grad at a NaN)"},
+      {.chips = chips::k910, .dtypes = chips::kNoBf16, .betas = chips::kTbeBiased,
+       .why = "the TBE kernel divides by `beta + 1e-6`"},
+      {.chips = chips::k910B, .betas = chips::kTbeExact, .aclnn = decl.aclnn_backward, .why = "as on 910"},
+      {.chips = chips::k910B, .betas = chips::kTbeBiased, .why = "the TBE kernel divides by `beta + 1e-6`"},
       {.chips = chips::k950, .betas = chips::set_of({chips::BetaClass::Zero}), .aclnn = "aclnnL1LossBackward",
-       .fixes = chips::kPrescaledMean},
+       .fixes = chips::kPrescaledMean,
+       .why = "the regbase smooth-L1 kernel gives NaN at d == 0 with a tensor grad_output; its L1 kernel gives "
+              "sign(d), 0 at a NaN, and divides \"mean\" by the broadcast count"},
       {.chips = chips::k950, .betas = chips::set_of({chips::BetaClass::Small, chips::BetaClass::Normal}),
        .aclnn = decl.aclnn_backward},
-      {.chips = chips::k950, .betas = chips::set_of({chips::BetaClass::Tiny, chips::BetaClass::Inf})},
-      {.chips = chips::k310B},
+      {.chips = chips::k950, .betas = chips::set_of({chips::BetaClass::Tiny, chips::BetaClass::Inf}),
+       .why = "the kernel sets 1/beta to NaN below 1e-6, and its `d * (1/beta)` is NaN at d = ±inf for beta == inf"},
+      {.chips = chips::k310B, .why = "Ascend 310B has none of the six APIs"},
   };
 };
 
@@ -144,15 +150,17 @@ struct L1Loss {
   // aclnn's L1 kernels list bf16 from Ascend 910B on.
   static constexpr chips::PathRow forward_paths[] = {
       {.chips = chips::k910, .dtypes = chips::kNoBf16, .aclnn = decl.aclnn_forward},
-      {.chips = chips::k910, .dtypes = chips::kBf16},
+      {.chips = chips::k910, .dtypes = chips::kBf16, .why = "aclnn lists bf16 from Ascend 910B on"},
       {.chips = chips::k910B | chips::k950, .aclnn = decl.aclnn_forward},
-      {.chips = chips::k310B},
+      {.chips = chips::k310B, .why = "Ascend 310B has none of the six APIs"},
   };
   static constexpr chips::PathRow backward_paths[] = {
-      {.chips = chips::k910, .dtypes = chips::kNoBf16, .aclnn = decl.aclnn_backward},
-      {.chips = chips::k910, .dtypes = chips::kBf16},
-      {.chips = chips::k910B | chips::k950, .aclnn = decl.aclnn_backward},
-      {.chips = chips::k310B},
+      {.chips = chips::k910, .dtypes = chips::kNoBf16, .aclnn = decl.aclnn_backward,
+       .why = "at a NaN input the TBE kernel gives -grad: the one difference left to the chip"},
+      {.chips = chips::k910, .dtypes = chips::kBf16, .why = "aclnn lists bf16 from Ascend 910B on"},
+      {.chips = chips::k910B | chips::k950, .aclnn = decl.aclnn_backward,
+       .why = "as on 910 (the 950 kernel gives 0 at a NaN)"},
+      {.chips = chips::k310B, .why = "Ascend 310B has none of the six APIs"},
   };
 };
 
@@ -174,27 +182,33 @@ struct KlDiv {
   };
   // Only the Ascend 950 kernel gives 0 at target == 0 (the TBE formula gives NaN); no bf16 on 910/310P.
   static constexpr chips::PathRow forward_paths[] = {
-      {.chips = chips::k910 | chips::k910B, .log_targets = chips::kProbabilities},
-      {.chips = chips::k910, .dtypes = chips::kBf16, .log_targets = chips::kLogProbabilities},
+      {.chips = chips::k910 | chips::k910B, .log_targets = chips::kProbabilities,
+       .why = "the TBE formula gives NaN at target == 0 (PyTorch and the 950 kernel give 0)"},
+      {.chips = chips::k910, .dtypes = chips::kBf16, .log_targets = chips::kLogProbabilities,
+       .why = "aclnn lists bf16 from Ascend 910B on"},
       {.chips = chips::k910, .dtypes = chips::kNoBf16, .log_targets = chips::kLogProbabilities,
        .aclnn = decl.aclnn_forward},
       {.chips = chips::k910B, .log_targets = chips::kLogProbabilities, .aclnn = decl.aclnn_forward},
       {.chips = chips::k950, .aclnn = decl.aclnn_forward},
-      {.chips = chips::k310B},
+      {.chips = chips::k310B, .why = "Ascend 310B has none of the six APIs"},
   };
   // No dtype at all on 910/310P. Every chip's kernel gives NaN at target == 0; Ascend 950's divides "mean"
   // by numel(self) and sums half results in their own dtype.
   static constexpr chips::PathRow backward_paths[] = {
-      {.chips = chips::k910},
+      {.chips = chips::k910, .why = "`aclnnKlDivTargetBackward` supports no dtype on Ascend 910/310P"},
       {.chips = chips::k910B, .log_targets = chips::kProbabilities, .aclnn = decl.aclnn_backward,
-       .fixes = chips::kPrescaledMean | chips::kZeroWhereTargetZero},
+       .fixes = chips::kPrescaledMean | chips::kZeroWhereTargetZero,
+       .why = "the kernel gives NaN where target == 0; \"mean\" is pre-scaled on every chip"},
       {.chips = chips::k910B, .log_targets = chips::kLogProbabilities, .aclnn = decl.aclnn_backward,
        .fixes = chips::kPrescaledMean},
       {.chips = chips::k950, .log_targets = chips::kProbabilities, .aclnn = decl.aclnn_backward,
-       .fixes = chips::kPrescaledMean | chips::kZeroWhereTargetZero | chips::kFloat32Sum},
+       .fixes = chips::kPrescaledMean | chips::kZeroWhereTargetZero | chips::kFloat32Sum,
+       .why = "the 950 kernel divides \"mean\" by numel(self), and sums half results over broadcast dims in their"
+              " own dtype (rounding twice)"},
       {.chips = chips::k950, .log_targets = chips::kLogProbabilities, .aclnn = decl.aclnn_backward,
-       .fixes = chips::kPrescaledMean | chips::kFloat32Sum},
-      {.chips = chips::k310B},
+       .fixes = chips::kPrescaledMean | chips::kFloat32Sum,
+       .why = "as with log_target=False, where target == 0 is no special point"},
+      {.chips = chips::k310B, .why = "Ascend 310B has none of the six APIs"},
   };
 };
 
@@ -219,29 +233,33 @@ struct HuberLoss {
   // (the forward), except at delta == +inf, where delta * smooth L1 is inf * 0: the composite.
   static constexpr chips::PathRow forward_paths[] = {
       {.chips = chips::k910, .dtypes = chips::kNoBf16, .betas = chips::kFinite, .aclnn = decl.aclnn_forward,
-       .fixes = chips::kFloat32Scaled},
-      {.chips = chips::k910, .dtypes = chips::kBf16},
-      {.chips = chips::k910, .dtypes = chips::kNoBf16, .betas = chips::set_of({chips::BetaClass::Inf})},
+       .fixes = chips::kFloat32Scaled, .why = "δ · smooth L1 (β = δ), as `smooth_l1_loss` runs on every beta"},
+      {.chips = chips::k910, .dtypes = chips::kBf16, .why = "aclnn lists bf16 from Ascend 910B on"},
+      {.chips = chips::k910, .dtypes = chips::kNoBf16, .betas = chips::set_of({chips::BetaClass::Inf}),
+       .why = "δ · smooth L1 is inf · 0 = NaN at δ == +inf (Huber is 0.5·d² there)"},
       {.chips = chips::k910B | chips::k950, .betas = chips::kFinite, .aclnn = decl.aclnn_forward,
        .fixes = chips::kFloat32Scaled},
-      {.chips = chips::k910B | chips::k950, .betas = chips::set_of({chips::BetaClass::Inf})},
-      {.chips = chips::k310B},
+      {.chips = chips::k910B | chips::k950, .betas = chips::set_of({chips::BetaClass::Inf}), .why = "as on 910"},
+      {.chips = chips::k310B, .why = "Ascend 310B has none of the six APIs"},
   };
   // As smooth L1's gradient (the TBE beta + 1e-6 divisor, the 950 kernel's 1 / beta), and at delta == +inf
   // the composite on every chip.
   static constexpr chips::PathRow backward_paths[] = {
-      {.chips = chips::k910, .dtypes = chips::kBf16},
+      {.chips = chips::k910, .dtypes = chips::kBf16, .why = "aclnn lists bf16 from Ascend 910B on"},
       {.chips = chips::k910, .dtypes = chips::kNoBf16, .betas = chips::set_of({chips::BetaClass::Normal}),
-       .aclnn = decl.aclnn_backward, .fixes = chips::kFloat32Scaled},
+       .aclnn = decl.aclnn_backward, .fixes = chips::kFloat32Scaled, .why = "δ · grad_output as gradOutput, β = δ"},
       {.chips = chips::k910, .dtypes = chips::kNoBf16,
-       .betas = chips::kTbeBiased | chips::set_of({chips::BetaClass::Inf})},
+       .betas = chips::kTbeBiased | chips::set_of({chips::BetaClass::Inf}),
+       .why = "the TBE kernel divides by `beta + 1e-6`; at δ == +inf the gradient δ · g · d/δ is inf · 0"},
       {.chips = chips::k910B, .betas = chips::set_of({chips::BetaClass::Normal}), .aclnn = decl.aclnn_backward,
-       .fixes = chips::kFloat32Scaled},
-      {.chips = chips::k910B, .betas = chips::kTbeBiased | chips::set_of({chips::BetaClass::Inf})},
+       .fixes = chips::kFloat32Scaled, .why = "as on 910"},
+      {.chips = chips::k910B, .betas = chips::kTbeBiased | chips::set_of({chips::BetaClass::Inf}),
+       .why = "as on 910"},
       {.chips = chips::k950, .betas = chips::set_of({chips::BetaClass::Small, chips::BetaClass::Normal}),
        .aclnn = decl.aclnn_backward, .fixes = chips::kFloat32Scaled},
-      {.chips = chips::k950, .betas = chips::set_of({chips::BetaClass::Tiny, chips::BetaClass::Inf})},
-      {.chips = chips::k310B},
+      {.chips = chips::k950, .betas = chips::set_of({chips::BetaClass::Tiny, chips::BetaClass::Inf}),
+       .why = "the kernel sets 1/beta to NaN below 1e-6; at δ == +inf, inf · 0"},
+      {.chips = chips::k310B, .why = "Ascend 310B has none of the six APIs"},
   };
 };
 

@@ -53,6 +53,7 @@ pybind11::list npu_routing_table() {
     d["log_target"] = row.log_target;
     d["api"] = row.api;
     d["fixes"] = row.fixes;
+    d["why"] = row.why;
     rows.append(d);
   }
   return rows;

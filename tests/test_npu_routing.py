@@ -7,6 +7,7 @@ On device="npu" under the host-emulated CANN (scripts/run_npu_emulated.sh, one p
 op ran, read from the emulator's trace. The expected API is written out here a second time on purpose: the
 routing table decides the path, this file states what the documentation promises.
 """
+import importlib.util
 import os
 import re
 import sys
@@ -40,42 +41,23 @@ DELTAS = [1e-7, 1e-4, 1e-3, 0.25, 1.0, 3.0, 1e4, float("inf")]
 HALF = (torch.float16, torch.bfloat16)
 
 
-DOC = os.path.join(os.path.dirname(os.path.abspath(__file__)), os.pardir, "docs", "npu_routing.md")
-# The doc's column for each of _npu_routing_table()'s (the doc's "why" column is prose, not compared).
-DOC_COLUMNS = {"chip": "chip", "dtypes": "dtypes", "beta": "beta", "log_target": "log_target", "runs": "api",
-               "fixes": "fixes"}
+def _gen_docs():
+    """scripts/gen_docs.py, the generator of the docs tables."""
+    spec = importlib.util.spec_from_file_location(
+        "gen_docs", os.path.join(os.path.dirname(os.path.abspath(__file__)), os.pardir, "scripts", "gen_docs.py"))
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
 
 
-def documented_routes():
-    """The rows of docs/npu_routing.md's "Which chips run which path" tables, one table per op (its "###"
-    heading names the op), with the cells of _npu_routing_table()'s columns, backticks removed."""
-    with open(DOC) as f:
-        text = f.read()
-    section = text.split("\n## Which chips run which path\n", 1)[1].split("\n## ", 1)[0]
-    rows, op, header = [], None, None
-    for line in section.splitlines():
-        if line.startswith("### "):
-            op, header = re.search(r"`(\w+)`", line).group(1), None
-            continue
-        if not line.startswith("|"):
-            continue
-        cells = [c.strip().replace("`", "") for c in line.strip().strip("|").split("|")]
-        if header is None:
-            header = cells
-        elif not all(re.fullmatch(r":?-+:?", c) for c in cells):
-            row = dict(zip(header, cells))
-            rows.append({"op": op, **{key: row[column] for column, key in DOC_COLUMNS.items()}})
-    return rows
-
-
-def test_doc_tables_are_the_routing_table():
-    """docs/npu_routing.md's tables and the declarations' path rows (csrc/losses.h): the same rows in the same order."""
-    documented = documented_routes()
-    table = npu_loss_ops._C._npu_routing_table()
-    assert documented, "no routing rows found in docs/npu_routing.md"
-    for i, (doc_row, code_row) in enumerate(zip(documented, table)):
-        assert doc_row == code_row, f"row {i}: docs/npu_routing.md has {doc_row}, csrc/losses.h has {code_row}"
-    assert len(documented) == len(table), f"docs/npu_routing.md has {len(documented)} rows, csrc/losses.h {len(table)}"
+def test_doc_tables_are_generated_from_the_declarations():
+    """docs/npu_routing.md's path tables are what scripts/gen_docs.py writes from the declarations' path rows
+    (csrc/losses.h), reasons included: the committed doc is the generated one."""
+    gen_docs = _gen_docs()
+    with open(gen_docs.ROUTING_DOC) as f:
+        committed = f.read()
+    assert "| `aclnnKlDiv` |" in gen_docs.routing_tables()  # the generator reads the table
+    assert gen_docs.routing_doc(committed) == committed, "run python scripts/gen_docs.py and commit docs/npu_routing.md"
 
 
 def test_every_op_has_routing_rows():

@@ -203,6 +203,7 @@ void append_rows(std::vector<PathTableRow>& table) {
         cell(takes_log_target<Loss>(), row.log_targets, kBooleans, [](bool lt) { return lt ? "true" : "false"; }),
         row.aclnn ? row.aclnn : "composite",
         fixes_cell(row.fixes),
+        row.why,
     });
   }
 }

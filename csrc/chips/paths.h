@@ -113,6 +113,7 @@ struct PathRow {
   Set log_targets = kAll;
   const char* aclnn = nullptr;  // the aclnn API that serves the call (possibly another loss's); none: the composite
   uint8_t fixes = 0;
+  const char* why = "";  // the reason, for docs/npu_routing.md (docs/aclnn_reference.md has the facts)
 };
 
 // What serves one call: its row's API and fixes, and the row's index among its op's rows.
@@ -156,7 +157,7 @@ constexpr Path path(Chip chip, DtypeClass dtypes, BetaClass beta, bool log_targe
 // One row of the table, each cell as docs/npu_routing.md writes it: "any" for every value of a column, "-"
 // for an argument the op does not take, else the values joined by ", ".
 struct PathTableRow {
-  std::string op, chip, dtypes, beta, log_target, api, fixes;
+  std::string op, chip, dtypes, beta, log_target, api, fixes, why;
 };
 
 // Every row of every loss's ops, in the declarations' order.

@@ -9,7 +9,6 @@ routing table decides the path, this file states what the documentation promises
 """
 import importlib.util
 import os
-import re
 import sys
 
 import pytest

@@ -91,13 +91,13 @@ void add_routes(std::vector<Route>& routes) {
   constexpr const LossDecl& d = Loss::decl;
   using Concrete = LossChecks<Loss, int64_t>;
   using Symbolic = LossChecks<Loss, c10::SymInt>;
-  if constexpr ((d.aten_twin & static_cast<uint8_t>(AtenTwin::Forward)) != 0) {
+  if constexpr (has_twin(d.aten_twin, AtenTwin::Forward)) {
     routes.push_back({d.forward, d.forward, &accepts_with<&Concrete::forward, &Symbolic::forward, false>});
   }
-  if constexpr ((d.aten_twin & static_cast<uint8_t>(AtenTwin::Backward)) != 0) {
+  if constexpr (has_twin(d.aten_twin, AtenTwin::Backward)) {
     routes.push_back({d.forward, d.backward, &accepts_with<&Concrete::backward, &Symbolic::backward, false>});
   }
-  if constexpr ((d.aten_twin & static_cast<uint8_t>(AtenTwin::BackwardOut)) != 0) {
+  if constexpr (has_twin(d.aten_twin, AtenTwin::BackwardOut)) {
     routes.push_back(
         {d.forward, out_overload_name(d), &accepts_with<&Concrete::backward_out, &Symbolic::backward_out, true>});
   }

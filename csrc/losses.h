@@ -63,6 +63,10 @@ enum class OutDtype : uint8_t {
 // no l1_loss or kl_div backward op (their autograd formulas are made of other ops).
 enum class AtenTwin : uint8_t { Forward = 1, Backward = 2, BackwardOut = 4, All = 7 };
 
+constexpr bool has_twin(AtenTwin twins, AtenTwin twin) {
+  return (static_cast<uint8_t>(twins) & static_cast<uint8_t>(twin)) != 0;
+}
+
 struct LossDecl {
   const char* forward;       // the forward op, e.g. "smooth_l1_loss"
   const char* backward;      // its backward op
@@ -73,7 +77,7 @@ struct LossDecl {
   MeanCount mean_count;
   GradDtype grad_dtype;
   OutDtype out_dtype;
-  uint8_t aten_twin;
+  AtenTwin aten_twin;
   bool autocast_float32;     // under torch.autocast the forward runs in float32 (torch's float32 op list)
   const char* aclnn_forward;   // the aclnn APIs of the loss's own NPU kernels
   const char* aclnn_backward;
@@ -86,27 +90,12 @@ struct LossDecl {
 
 struct SmoothL1Loss {
   static constexpr LossDecl decl{
-      .forward = "smooth_l1_loss",
-      .backward = "smooth_l1_loss_backward",
-      .out_overload = "grad_input",
-      .out_arg = "grad_input",
-      .scalar = {ScalarKind::Float, "beta", "1.0", false, ScalarRule::NonNegative},
-      .grad_of = GradOf::Self,
-      .mean_count = MeanCount::Self,
-      .grad_dtype = GradDtype::Self,
-      .out_dtype = OutDtype::AnyFloating,
-      .aten_twin = static_cast<uint8_t>(AtenTwin::All),
-      .autocast_float32 = true,
-      .aclnn_forward = "aclnnSmoothL1Loss",
-      .aclnn_backward = "aclnnSmoothL1LossBackward",
-  };
-  // aclnnSmoothL1Loss lists bf16 from Ascend 910B on.
-  static constexpr chips::PathRow forward_paths[] = {
-      {.chips = chips::k910, .dtypes = chips::kNoBf16, .aclnn = decl.aclnn_forward},
-      {.chips = chips::k910, .dtypes = chips::kBf16, .why = "aclnn lists bf16 from Ascend 910B on"},
-      {.chips = chips::k910B | chips::k950, .aclnn = decl.aclnn_forward},
-      {.chips = chips::k310B, .why = "Ascend 310B has none of the six APIs"},
-  };
+      .forward = "smooth_l1_loss", .backward = "smooth_l1_loss_backward", .out_overload = "grad_input",
+      .out_arg = "grad_input", .scalar = {ScalarKind::Float, "beta", "1.0", false, ScalarRule::NonNegative},
+      .grad_of = GradOf::Self, .mean_count = MeanCount::Self, .grad_dtype = GradDtype::Self,
+      .out_dtype = OutDtype::AnyFloating, .aten_twin = AtenTwin::All, .autocast_float32 = true,
+      .aclnn_forward = "aclnnSmoothL1Loss", .aclnn_backward = "aclnnSmoothL1LossBackward"};
+  static constexpr auto forward_paths = chips::on_every_chip(decl.aclnn_forward);
   // The TBE kernels divide by beta + 1e-6 (and list bf16 from 910B on). The Ascend 950 kernel gives NaN for
   // beta < 1e-6, at d == 0 for beta == 0 (where its L1 kernel serves, with its own "mean" divisor) and at
   // d = +-inf for beta == inf.
@@ -133,27 +122,11 @@ struct SmoothL1Loss {
 
 struct L1Loss {
   static constexpr LossDecl decl{
-      .forward = "l1_loss",
-      .backward = "l1_loss_backward",
-      .out_overload = "grad_input",
-      .out_arg = "grad_input",
-      .scalar = {},
-      .grad_of = GradOf::Self,
-      .mean_count = MeanCount::Broadcast,
-      .grad_dtype = GradDtype::Promoted,
-      .out_dtype = OutDtype::AnyFloating,
-      .aten_twin = static_cast<uint8_t>(AtenTwin::Forward),
-      .autocast_float32 = true,
-      .aclnn_forward = "aclnnL1Loss",
-      .aclnn_backward = "aclnnL1LossBackward",
-  };
-  // aclnn's L1 kernels list bf16 from Ascend 910B on.
-  static constexpr chips::PathRow forward_paths[] = {
-      {.chips = chips::k910, .dtypes = chips::kNoBf16, .aclnn = decl.aclnn_forward},
-      {.chips = chips::k910, .dtypes = chips::kBf16, .why = "aclnn lists bf16 from Ascend 910B on"},
-      {.chips = chips::k910B | chips::k950, .aclnn = decl.aclnn_forward},
-      {.chips = chips::k310B, .why = "Ascend 310B has none of the six APIs"},
-  };
+      .forward = "l1_loss", .backward = "l1_loss_backward", .out_overload = "grad_input", .out_arg = "grad_input",
+      .scalar = {}, .grad_of = GradOf::Self, .mean_count = MeanCount::Broadcast, .grad_dtype = GradDtype::Promoted,
+      .out_dtype = OutDtype::AnyFloating, .aten_twin = AtenTwin::Forward, .autocast_float32 = true,
+      .aclnn_forward = "aclnnL1Loss", .aclnn_backward = "aclnnL1LossBackward"};
+  static constexpr auto forward_paths = chips::on_every_chip(decl.aclnn_forward);
   static constexpr chips::PathRow backward_paths[] = {
       {.chips = chips::k910, .dtypes = chips::kNoBf16, .aclnn = decl.aclnn_backward,
        .why = "at a NaN input the TBE kernel gives -grad: the one difference left to the chip"},
@@ -166,20 +139,11 @@ struct L1Loss {
 
 struct KlDiv {
   static constexpr LossDecl decl{
-      .forward = "kl_div",
-      .backward = "kl_div_target_backward",
-      .out_overload = "grad_target",
-      .out_arg = "grad_target",
-      .scalar = {ScalarKind::Bool, "log_target", "False", true, ScalarRule::Any},
-      .grad_of = GradOf::Target,
-      .mean_count = MeanCount::SelfTargetBroadcast,
-      .grad_dtype = GradDtype::Target,
-      .out_dtype = OutDtype::EqualsResult,
-      .aten_twin = static_cast<uint8_t>(AtenTwin::Forward),
-      .autocast_float32 = true,
-      .aclnn_forward = "aclnnKlDiv",
-      .aclnn_backward = "aclnnKlDivTargetBackward",
-  };
+      .forward = "kl_div", .backward = "kl_div_target_backward", .out_overload = "grad_target",
+      .out_arg = "grad_target", .scalar = {ScalarKind::Bool, "log_target", "False", true, ScalarRule::Any},
+      .grad_of = GradOf::Target, .mean_count = MeanCount::SelfTargetBroadcast, .grad_dtype = GradDtype::Target,
+      .out_dtype = OutDtype::EqualsResult, .aten_twin = AtenTwin::Forward, .autocast_float32 = true,
+      .aclnn_forward = "aclnnKlDiv", .aclnn_backward = "aclnnKlDivTargetBackward"};
   // Only the Ascend 950 kernel gives 0 at target == 0 (the TBE formula gives NaN); no bf16 on 910/310P.
   static constexpr chips::PathRow forward_paths[] = {
       {.chips = chips::k910 | chips::k910B, .log_targets = chips::kProbabilities,
@@ -215,52 +179,21 @@ struct KlDiv {
 // Huber runs smooth L1's aclnn kernels with beta = delta (npu/huber_loss.cpp).
 struct HuberLoss {
   static constexpr LossDecl decl{
-      .forward = "huber_loss",
-      .backward = "huber_loss_backward",
-      .out_overload = "out",
-      .out_arg = "grad_input",
-      .scalar = {ScalarKind::Float, "delta", "1.0", false, ScalarRule::Positive},
-      .grad_of = GradOf::Self,
-      .mean_count = MeanCount::Self,
-      .grad_dtype = GradDtype::Self,
-      .out_dtype = OutDtype::AnyFloating,
-      .aten_twin = static_cast<uint8_t>(AtenTwin::All),
-      .autocast_float32 = true,
-      .aclnn_forward = "aclnnSmoothL1Loss",
-      .aclnn_backward = "aclnnSmoothL1LossBackward",
-  };
-  // Smooth L1's rows with the factor delta folded into grad_output (the backward) or applied to the result
-  // (the forward), except at delta == +inf, where delta * smooth L1 is inf * 0: the composite.
-  static constexpr chips::PathRow forward_paths[] = {
-      {.chips = chips::k910, .dtypes = chips::kNoBf16, .betas = chips::kFinite, .aclnn = decl.aclnn_forward,
-       .fixes = chips::kFloat32Scaled, .why = "δ · smooth L1 (β = δ), as `smooth_l1_loss` runs on every beta"},
-      {.chips = chips::k910, .dtypes = chips::kBf16, .why = "aclnn lists bf16 from Ascend 910B on"},
-      {.chips = chips::k910, .dtypes = chips::kNoBf16, .betas = chips::set_of({chips::BetaClass::Inf}),
-       .why = "δ · smooth L1 is inf · 0 = NaN at δ == +inf (Huber is 0.5·d² there)"},
-      {.chips = chips::k910B | chips::k950, .betas = chips::kFinite, .aclnn = decl.aclnn_forward,
-       .fixes = chips::kFloat32Scaled},
-      {.chips = chips::k910B | chips::k950, .betas = chips::set_of({chips::BetaClass::Inf}), .why = "as on 910"},
-      {.chips = chips::k310B, .why = "Ascend 310B has none of the six APIs"},
-  };
-  // As smooth L1's gradient (the TBE beta + 1e-6 divisor, the 950 kernel's 1 / beta), and at delta == +inf
-  // the composite on every chip.
-  static constexpr chips::PathRow backward_paths[] = {
-      {.chips = chips::k910, .dtypes = chips::kBf16, .why = "aclnn lists bf16 from Ascend 910B on"},
-      {.chips = chips::k910, .dtypes = chips::kNoBf16, .betas = chips::set_of({chips::BetaClass::Normal}),
-       .aclnn = decl.aclnn_backward, .fixes = chips::kFloat32Scaled, .why = "δ · grad_output as gradOutput, β = δ"},
-      {.chips = chips::k910, .dtypes = chips::kNoBf16,
-       .betas = chips::kTbeBiased | chips::set_of({chips::BetaClass::Inf}),
-       .why = "the TBE kernel divides by `beta + 1e-6`; at δ == +inf the gradient δ · g · d/δ is inf · 0"},
-      {.chips = chips::k910B, .betas = chips::set_of({chips::BetaClass::Normal}), .aclnn = decl.aclnn_backward,
-       .fixes = chips::kFloat32Scaled, .why = "as on 910"},
-      {.chips = chips::k910B, .betas = chips::kTbeBiased | chips::set_of({chips::BetaClass::Inf}),
-       .why = "as on 910"},
-      {.chips = chips::k950, .betas = chips::set_of({chips::BetaClass::Small, chips::BetaClass::Normal}),
-       .aclnn = decl.aclnn_backward, .fixes = chips::kFloat32Scaled},
-      {.chips = chips::k950, .betas = chips::set_of({chips::BetaClass::Tiny, chips::BetaClass::Inf}),
-       .why = "the kernel sets 1/beta to NaN below 1e-6; at δ == +inf, inf · 0"},
-      {.chips = chips::k310B, .why = "Ascend 310B has none of the six APIs"},
-  };
+      .forward = "huber_loss", .backward = "huber_loss_backward", .out_overload = "out", .out_arg = "grad_input",
+      .scalar = {ScalarKind::Float, "delta", "1.0", false, ScalarRule::Positive}, .grad_of = GradOf::Self,
+      .mean_count = MeanCount::Self, .grad_dtype = GradDtype::Self, .out_dtype = OutDtype::AnyFloating,
+      .aten_twin = AtenTwin::All, .autocast_float32 = true, .aclnn_forward = "aclnnSmoothL1Loss",
+      .aclnn_backward = "aclnnSmoothL1LossBackward"};
+  // Smooth L1's rows (scaled_paths): delta folded into grad_output (the backward) or applied to the result
+  // (the forward), and at delta == +inf the composite.
+  static constexpr auto kDeltas =
+      static_cast<chips::Set>(chips::kEveryBeta & ~chips::set_of({chips::BetaClass::Zero}));
+  static constexpr auto forward_paths = chips::scaled_paths<SmoothL1Loss::forward_paths, kDeltas>(
+      "δ · smooth L1 (β = δ), on smooth L1's row",
+      "δ · smooth L1 is inf · 0 = NaN at δ == +inf (Huber is 0.5·d² there)");
+  static constexpr auto backward_paths = chips::scaled_paths<SmoothL1Loss::backward_paths, kDeltas>(
+      "δ · grad_output as gradOutput, β = δ, on smooth L1's row",
+      "at δ == +inf the gradient δ · g · d/δ is inf · 0");
 };
 
 // Every loss, in the order of the package's tables: X(Loss) for each, for the few places that must name each

@@ -7,6 +7,8 @@
 // any machine and _C_npu takes its paths from it.
 #pragma once
 
+#include <array>
+#include <cstddef>
 #include <cstdint>
 #include <initializer_list>
 #include <span>
@@ -115,6 +117,65 @@ struct PathRow {
   uint8_t fixes = 0;
   const char* why = "";  // the reason, for docs/npu_routing.md (docs/aclnn_reference.md has the facts)
 };
+
+// The rows of an op whose aclnn API every chip family with aclnn loss kernels has: in fp32/fp16 on 910/310P
+// (bf16 from Ascend 910B on), in every dtype on 910B and 950; 310B has none.
+constexpr std::array<PathRow, 4> on_every_chip(const char* api) {
+  return {{
+      {.chips = k910, .dtypes = kNoBf16, .aclnn = api},
+      {.chips = k910, .dtypes = kBf16, .why = "aclnn lists bf16 from Ascend 910B on"},
+      {.chips = k910B | k950, .aclnn = api},
+      {.chips = k310B, .why = "Ascend 310B has none of the six APIs"},
+  }};
+}
+
+// The rows of a loss that runs another loss's kernels with its own scalar as their beta and scales the
+// result by that scalar (Huber: delta * smooth L1 with beta = delta), from the other loss's rows: each
+// aclnn row keeps its finite scalars (those in `domain`) and gets Fix::Float32Scaled; where it served
+// +inf, a composite row takes over (the scaled result is inf * 0 there); composite rows stay as they are.
+inline constexpr Set kInf = set_of({BetaClass::Inf});
+
+template <typename Rows>
+constexpr size_t scaled_count(const Rows& base, Set domain) {
+  size_t n = 0;
+  for (const PathRow& row : base) {
+    if (row.aclnn == nullptr) {
+      ++n;
+      continue;
+    }
+    n += (row.betas & domain & ~kInf) != 0;
+    n += contains(row.betas & domain, BetaClass::Inf);
+  }
+  return n;
+}
+
+template <const auto& base, Set domain>
+constexpr auto scaled_paths(const char* why_scaled, const char* why_inf) {
+  std::array<PathRow, scaled_count(base, domain)> rows{};
+  size_t n = 0;
+  for (const PathRow& row : base) {
+    if (row.aclnn == nullptr) {
+      rows[n++] = row;
+      continue;
+    }
+    if ((row.betas & domain & ~kInf) != 0) {
+      PathRow finite = row;
+      finite.betas = static_cast<Set>(row.betas & domain & ~kInf);
+      finite.fixes = static_cast<uint8_t>(row.fixes | static_cast<uint8_t>(Fix::Float32Scaled));
+      finite.why = why_scaled;
+      rows[n++] = finite;
+    }
+    if (contains(row.betas & domain, BetaClass::Inf)) {
+      PathRow inf = row;
+      inf.betas = kInf;
+      inf.aclnn = nullptr;
+      inf.fixes = 0;
+      inf.why = why_inf;
+      rows[n++] = inf;
+    }
+  }
+  return rows;
+}
 
 // What serves one call: its row's API and fixes, and the row's index among its op's rows.
 struct Path {

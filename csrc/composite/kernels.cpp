@@ -50,9 +50,8 @@ struct CompositeOut<Loss, std::tuple<S...>> {
 // out= checks and copies the math's result into out.
 TORCH_LIBRARY_IMPL(npu_loss, CompositeExplicitAutograd, m) {
   for_each_loss([&]<typename Loss>() {
-    m.impl(Loss::decl.forward, &Composite<Loss>::forward);
-    m.impl(Loss::decl.backward, &Composite<Loss>::backward);
-    m.impl(out_overload_name(Loss::decl).c_str(), &BackendKernels<Loss, &CompositeOut<Loss>::into>::out);
+    using Out = BackendKernels<Loss, &CompositeOut<Loss>::into>;
+    impl_ops<Loss, &Composite<Loss>::forward, &Composite<Loss>::backward, &Out::out>(m);
   });
 }
 

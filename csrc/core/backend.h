@@ -71,14 +71,21 @@ inline bool empty_sum_into(at::Tensor& out, const ResultSpec& spec) {
   return true;
 }
 
+// Registers the kernels of `Loss`'s three ops at one dispatch key: its forward, its backward and the
+// backward's out= overload.
+template <typename Loss, auto forward, auto backward, auto backward_out>
+void impl_ops(torch::Library& m) {
+  m.impl(Loss::decl.forward, forward);
+  m.impl(Loss::decl.backward, backward);
+  m.impl(out_overload_name(Loss::decl).c_str(), backward_out);
+}
+
 // Registers a backend's kernels for `Loss`: `forward`, and the backward's functional and out= kernels made
 // from `into`.
 template <typename Loss, auto forward, auto into, typename Guard = NoDeviceGuard>
 void impl_loss(torch::Library& m) {
   using Kernels = BackendKernels<Loss, into, Guard>;
-  m.impl(Loss::decl.forward, forward);
-  m.impl(Loss::decl.backward, &Kernels::functional);
-  m.impl(out_overload_name(Loss::decl).c_str(), &Kernels::out);
+  impl_ops<Loss, forward, &Kernels::functional, &Kernels::out>(m);
 }
 
 }  // namespace npu_loss

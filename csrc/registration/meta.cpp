@@ -7,6 +7,7 @@
 // dropped by the linker.
 #include <torch/library.h>
 
+#include "../core/backend.h"
 #include "../core/checks.h"
 #include "../core/ops.h"
 
@@ -44,9 +45,8 @@ struct MetaKernels<Loss, std::tuple<S...>> {
 
 TORCH_LIBRARY_IMPL(npu_loss, Meta, m) {
   for_each_loss([&]<typename Loss>() {
-    m.impl(Loss::decl.forward, &MetaKernels<Loss>::forward);
-    m.impl(Loss::decl.backward, &MetaKernels<Loss>::backward);
-    m.impl(out_overload_name(Loss::decl).c_str(), &MetaKernels<Loss>::backward_out);
+    using Kernels = MetaKernels<Loss>;
+    impl_ops<Loss, &Kernels::forward, &Kernels::backward, &Kernels::backward_out>(m);
   });
 }
 

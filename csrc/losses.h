@@ -3,7 +3,7 @@
 // their schemas, its scalar argument, what its backward op differentiates and how its "mean" divides, the
 // dtype and out= rules, which ATen overloads enable() routes to it, its autocast policy and its aclnn APIs.
 // What stays per loss is its math: the CPU functor (cpu/), the composite formula (composite/), the
-// derivative formulas (autograd/formulas.h) and the NPU call (npu/). docs/adding_a_loss.md walks through a
+// derivative formulas (autograd/derivatives.cpp) and the NPU call (npu/). docs/adding_a_loss.md walks through a
 // new block.
 //
 // Plain C++ (no torch types): the static core, the chip paths and every layer include it.
@@ -41,7 +41,7 @@ enum class GradOf : uint8_t { Self, Target };
 
 // The element count a backward op's "mean" divides by.
 enum class MeanCount : uint8_t {
-  Self,                 // self.numel() (smooth L1, Huber and MSE, as ATen and the Ascend kernels do)
+  Self,                 // self.numel() (smooth L1 and Huber, as ATen and the Ascend kernels do)
   Broadcast,            // broadcast(grad_output, self, target).numel()
   SelfTargetBroadcast,  // broadcast(self, target).numel()
 };

@@ -169,8 +169,8 @@ def npu_extension(root, flags, link):
     major, minor = torch.__version__.split(".")[:2]
     return CppExtension(
         "npu_loss_ops._C_npu",
-        # The aclnn kernels; the checks, the composite math they fall back to and the routing table come from
-        # the static core.
+        # The aclnn kernels; the checks, the composite math they fall back to and the chip paths come from the
+        # static core.
         sorted(set(glob.glob("csrc/npu/*.cpp")) - set(CORE_SOURCES)) + [GLIBC_FLOOR_SOURCE],
         include_dirs=torch_npu_include_dirs(root),
         library_dirs=[os.path.join(root, "lib")],
@@ -206,13 +206,14 @@ def extensions():
     return exts
 
 
-# The NPU routing table is plain C++: in the core, _C shows it on any machine and _C_npu routes by it.
+# The chip paths are plain C++: in the core, _C shows them on any machine and _C_npu takes each call's path
+# from them.
 CORE_SOURCES = ["csrc/core/checks.cpp", "csrc/composite/math.cpp", "csrc/chips/paths.cpp"]
 
 
 def core_library():
-    """The static core both extensions link: the checks (every rule once), the composite math and the NPU
-    routing table, compiled once per build (setuptools' build_clib; build_ext then links libnpu_loss_core.a into _C and _C_npu)."""
+    """The static core both extensions link: the checks (every rule once), the composite math and the chip
+    paths, compiled once per build (setuptools' build_clib; build_ext then links libnpu_loss_core.a into _C and _C_npu)."""
     from torch.utils.cpp_extension import include_paths
 
     flags, _ = cpu_flags()

@@ -196,9 +196,30 @@ struct HuberLoss {
       "at δ == +inf the gradient δ · g · d/δ is inf · 0");
 };
 
+// MSE, from the CANN ops-nn documents loss/mse_loss/docs/aclnnMseLoss.md and
+// loss/mse_loss_grad_v2/docs/aclnnMseLossBackward.md at version 1d9173072 (2026-08-05): aclnnMseLoss on Atlas
+// A2/A3, Ascend 950, 310P and the Atlas training series (910; fp32/fp16 on these two), not on 310B;
+// aclnnMseLossBackward on A2/A3, Ascend 950 (listed since version 530416542 of 2026-02-09; earlier versions
+// and the op's README do not list it) and 310P, not on 910. 910 and 310P are one family here.
+struct MseLoss {
+  static constexpr LossDecl decl{
+      .forward = "mse_loss", .backward = "mse_loss_backward", .out_overload = "grad_input", .out_arg = "grad_input",
+      .scalar = {}, .grad_of = GradOf::Self, .mean_count = MeanCount::Self, .grad_dtype = GradDtype::Self,
+      .out_dtype = OutDtype::AnyFloating, .aten_twin = AtenTwin::All, .autocast_float32 = true,
+      .aclnn_forward = "aclnnMseLoss", .aclnn_backward = "aclnnMseLossBackward"};
+  static constexpr auto forward_paths = chips::on_every_chip(decl.aclnn_forward);
+  static constexpr chips::PathRow backward_paths[] = {
+      {.chips = chips::k910,
+       .why = "the Atlas training series (910) has no aclnnMseLossBackward kernel; 310P, which has one, shares "
+              "its family"},
+      {.chips = chips::k910B | chips::k950, .aclnn = decl.aclnn_backward},
+      {.chips = chips::k310B, .why = "Ascend 310B has none of the aclnn loss APIs"},
+  };
+};
+
 // Every loss, in the order of the package's tables: X(Loss) for each, for the few places that must name each
 // type (explicit instantiations), and as a tuple for everything else.
-#define NPU_LOSS_FOR_EACH_LOSS(X) X(SmoothL1Loss) X(L1Loss) X(KlDiv) X(HuberLoss)
+#define NPU_LOSS_FOR_EACH_LOSS(X) X(SmoothL1Loss) X(L1Loss) X(KlDiv) X(HuberLoss) X(MseLoss)
 
 namespace detail {
 template <typename First, typename... Rest>

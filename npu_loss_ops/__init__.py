@@ -167,8 +167,8 @@ def _unloadable_npu_kernels(reason: str) -> None:
 _load_npu_kernels()
 
 from . import _dtensor  # noqa: E402
-from .functional import huber_loss, kl_div, l1_loss, smooth_l1_loss  # noqa: E402
-from .modules import HuberLoss, KLDivLoss, L1Loss, SmoothL1Loss  # noqa: E402
+from .functional import huber_loss, kl_div, l1_loss, mse_loss, smooth_l1_loss  # noqa: E402
+from .modules import HuberLoss, KLDivLoss, L1Loss, MSELoss, SmoothL1Loss  # noqa: E402
 from ._enable import disable, enable, is_enabled  # noqa: E402  (routes torch's own losses here; off at import)
 
 # DTensor's sharding rules, registered when torch.distributed.tensor is imported (importing it here would
@@ -208,10 +208,12 @@ __all__ = [
     "huber_loss",
     "l1_loss",
     "kl_div",
+    "mse_loss",
     "SmoothL1Loss",
     "HuberLoss",
     "L1Loss",
     "KLDivLoss",
+    "MSELoss",
     "enable",
     "disable",
     "is_enabled",

@@ -17,7 +17,7 @@ from torch.overrides import handle_torch_function, has_torch_function_variadic
 
 from ._reduction import get_enum as _reduction_enum
 
-__all__ = ["smooth_l1_loss", "huber_loss", "l1_loss", "kl_div"]
+__all__ = ["smooth_l1_loss", "huber_loss", "l1_loss", "kl_div", "mse_loss"]
 
 
 def _legacy_reduction(size_average: bool | None, reduce: bool | None) -> str:
@@ -458,3 +458,64 @@ def kl_div(
     if reduction == "batchmean" and input.dim() != 0:
         reduced = reduced / input.size(0)
     return reduced
+
+
+def mse_loss(
+    input: Tensor,
+    target: Tensor,
+    size_average: bool | None = None,
+    reduce: bool | None = None,
+    reduction: str = "mean",
+    weight: Tensor | None = None,
+) -> Tensor:
+    """Compute the mean squared error: the element-wise squared difference, optionally weighted and reduced.
+
+    A drop-in for :func:`torch.nn.functional.mse_loss` whose kernels (forward and gradient) are
+    ``torch.ops.npu_loss.mse_loss`` / ``mse_loss_backward``. With ``d = input - target`` (broadcast
+    together), the unreduced loss is, elementwise, ``l = d * d``, and its gradient w.r.t. ``input`` is
+    ``2 * d`` times the incoming gradient; ``'mean'`` divides by the number of elements.
+
+    Args:
+        input (Tensor): Predicted values.
+        target (Tensor): Ground truth values; broadcast against ``input`` (a warning is issued when the
+            sizes differ, as in PyTorch).
+        size_average (bool, optional): Deprecated (see ``reduction``). Default: ``None``
+        reduce (bool, optional): Deprecated (see ``reduction``). Default: ``None``
+        reduction (str, optional): ``'none'`` | ``'mean'`` | ``'sum'``. Anything else raises ``ValueError``.
+            Default: ``'mean'``
+        weight (Tensor, optional): A weight per element, of ``input``'s size (else ``ValueError``, as in
+            PyTorch). The weighted loss is ``weight * d * d``; ``'mean'`` divides its sum by
+            ``weight.sum()``. Gradients flow to ``weight`` too. Default: ``None``
+
+    The result dtype is PyTorch's: ``torch.promote_types(input.dtype, target.dtype)``, promoted with
+    ``weight``'s when one is given. An integer or bool operand is cast to the floating result dtype first.
+
+    Raises:
+        ValueError: ``reduction`` is not ``'none'``, ``'mean'`` or ``'sum'`` (as in PyTorch).
+        TypeError: both operands are integral or bool (PyTorch raises ``NotImplementedError``); an operand is
+            complex; an operand is float64 on the NPU.
+        RuntimeError: an operand has more than 8 dimensions (PyTorch has no such limit), or the shapes do
+            not broadcast (as in PyTorch).
+    """
+    if has_torch_function_variadic(input, target, weight):
+        # A Tensor (torch 2.9's annotations type it Any).
+        overridden: Tensor = handle_torch_function(
+            mse_loss,
+            (input, target, weight),
+            input,
+            target,
+            size_average=size_average,
+            reduce=reduce,
+            reduction=reduction,
+            weight=weight,
+        )
+        return overridden
+    _warn_if_sizes_differ(input, target)
+    if size_average is not None or reduce is not None:
+        reduction = _legacy_reduction(size_average, reduce)
+    input, target = _promote_like_functional(input, target, bool_ok=True, integral_result_ok=False)
+    if weight is None:
+        loss: Tensor = torch.ops.npu_loss.mse_loss(input, target, _reduction_enum(reduction))
+        return loss
+    unweighted: Tensor = torch.ops.npu_loss.mse_loss(input, target, _reduction_enum("none"))
+    return _weighted(unweighted, weight, input, reduction, divide_by_weight_sum=True)

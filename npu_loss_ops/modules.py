@@ -11,7 +11,7 @@ from torch.nn.modules.loss import _Loss
 
 from . import functional
 
-__all__ = ["SmoothL1Loss", "HuberLoss", "L1Loss", "KLDivLoss"]
+__all__ = ["SmoothL1Loss", "HuberLoss", "L1Loss", "KLDivLoss", "MSELoss"]
 
 
 class SmoothL1Loss(_Loss):
@@ -229,3 +229,29 @@ class KLDivLoss(_Loss):
     def forward(self, input: Tensor, target: Tensor) -> Tensor:
         """Runs the forward pass."""
         return functional.kl_div(input, target, reduction=self.reduction, log_target=self.log_target)
+
+
+class MSELoss(_Loss):
+    """Creates a criterion that measures the mean squared error (squared L2 norm) between each element in
+    the input and the target.
+
+    A drop-in for :class:`torch.nn.MSELoss`; see :func:`npu_loss_ops.functional.mse_loss`. The unreduced
+    loss is, elementwise, ``l = (input - target) ** 2``; then its mean (``reduction='mean'``) or sum
+    (``'sum'``), or the elementwise loss itself (``'none'``).
+
+    Args:
+        size_average (bool, optional): Deprecated (see ``reduction``). Default: ``None``
+        reduce (bool, optional): Deprecated (see ``reduction``). Default: ``None``
+        reduction (str, optional): ``'none'`` | ``'mean'`` | ``'sum'``. Default: ``'mean'``
+    """
+
+    __constants__ = ["reduction"]
+
+    def __init__(
+        self, size_average: bool | None = None, reduce: bool | None = None, reduction: str = "mean"
+    ) -> None:
+        super().__init__(size_average, reduce, reduction)
+
+    def forward(self, input: Tensor, target: Tensor) -> Tensor:
+        """Runs the forward pass."""
+        return functional.mse_loss(input, target, reduction=self.reduction)

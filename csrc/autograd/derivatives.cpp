@@ -305,6 +305,41 @@ struct KlDivBackward : BackwardBlock<KlDiv> {
   }
 };
 
+// ---- MSE: its forward, and its backward op (grad_output, self, target, reduction) ----
+using MseLossForward = OddSlopeLoss<MseLoss>;
+
+// The backward op is g * 2d (scaled for "mean"): linear in grad_output, with derivative 2 * g w.r.t. self and
+// -2 * g w.r.t. target (ATen's mse_loss_double_backward).
+struct MseLossBackward : BackwardBlock<MseLoss> {
+  static variable_list backward(
+      const at::Tensor& gg, const Needs<3>& needs, const at::Tensor& grad_output, const at::Tensor& self,
+      const at::Tensor& target, int64_t reduction) {
+    variable_list out(3);
+    if (needs[0]) out[0] = reduce_to(op().call(gg, self, target, reduction), grad_output);
+    if (!(needs[1] || needs[2])) return out;
+    const auto values = second_derivative(gg * grad_output, self, target, reduction);
+    if (needs[1]) out[1] = reduce_to(values, self);
+    if (needs[2]) out[2] = reduce_to(values.neg(), target);
+    return out;
+  }
+
+  static at::Tensor tangent(const Dual& grad_output, const Dual& self, const Dual& target, int64_t reduction) {
+    at::Tensor out;
+    if (grad_output.has_tangent()) out = op().call(grad_output.t, self.p, target.p, reduction);
+    if (!(self.has_tangent() || target.has_tangent())) return out;
+    const auto d_tangent = self.has_tangent() ? (target.has_tangent() ? self.t - target.t : self.t) : target.t.neg();
+    return add_defined(out, second_derivative(grad_output.p * d_tangent, self.p, target.p, reduction));
+  }
+
+ private:
+  // 2 * v over broadcast(v, self, target), scaled as "mean" (by self.numel()) says.
+  static at::Tensor second_derivative(
+      const at::Tensor& v, const at::Tensor& self, const at::Tensor& target, int64_t reduction) {
+    const auto values = apply_mean(v * 2, reduction, self.sym_numel());
+    return expand_to(values, at::infer_size_symdimvector(values.sym_sizes(), broadcast_shape(self, target)));
+  }
+};
+
 // ---- registration: every block, at the Autograd and FuncTorchBatched keys ----
 
 template <typename... Op>
@@ -322,7 +357,7 @@ struct Blocks {
 
 using AllBlocks = Blocks<
     SmoothL1LossForward, SmoothL1LossBackward, HuberLossForward, HuberLossBackward, L1LossForward, L1LossBackward,
-    KlDivForward, KlDivBackward>;
+    KlDivForward, KlDivBackward, MseLossForward, MseLossBackward>;
 
 }  // namespace
 

@@ -132,6 +132,22 @@ at::Tensor backward(KlDiv, const at::Tensor& grad_output, const at::Tensor& self
   return with_memory_format(at::sum_to(values, target.sizes()).to(spec.dtype), spec.memory_format);
 }
 
+at::Tensor forward(MseLoss, const at::Tensor& self, const at::Tensor& target, int64_t reduction) {
+  const auto spec = LossChecks<MseLoss>::forward(self, target, reduction);
+  const auto c = compute_dtype({&self, &target});
+  const auto d = operand(self, c) - operand(target, c);
+  return loss_result(d * d, reduction, spec);
+}
+
+at::Tensor backward(
+    MseLoss, const at::Tensor& grad_output, const at::Tensor& self, const at::Tensor& target, int64_t reduction) {
+  const auto spec = LossChecks<MseLoss>::backward(grad_output, self, target, reduction);
+  const auto c = compute_dtype({&grad_output, &self, &target});
+  const auto g = operand(grad_output, c) * reduction_scale(reduction, spec.mean_count);
+  const auto values = g * ((operand(self, c) - operand(target, c)) * 2);
+  return with_memory_format(values.expand(spec.shape).to(spec.dtype), spec.memory_format);
+}
+
 }  // namespace
 
 template <typename Loss, typename... S>

@@ -114,6 +114,23 @@ struct L1Grad {
   NPU_LOSS_SIMD_INLINE V operator()(V g, V x, V t) const { return g * sign_of(x - t); }
 };
 
+// MSE: d * d, d = x - t.
+template <class V>
+struct Mse {
+  explicit Mse(const LossParams&) {}
+  NPU_LOSS_SIMD_INLINE V operator()(V x, V t) const {
+    const V d = x - t;
+    return d * d;
+  }
+};
+
+// Its gradient: g * 2d.
+template <class V>
+struct MseGrad {
+  explicit MseGrad(const LossParams&) {}
+  NPU_LOSS_SIMD_INLINE V operator()(V g, V x, V t) const { return g * (cst<V>(2) * (x - t)); }
+};
+
 // log(target) for the KL functors: the lookup form when every target is a bfloat16 value (Bf16 true: the
 // bfloat16 kernels and the strided route's float buffers of bfloat16 inputs), so that both routes give the
 // same bits (vec_math.h).
@@ -389,6 +406,14 @@ struct Math<::npu_loss::L1Loss, IoT> {
   template <class Fn>
   static NPU_LOSS_SIMD_INLINE void with(const LossParams& p, const Fn& fn) {
     fn(L1<typename IoT::V>(p), L1Grad<typename IoT::V>(p));
+  }
+};
+
+template <class IoT>
+struct Math<::npu_loss::MseLoss, IoT> {
+  template <class Fn>
+  static NPU_LOSS_SIMD_INLINE void with(const LossParams& p, const Fn& fn) {
+    fn(Mse<typename IoT::V>(p), MseGrad<typename IoT::V>(p));
   }
 };
 

@@ -41,7 +41,7 @@ enum class GradOf : uint8_t { Self, Target };
 
 // The element count a backward op's "mean" divides by.
 enum class MeanCount : uint8_t {
-  Self,                 // self.numel() (smooth L1 and Huber, as ATen and the Ascend kernels do)
+  Self,                 // self.numel() (smooth L1, Huber and MSE, as ATen and the Ascend kernels do)
   Broadcast,            // broadcast(grad_output, self, target).numel()
   SelfTargetBroadcast,  // broadcast(self, target).numel()
 };

@@ -1,13 +1,13 @@
-// The six aclnn loss APIs of the host-emulated CANN, chip by chip:
-//   aclnnSmoothL1LossBackward, aclnnL1LossBackward, aclnnKlDivTargetBackward,
-//   aclnnSmoothL1Loss, aclnnL1Loss, aclnnKlDiv.
+// The eight aclnn loss APIs of the host-emulated CANN, chip by chip:
+//   aclnnSmoothL1LossBackward, aclnnL1LossBackward, aclnnKlDivTargetBackward, aclnnMseLossBackward,
+//   aclnnSmoothL1Loss, aclnnL1Loss, aclnnKlDiv, aclnnMseLoss.
 // Kept in their own object file: build.sh links a libopapi.so without it (an older CANN toolkit).
 //
 // Validation and results follow the CANN documents as summarised in
 // docs/aclnn_reference.md; every rule cites its section there ("§1.2 step 3" etc.).
 // Chip families (from aclrtGetSocName, see npuemu_soc_family):
 //   910, 910B, 910_93, 310P  TBE kernels (the 910-family semantics); 950  regbase kernels;
-//   310B  none of the six APIs.
+//   310B  none of the eight APIs.
 // Unknown SoC names are treated as the 910 family.
 
 #include <ATen/ExpandUtils.h>
@@ -483,3 +483,87 @@ EMU_API aclnnStatus aclnnKlDivGetWorkspaceSize(const aclTensor* self, const aclT
   }, empty && reduction == 0);
 }
 ACLNN_RUN(aclnnKlDiv)
+
+// =========================================================================================================
+// aclnnMseLoss(self, target, int64_t reduction, out) and
+// aclnnMseLossBackward(gradOutput, self, target, int64_t reduction, gradInput): §9
+
+namespace {
+// §9.1: aclnnMseLoss in fp32/fp16 on 910 and 310P, with bf16 on 910B, 910_93 and 950; aclnnMseLossBackward the
+// same but not on 910 (no kernel there: every call 161002). Nothing on 310B.
+DtypeList mse_list(const Chip& c, bool backward) {
+  if (backward && c.family == "910") return {};
+  return float_list(c);
+}
+}  // namespace
+
+EMU_API aclnnStatus aclnnMseLossGetWorkspaceSize(const aclTensor* self, const aclTensor* target, int64_t reduction,
+                                                 aclTensor* out, uint64_t* ws, aclOpExecutor** ex) {
+  const char* api = "aclnnMseLoss";
+  // §9.2 step 1: null arguments -> 161001
+  if (ws == nullptr || ex == nullptr) return emu::reject(api, ACLNN_ERR_PARAM_NULLPTR, "§9.2 step 1: workspaceSize or executor is null");
+  if (!self || !target || !out) return emu::reject(api, ACLNN_ERR_PARAM_NULLPTR, "§9.2 step 1: self, target or out is null");
+  auto s = T(self), t = T(target), o = T(out);
+  const DtypeList list = mse_list(chip(), false);
+  // §9.2 step 2: the promoted dtype, self's, target's and out's in the list (out a dtype the promoted one casts to)
+  aclDataType pt;
+  if (!promote(s.dtype, t.dtype, &pt) || !in_list(pt, list)) REJECT(api, "§9.2 step 2: promoted dtype not in " + list_str(list));
+  for (auto* d : {&s, &t, &o})
+    if (!in_list(d->dtype, list)) REJECT(api, std::string("§9.2 step 2: dtype ") + emu::dtype_name(d->dtype) + " not in " + list_str(list));
+  if (!can_cast(pt, o.dtype)) REJECT(api, "§9.2 step 2: the promoted dtype does not cast to out's");
+  // §9.2 steps 3-6: reduction, ranks, broadcast, out's shape
+  if (reduction < 0 || reduction > 2) REJECT(api, "§9.2 step 3: reduction " + std::to_string(reduction) + " not in [0, 2]");
+  if (s.dim() > kMaxDims || t.dim() > kMaxDims) REJECT(api, "§9.2 step 4: self or target has more than 8 dims");
+  std::vector<int64_t> B;
+  if (!broadcast(s.sizes, t.sizes, &B)) REJECT(api, "§9.2 step 5: self and target do not broadcast");
+  if (reduction == 0 && B != o.sizes)
+    REJECT(api, "§9.2 step 6: out shape " + emu::shape_str(o.sizes) + " != broadcast shape " + emu::shape_str(B));
+  if (reduction != 0 && o.dim() != 0) REJECT(api, "§9.2 step 6: out must be 0-d for mean/sum");
+  const at::ScalarType promoted = emu::to_at(pt);
+  const bool empty = s.numel() == 0 || t.numel() == 0;
+  return emu::submit(api, ws, ex, [=] {
+    if (empty) {  // §9.2: empty: mean -> NaN, sum -> 0
+      if (reduction == 1) o.write(at::scalar_tensor(nanf()));
+      if (reduction == 2) o.write(at::scalar_tensor(0.0));
+      return;
+    }
+    at::Tensor d = (f32_via(s, promoted) - f32_via(t, promoted)).expand(B);
+    at::Tensor l = d * d;
+    if (reduction == 1) l = l.sum() / static_cast<double>(l.numel());  // numel of the broadcast
+    if (reduction == 2) l = l.sum();
+    o.write(l.to(promoted));
+  }, empty && reduction == 0);
+}
+ACLNN_RUN(aclnnMseLoss)
+
+EMU_API aclnnStatus aclnnMseLossBackwardGetWorkspaceSize(const aclTensor* gradOutput, const aclTensor* self,
+                                                         const aclTensor* target, int64_t reduction,
+                                                         aclTensor* gradInput, uint64_t* ws, aclOpExecutor** ex) {
+  const char* api = "aclnnMseLossBackward";
+  // §9.3 step 1: null arguments -> 161001
+  if (ws == nullptr || ex == nullptr) return emu::reject(api, ACLNN_ERR_PARAM_NULLPTR, "§9.3 step 1: workspaceSize or executor is null");
+  if (!gradOutput || !self || !target || !gradInput)
+    return emu::reject(api, ACLNN_ERR_PARAM_NULLPTR, "§9.3 step 1: gradOutput, self, target or gradInput is null");
+  auto g = T(gradOutput), s = T(self), t = T(target), o = T(gradInput);
+  const DtypeList list = mse_list(chip(), true);
+  // §9.3 step 2: gradOutput and target in self's dtype; self's and out's dtype in the list (out: self casts to it)
+  if (g.dtype != s.dtype || t.dtype != s.dtype) REJECT(api, "§9.3 step 2: gradOutput or target dtype != self dtype");
+  if (!in_list(s.dtype, list)) REJECT(api, std::string("§9.3 step 2: self dtype ") + emu::dtype_name(s.dtype) + " not in " + list_str(list));
+  if (!in_list(o.dtype, list) || !can_cast(s.dtype, o.dtype))
+    REJECT(api, std::string("§9.3 step 2: out dtype ") + emu::dtype_name(o.dtype) + " not in " + list_str(list));
+  // §9.3 steps 3-6: reduction, ranks, broadcast, out's shape
+  if (reduction < 0 || reduction > 2) REJECT(api, "§9.3 step 3: reduction " + std::to_string(reduction) + " not in [0, 2]");
+  if (g.dim() > kMaxDims || s.dim() > kMaxDims || t.dim() > kMaxDims) REJECT(api, "§9.3 step 4: more than 8 dims");
+  std::vector<int64_t> st, B;
+  if (!broadcast(s.sizes, t.sizes, &st) || !broadcast(g.sizes, st, &B)) REJECT(api, "§9.3 step 5: the inputs do not broadcast");
+  if (B != o.sizes) REJECT(api, "§9.3 step 6: out shape " + emu::shape_str(o.sizes) + " != broadcast shape " + emu::shape_str(B));
+  // §9.3: any empty input: success, nothing launched
+  const bool empty = g.numel() == 0 || s.numel() == 0 || t.numel() == 0;
+  const int64_t count = s.numel();
+  return emu::submit(api, ws, ex, [=] {
+    at::Tensor d = (f32(s) - f32(t)) * 2.0f * f32(g);  // §9.3: grad·(x − y)·2
+    if (reduction == 1) d = d * inv_count(count);        // divided by self.numel() as passed
+    o.write(d.expand(B));
+  }, empty);
+}
+ACLNN_RUN(aclnnMseLossBackward)

@@ -34,7 +34,6 @@
 #include <ATen/ops/matmul.h>
 #include <ATen/ops/max.h>
 #include <ATen/ops/mean.h>
-#include <ATen/ops/mse_loss.h>
 #include <ATen/ops/min.h>
 #include <ATen/ops/mm.h>
 #include <ATen/ops/mv.h>
@@ -787,7 +786,7 @@ EMU_API aclnnStatus aclnnNormalFloatTensorGetWorkspaceSize(float mean, const acl
 ACLNN_RUN(aclnnNormalFloatTensor)
 
 // ---------------------------------------------------------------------------------------------------------
-// Variance with a correction, MSE loss, repeat, dropout.
+// Variance with a correction, repeat, dropout.
 
 EMU_STATS(VarCorrection, var)
 
@@ -808,29 +807,6 @@ EMU_STATS(VarCorrection, var)
   ACLNN_RUN(aclnn##NAME)
 EMU_STATS_MEAN(VarMean, var_mean)
 EMU_STATS_MEAN(StdMeanCorrection, std_mean)
-
-// aclnnMseLoss(self, target, int64_t reduction, out); aclnnMseLossBackward(gradOutput, self, target, reduction, out)
-EMU_API aclnnStatus aclnnMseLossGetWorkspaceSize(const aclTensor* self, const aclTensor* target, int64_t reduction,
-                                                 aclTensor* out, uint64_t* ws, aclOpExecutor** ex) {
-  ACLNN_CHECK_NOTNULL("aclnnMseLoss", self, target, out);
-  auto a = T(self), b = T(target), o = T(out);
-  return emu::submit("aclnnMseLoss", ws, ex, [=] {
-    o.write(at::mse_loss(a.get().to(at::kFloat), b.get().to(at::kFloat), reduction));
-  }, o.numel() == 0);
-}
-ACLNN_RUN(aclnnMseLoss)
-EMU_API aclnnStatus aclnnMseLossBackwardGetWorkspaceSize(const aclTensor* grad, const aclTensor* self,
-                                                         const aclTensor* target, int64_t reduction, aclTensor* out,
-                                                         uint64_t* ws, aclOpExecutor** ex) {
-  ACLNN_CHECK_NOTNULL("aclnnMseLossBackward", grad, self, target, out);
-  auto g = T(grad), a = T(self), b = T(target), o = T(out);
-  return emu::submit("aclnnMseLossBackward", ws, ex, [=] {
-    auto d = (a.get().to(at::kFloat) - b.get().to(at::kFloat)) * 2.0 * g.get().to(at::kFloat);
-    if (reduction == 1) d = d / static_cast<double>(std::max<int64_t>(1, d.numel()));
-    o.write(d);
-  }, o.numel() == 0);
-}
-ACLNN_RUN(aclnnMseLossBackward)
 
 // aclnnRepeat(self, const aclIntArray* repeats, out)
 EMU_API aclnnStatus aclnnRepeatGetWorkspaceSize(const aclTensor* self, const aclIntArray* repeats, aclTensor* out,

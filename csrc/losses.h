@@ -116,7 +116,7 @@ struct SmoothL1Loss {
        .aclnn = decl.aclnn_backward},
       {.chips = chips::k950, .betas = chips::set_of({chips::BetaClass::Tiny, chips::BetaClass::Inf}),
        .why = "the kernel sets 1/beta to NaN below 1e-6, and its `d * (1/beta)` is NaN at d = ±inf for beta == inf"},
-      {.chips = chips::k310B, .why = "Ascend 310B has none of the six APIs"},
+      {.chips = chips::k310B, .why = chips::kNoLossApis},
   };
 };
 
@@ -133,7 +133,7 @@ struct L1Loss {
       {.chips = chips::k910, .dtypes = chips::kBf16, .why = "aclnn lists bf16 from Ascend 910B on"},
       {.chips = chips::k910B | chips::k950, .aclnn = decl.aclnn_backward,
        .why = "as on 910 (the 950 kernel gives 0 at a NaN)"},
-      {.chips = chips::k310B, .why = "Ascend 310B has none of the six APIs"},
+      {.chips = chips::k310B, .why = chips::kNoLossApis},
   };
 };
 
@@ -154,7 +154,7 @@ struct KlDiv {
        .aclnn = decl.aclnn_forward},
       {.chips = chips::k910B, .log_targets = chips::kLogProbabilities, .aclnn = decl.aclnn_forward},
       {.chips = chips::k950, .aclnn = decl.aclnn_forward},
-      {.chips = chips::k310B, .why = "Ascend 310B has none of the six APIs"},
+      {.chips = chips::k310B, .why = chips::kNoLossApis},
   };
   // No dtype at all on 910/310P. Every chip's kernel gives NaN at target == 0; Ascend 950's divides "mean"
   // by numel(self) and sums half results in their own dtype.
@@ -172,7 +172,7 @@ struct KlDiv {
       {.chips = chips::k950, .log_targets = chips::kLogProbabilities, .aclnn = decl.aclnn_backward,
        .fixes = chips::kPrescaledMean | chips::kFloat32Sum,
        .why = "as with log_target=False, where target == 0 is no special point"},
-      {.chips = chips::k310B, .why = "Ascend 310B has none of the six APIs"},
+      {.chips = chips::k310B, .why = chips::kNoLossApis},
   };
 };
 
@@ -213,7 +213,7 @@ struct MseLoss {
        .why = "the Atlas training series (910) has no aclnnMseLossBackward kernel; 310P, which has one, shares "
               "its family"},
       {.chips = chips::k910B | chips::k950, .aclnn = decl.aclnn_backward},
-      {.chips = chips::k310B, .why = "Ascend 310B has none of the aclnn loss APIs"},
+      {.chips = chips::k310B, .why = chips::kNoLossApis},
   };
 };
 

@@ -54,7 +54,7 @@ Chip chip_from_soc_name(const std::string& soc_name) {
   // "Ascend910B" is an Atlas A1 part (SocVersion::Ascend910B sits among the 910 A1 versions).
   if (starts_with(name, "Ascend910B") && name.size() > std::string_view("Ascend910B").size()) return Chip::Tbe910B;
   if (starts_with(name, "Ascend910_9")) return Chip::Tbe910B;
-  if (starts_with(name, "Ascend310B")) return Chip::CompositeOnly;  // Atlas 200I/500 A2: none of the six APIs
+  if (starts_with(name, "Ascend310B")) return Chip::CompositeOnly;  // Atlas 200I/500 A2: none of the aclnn loss APIs
   if (starts_with(name, "Ascend310P") || starts_with(name, "Ascend910")) return Chip::Tbe910;
   // Every SoC at or above Ascend950 runs the regbase kernels, as op-plugin decides by SocVersion >= 950.
   if (model_number(name) >= 950) return Chip::Regbase950;

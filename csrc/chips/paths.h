@@ -91,6 +91,8 @@ inline constexpr Set k910 = set_of({Chip::Tbe910});
 inline constexpr Set k910B = set_of({Chip::Tbe910B});
 inline constexpr Set k950 = set_of({Chip::Regbase950});
 inline constexpr Set k310B = set_of({Chip::CompositeOnly});
+// Why every 310B row is a composite one.
+inline constexpr const char* kNoLossApis = "Ascend 310B has none of the aclnn loss APIs";
 inline constexpr Set kNoBf16 = set_of({DtypeClass::NoBFloat16});
 inline constexpr Set kBf16 = set_of({DtypeClass::BFloat16});
 inline constexpr Set kEveryBeta =
@@ -125,7 +127,7 @@ constexpr std::array<PathRow, 4> on_every_chip(const char* api) {
       {.chips = k910, .dtypes = kNoBf16, .aclnn = api},
       {.chips = k910, .dtypes = kBf16, .why = "aclnn lists bf16 from Ascend 910B on"},
       {.chips = k910B | k950, .aclnn = api},
-      {.chips = k310B, .why = "Ascend 310B has none of the six APIs"},
+      {.chips = k310B, .why = kNoLossApis},
   }};
 }
 

@@ -72,6 +72,9 @@ def elementwise_forward(s: Sample, x, t):
         if s.loss == "huber_loss":
             v = F.huber_loss(x, t, reduction="none", delta=s.delta)
             return v, v.abs()
+        if s.loss == "mse_loss":
+            v = F.mse_loss(x, t, reduction="none")
+            return v, v.abs()
         v = F.kl_div(x, t, reduction="none", log_target=s.log_target)
         x, t = torch.broadcast_tensors(x, t)
         if s.log_target:
@@ -142,6 +145,12 @@ def reference_backward(s: Sample, l1_at_nan: float = 0.0, smooth_l1_divisor: flo
         gs = g * _scale(s.reduction, x.numel())  # "mean" divides by self.numel()
         slope = huber_slope(x - t, s.delta, smooth_l1_divisor)
         return (gs * slope).expand(shape), (gs * slope).abs().expand(shape), s.self.dtype, shape
+    if s.loss == "mse_loss":
+        # Smooth L1's divisor, dtype and shape; the slope is 2 * d.
+        shape = torch.broadcast_shapes(g.shape, x.shape, t.shape)
+        gs = g * _scale(s.reduction, x.numel())  # "mean" divides by self.numel()
+        slope = 2 * (x - t)
+        return (gs * slope).expand(shape), (gs * slope).abs().expand(shape), s.self.dtype, shape
     if s.loss == "l1_loss":
         shape = torch.broadcast_shapes(g.shape, x.shape, t.shape)
         gs = g * _scale(s.reduction, shape.numel())  # the broadcast result's count
@@ -209,6 +218,8 @@ def grad_magnitudes(s: Sample, grad_output: torch.Tensor):
         mx = mt = ga.expand(bshape)
     elif s.loss == "huber_loss":
         mx = mt = (ga * (x - t).abs().clamp(max=s.delta)).expand(bshape)
+    elif s.loss == "mse_loss":
+        mx = mt = (ga * 2 * (x - t).abs()).expand(bshape)
     elif s.log_target:
         mx = (ga * t.exp()).expand(bshape)
         mt = (ga * t.exp() * (t.abs() + 1 + x.abs())).expand(bshape)

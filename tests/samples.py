@@ -3,7 +3,7 @@
 A `Sample` is one call of one loss: its `self`/`target` (and a `grad_output` for the backward op), a
 reduction, beta (smooth L1), delta (Huber) or log_target (KL), and a `differentiable` flag that is True only
 when every broadcast element is far from the kinks (|d| == 0 for L1 and smooth L1, |d| == beta for smooth L1,
-|d| == delta for Huber, target <= 0 for KL with a probability target), so gradcheck/gradgradcheck can use
+|d| == delta for Huber, target <= 0 for KL with a probability target; MSE has none), so gradcheck/gradgradcheck can use
 it. Huber's delta is kept in the `beta` field (both are the width of the quadratic zone; `Sample.delta`
 reads it), so the code shared by the two needs no second branch.
 
@@ -26,29 +26,20 @@ from typing import Iterator
 
 import torch
 
+from npu_loss_ops import _C
 from npu_loss_ops._reduction import REDUCTION_ENUMS
 
-LOSSES = ("smooth_l1_loss", "l1_loss", "kl_div", "huber_loss")
-BACKWARD_OP = {
-    "smooth_l1_loss": "smooth_l1_loss_backward",
-    "l1_loss": "l1_loss_backward",
-    "kl_div": "kl_div_target_backward",
-    "huber_loss": "huber_loss_backward",
-}
-# The out= overload's name (ATen's: "grad_input" for smooth L1 and L1, "out" for Huber) ...
-OUT_OVERLOAD = {
-    "smooth_l1_loss": "grad_input",
-    "l1_loss": "grad_input",
-    "kl_div": "grad_target",
-    "huber_loss": "out",
-}
+# The losses and their ops, read from their declarations (csrc/losses.h, through _C._losses()), so a new loss
+# reaches every test that iterates over LOSSES; test_registration checks the declared schemas against ATen's.
+_DECLS = {d["forward"]: d for d in _C._losses()}
+LOSSES = tuple(_DECLS)
+BACKWARD_OP = {loss: d["backward"] for loss, d in _DECLS.items()}
+# The out= overload's name (ATen's: "grad_input" for smooth L1, L1 and MSE, "out" for Huber) ...
+OUT_OVERLOAD = {loss: d["out_overload"] for loss, d in _DECLS.items()}
 # ... and the name of its out tensor.
-OUT_ARG = {
-    "smooth_l1_loss": "grad_input",
-    "l1_loss": "grad_input",
-    "kl_div": "grad_target",
-    "huber_loss": "grad_input",
-}
+OUT_ARG = {loss: d["out_arg"] for loss, d in _DECLS.items()}
+# Each loss's scalar argument (beta, delta, log_target) or None.
+SCALAR = {loss: d["scalar"] for loss, d in _DECLS.items()}
 # The losses with a width parameter (smooth L1's beta, Huber's delta), kept in Sample.beta.
 WIDTH_LOSSES = ("smooth_l1_loss", "huber_loss")
 # The ops' reductions by name, with their int (the package's own table).
@@ -127,7 +118,7 @@ class Sample:
         t = self.target if target is None else target
         if self.loss in WIDTH_LOSSES:
             return (x, t, self.reduction_enum, self.beta), {}
-        if self.loss == "l1_loss":
+        if SCALAR[self.loss] is None:
             return (x, t, self.reduction_enum), {}
         return (x, t, self.reduction_enum), {"log_target": self.log_target}
 
@@ -139,7 +130,7 @@ class Sample:
         t = self.target if target is None else target
         if self.loss in WIDTH_LOSSES:
             return (g, x, t, self.reduction_enum, self.beta), {}
-        if self.loss == "l1_loss":
+        if SCALAR[self.loss] is None:
             return (g, x, t, self.reduction_enum), {}
         return (g, x, t, self.reduction_enum, self.log_target), {}
 
@@ -303,6 +294,8 @@ def _kinks_ok(loss: str, x: torch.Tensor, t: torch.Tensor, beta: float, log_targ
         return False
     if loss == "kl_div":
         return bool(log_target or (t > KINK_MARGIN).all())
+    if loss == "mse_loss":  # smooth everywhere
+        return True
     d = (x - t).abs()
     ok = bool((d > KINK_MARGIN).all())
     if loss in WIDTH_LOSSES and beta > 0:
@@ -543,7 +536,8 @@ def _opinfo(loss: str):
     from torch.testing._internal.common_methods_invocations import op_db
 
     name = {"smooth_l1_loss": "nn.functional.smooth_l1_loss", "l1_loss": "nn.functional.l1_loss",
-            "kl_div": "nn.functional.kl_div", "huber_loss": "nn.functional.huber_loss"}[loss]
+            "kl_div": "nn.functional.kl_div", "huber_loss": "nn.functional.huber_loss",
+            "mse_loss": "nn.functional.mse_loss"}[loss]
     (info,) = [o for o in op_db if o.name == name]
     return info
 

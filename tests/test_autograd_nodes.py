@@ -17,10 +17,12 @@ NODE_NAMES = {
     "l1_loss": "NpuLossL1LossBackward0",
     "kl_div": "NpuLossKlDivBackward0",
     "huber_loss": "NpuLossHuberLossBackward0",
+    "mse_loss": "NpuLossMseLossBackward0",
 }
 # The node of the backward op's own derivative (recorded by a create_graph=True backward).
 DOUBLE_BACKWARD_NODE_NAMES = {
     "huber_loss": "NpuLossHuberLossBackwardBackward0",
+    "mse_loss": "NpuLossMseLossBackwardBackward0",
 }
 
 
@@ -249,7 +251,8 @@ def test_vmap_batch_dims_anywhere_and_broadcast(loss):
 @pytest.mark.parametrize("loss", LOSSES)
 def test_vmap_backward_ops_with_batch_dims_anywhere(loss):
     op = getattr(torch.ops.npu_loss, BACKWARD_OP[loss])
-    extra = {"smooth_l1_loss": (0.5,), "l1_loss": (), "kl_div": (False,), "huber_loss": (0.5,)}[loss]
+    extra = {"smooth_l1_loss": (0.5,), "l1_loss": (), "kl_div": (False,), "huber_loss": (0.5,),
+             "mse_loss": ()}[loss]
     g = torch.randn(6, dtype=torch.float64)
     x = torch.randn(3, 4, 6, dtype=torch.float64)
     t = torch.rand(6, 4, dtype=torch.float64) + 0.1

@@ -43,6 +43,7 @@ LOSS_CONFIGS = {
     "kl_div": [dict(reduction="batchmean"), dict(reduction="sum", log_target=True)],
     "huber_loss": [dict(reduction="mean", delta=0.5), dict(reduction="none", delta=1e4),
                    dict(reduction="sum", delta=float("inf"))],
+    "mse_loss": [dict(reduction="mean"), dict(reduction="none"), dict(reduction="sum")],
 }
 
 
@@ -143,7 +144,7 @@ def test_compiled_out_overload_is_functionalized(loss):
         def f(g, x, t, buf):
             op.grad_input(g, x, t, 0, 0.5, grad_input=buf)
             return buf * 2
-    elif loss == "l1_loss":
+    elif loss in ("l1_loss", "mse_loss"):
         def f(g, x, t, buf):
             op.grad_input(g, x, t, 0, grad_input=buf)
             return buf * 2

@@ -27,7 +27,7 @@ from reference import (
     reference_grads,
     smooth_l1_tbe_divisor,
 )
-from samples import LOSSES, Sample, all_samples, away_from_kinks, ids, lowest_precision, opinfo_samples
+from samples import BACKWARD_OP, LOSSES, Sample, all_samples, away_from_kinks, ids, lowest_precision, opinfo_samples
 
 ALL = [s for loss in LOSSES for s in all_samples(loss)]
 OPINFO = [s for loss in LOSSES for s in opinfo_samples(loss)]
@@ -95,19 +95,21 @@ def test_smooth_l1_backward_op_matches_aten(s, device):
     assert_close_on_device(ours, aten, mag, msg=s.name, device=device, cpu=cpu_result(Sample.run_backward, s, device))
 
 
-HUBER_SAME_SHAPE = [
-    s for s in all_samples("huber_loss")
+# The losses whose backward op has ATen's schema and numbers exactly (smooth L1's differs at beta == 0, above).
+TWIN_SAME_SHAPE = [
+    s for loss in ("huber_loss", "mse_loss") for s in all_samples(loss)
     if s.self.shape == s.backward_shape and s.self.numel() <= 5000 and s.self.dtype == s.target.dtype == s.grad_output.dtype
 ]
 
 
-@pytest.mark.parametrize("s", HUBER_SAME_SHAPE, ids=ids(HUBER_SAME_SHAPE))
-def test_huber_backward_op_matches_aten(s, device):
-    """The drop-in promise for Huber: same numbers as ATen's own huber_loss_backward (in float64 on the CPU)."""
+@pytest.mark.parametrize("s", TWIN_SAME_SHAPE, ids=ids(TWIN_SAME_SHAPE))
+def test_backward_op_matches_aten_twin(s, device):
+    """The drop-in promise for Huber and MSE: same numbers as ATen's own huber_loss_backward and
+    mse_loss_backward (in float64 on the CPU)."""
     ours = on_device(s, device).run_backward()
     args, _ = s.backward_args()
     g, x, t = (a.double() for a in args[:3])
-    aten = torch.ops.aten.huber_loss_backward(g, x, t, s.reduction_enum, s.delta)
+    aten = getattr(torch.ops.aten, BACKWARD_OP[s.loss])(g, x, t, *args[3:])
     _, mag, _, _ = reference_backward(s)
     assert_close_on_device(ours, aten, mag, msg=s.name, device=device, cpu=cpu_result(Sample.run_backward, s, device))
 
@@ -267,7 +269,7 @@ SPECIALS_T = [0.0, math.inf, 1.0, math.inf, math.nan, -math.inf, 1.0, 2.0, -math
     ("smooth_l1_loss", 1.0, False), ("smooth_l1_loss", 0.0, False), ("smooth_l1_loss", math.inf, False),
     ("smooth_l1_loss", 0.5, False), ("l1_loss", 1.0, False), ("kl_div", 1.0, False), ("kl_div", 1.0, True),
     ("huber_loss", 1.0, False), ("huber_loss", 0.5, False), ("huber_loss", 1e-3, False), ("huber_loss", 1e4, False),
-    ("huber_loss", math.inf, False),
+    ("huber_loss", math.inf, False), ("mse_loss", 1.0, False),
 ])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64, torch.float16, torch.bfloat16])
 @pytest.mark.parametrize("reduction", ["none", "sum"])
@@ -381,8 +383,8 @@ def test_empty_backward(loss, reduction, device):
     elif loss == "huber_loss":
         out = torch.ops.npu_loss.huber_loss_backward(g, x, t, reduction, 1.0)
         assert out.shape == (0, 3) and out.device.type == device
-    elif loss == "l1_loss":
-        out = torch.ops.npu_loss.l1_loss_backward(g, x, t, reduction)
+    elif loss in ("l1_loss", "mse_loss"):
+        out = getattr(torch.ops.npu_loss, BACKWARD_OP[loss])(g, x, t, reduction)
         assert out.shape == (0, 3) and out.device.type == device
     else:
         for log_target in (False, True):
@@ -526,7 +528,7 @@ COMPOSITE = torch._C.DispatchKey.CompositeExplicitAutograd
 @pytest.mark.parametrize("reduction", ["none", "mean"])
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
 @pytest.mark.parametrize("loss,log_target", [("smooth_l1_loss", False), ("l1_loss", False), ("kl_div", False),
-                                             ("kl_div", True), ("huber_loss", False)])
+                                             ("kl_div", True), ("huber_loss", False), ("mse_loss", False)])
 def test_reduced_precision_is_rounded_once(loss, log_target, dtype, reduction, layout, target_shape, path,
                                           device):
     """float16/bfloat16 results are the float64 reference correctly rounded (float32 math may flip a rare
@@ -569,7 +571,8 @@ def test_a_sum_beyond_the_dtype_range_is_inf_as_in_torch(dtype, device):
     big = torch.finfo(dtype).max
     x, t = torch.tensor([big, big, -big], dtype=dtype), torch.zeros(3, dtype=dtype)
     for name, ours, theirs in (("l1", npu_loss_ops.l1_loss, F.l1_loss),
-                               ("huber", npu_loss_ops.huber_loss, F.huber_loss)):
+                               ("huber", npu_loss_ops.huber_loss, F.huber_loss),
+                               ("mse", npu_loss_ops.mse_loss, F.mse_loss)):
         got = ours(x.to(device), t.to(device), reduction="sum").cpu()
         want = theirs(x, t, reduction="sum")
         assert want.isinf() and got.dtype == want.dtype and torch.equal(got, want), (name, got)

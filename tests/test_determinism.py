@@ -44,6 +44,7 @@ FORWARDS = {
     "l1_loss": lambda x, t, r: torch.ops.npu_loss.l1_loss(x, t, r),
     "kl_div": lambda x, t, r: torch.ops.npu_loss.kl_div(x, t, r, log_target=False),
     "huber_loss": lambda x, t, r: torch.ops.npu_loss.huber_loss(x, t, r, 0.5),
+    "mse_loss": lambda x, t, r: torch.ops.npu_loss.mse_loss(x, t, r),
 }
 
 
@@ -78,7 +79,8 @@ def test_kl_target_backward_broadcast_sum_bitwise(target_shape, layout, log_targ
     _assert_bitwise_same(results)
 
 
-@pytest.mark.parametrize("name", ["smooth_l1_loss_backward", "l1_loss_backward", "huber_loss_backward"])
+@pytest.mark.parametrize("name", ["smooth_l1_loss_backward", "l1_loss_backward", "huber_loss_backward",
+                                  "mse_loss_backward"])
 def test_elementwise_backward_bitwise(name):
     x, t = _inputs(torch.float32, "transposed")
     g = torch.tensor(0.5)

@@ -58,6 +58,7 @@ LOSSES = {
     "smooth_l1": (npu_loss_ops.smooth_l1_loss, {"beta": 0.5}, (0.5,)),
     "huber": (npu_loss_ops.huber_loss, {"delta": 0.5}, (0.5,)),
     "l1": (npu_loss_ops.l1_loss, {}, ()),
+    "mse": (npu_loss_ops.mse_loss, {}, ()),
     "kl": (npu_loss_ops.kl_div, {"log_target": False}, (False,)),
     "kl_log_target": (npu_loss_ops.kl_div, {"log_target": True}, (True,)),
 }
@@ -66,6 +67,7 @@ BACKWARD = {
     "smooth_l1": (ops.smooth_l1_loss_backward, "grad_input", "grad_input"),
     "huber": (ops.huber_loss_backward, "out", "grad_input"),
     "l1": (ops.l1_loss_backward, "grad_input", "grad_input"),
+    "mse": (ops.mse_loss_backward, "grad_input", "grad_input"),
     "kl": (ops.kl_div_target_backward, "grad_target", "grad_target"),
     "kl_log_target": (ops.kl_div_target_backward, "grad_target", "grad_target"),
 }
@@ -307,6 +309,9 @@ PLACEMENTS = {
     "backward-kl-mean-selfS0-targetR-target[5]": "(Partial(avg),)",
     "backward-kl-sum-selfS1-targetS0-target[5]": "(Shard(dim=0),)",
     "outS1-l1-none-selfS1-targetS1": "(Shard(dim=1),)",
+    "loss-mse-sum-selfS0-targetS0": "(Partial(sum),)",
+    "backward-mse-sum-selfS0-targetS0": "(Shard(dim=0),)",
+    "backward-mse-mean-selfS0-targetS0": "(Replicate(),)",  # divides by self.numel(), as smooth L1's
 }
 
 

@@ -33,18 +33,20 @@ pytestmark = [  # torch 2.13: a DeprecationWarning, 2.14: a FutureWarning
     pytest.mark.filterwarnings("ignore:`torch.jit.script` is deprecated:FutureWarning"),
 ]
 
-LOSSES = ["smooth_l1_loss", "huber_loss", "l1_loss", "kl_div"]
+LOSSES = ["smooth_l1_loss", "huber_loss", "l1_loss", "kl_div", "mse_loss"]
 NODE = {
     "smooth_l1_loss": "NpuLossSmoothL1LossBackward0",
     "huber_loss": "NpuLossHuberLossBackward0",
     "l1_loss": "NpuLossL1LossBackward0",
     "kl_div": "NpuLossKlDivBackward0",
+    "mse_loss": "NpuLossMseLossBackward0",
 }
 REDUCTIONS = {
     "smooth_l1_loss": ["none", "mean", "sum"],
     "huber_loss": ["none", "mean", "sum"],
     "l1_loss": ["none", "mean", "sum"],
     "kl_div": ["none", "mean", "sum", "batchmean"],
+    "mse_loss": ["none", "mean", "sum"],
 }
 
 
@@ -138,6 +140,8 @@ def test_functional(loss, reduction, log_target):
     ("l1_loss", lambda: torch.nn.L1Loss(reduction="none")),
     ("kl_div", lambda: torch.nn.KLDivLoss(reduction="batchmean")),
     ("kl_div", lambda: torch.nn.KLDivLoss(reduction="sum", log_target=True)),
+    ("mse_loss", lambda: torch.nn.MSELoss()),
+    ("mse_loss", lambda: torch.nn.MSELoss(reduction="none")),
 ])
 def test_nn_modules(loss, module):
     criterion = module()
@@ -155,6 +159,8 @@ def test_nn_modules(loss, module):
     ("kl_div", lambda a, b: torch.ops.aten.kl_div(a, b, 2, log_target=False)),
     ("kl_div", lambda a, b: torch.kl_div(a, b.log(), 0, log_target=True)),
     ("kl_div", lambda a, b: torch.ops.aten.kl_div.default(a, b)),
+    ("mse_loss", lambda a, b: torch.ops.aten.mse_loss(a, b, 2)),
+    ("mse_loss", lambda a, b: torch.ops.aten.mse_loss.default(a, b)),
 ])
 def test_aten_ops(loss, call):
     x, t = _data(loss)
@@ -283,11 +289,11 @@ def test_with_restores_the_previous_state_and_nests():
     with npu_loss_ops.enable():
         assert _state() == ALL_ON
         with npu_loss_ops.enable(ops=["l1_loss"]):
-            assert _state() == {"smooth_l1_loss": False, "huber_loss": False, "l1_loss": True, "kl_div": False}
+            assert _state() == {**ALL_OFF, "l1_loss": True}
             assert npu_loss_ops.is_enabled() and not npu_loss_ops.is_enabled("kl_div")
             with npu_loss_ops.enable():
                 assert _state() == ALL_ON
-            assert _state() == {"smooth_l1_loss": False, "huber_loss": False, "l1_loss": True, "kl_div": False}
+            assert _state() == {**ALL_OFF, "l1_loss": True}
         assert _state() == ALL_ON
     assert not npu_loss_ops.is_enabled() and _state() == ALL_OFF
 
@@ -295,7 +301,7 @@ def test_with_restores_the_previous_state_and_nests():
     npu_loss_ops.enable(ops=("kl_div",))
     with npu_loss_ops.enable():
         assert _state() == ALL_ON
-    assert _state() == {"smooth_l1_loss": False, "huber_loss": False, "l1_loss": False, "kl_div": True}
+    assert _state() == {**ALL_OFF, "kl_div": True}
     npu_loss_ops.disable()
 
     # An exception leaves the block with the previous state restored; disable() inside a block is undone by
@@ -320,14 +326,14 @@ def test_ops_selects_a_subset(ops):
 
 
 def test_unknown_names_are_value_errors():
-    unknown = ["mse_loss", "SmoothL1Loss", "HuberLoss", "smooth_l1", ""]
+    unknown = ["mse", "MSELoss", "SmoothL1Loss", "HuberLoss", "smooth_l1", "cross_entropy", ""]
     npu_loss_ops.enable(ops=["l1_loss"])
     for name in unknown:
         with pytest.raises(ValueError, match=repr(name)):
             npu_loss_ops.enable(ops=["smooth_l1_loss", name])
         with pytest.raises(ValueError, match=repr(name)):
             npu_loss_ops.is_enabled(name)
-    assert _state() == {"smooth_l1_loss": False, "huber_loss": False, "l1_loss": True, "kl_div": False}  # unchanged
+    assert _state() == {**ALL_OFF, "l1_loss": True}  # unchanged
 
 
 def test_every_routed_aten_op_has_an_npu_loss_op_of_the_same_schema():
@@ -684,20 +690,30 @@ def test_float64_routing_decision_on_device(device):
     for overload in (o for overloads in _enable._LOSSES.values() for o in overloads):
         for dtype in (torch.float32, torch.float64):
             x, t = (v.to(device, dtype) for v in _data("l1_loss", shape=(3,)))
-            if "backward" not in overload:
-                args, kwargs = (x, t), {}
-            else:  # grad_output, self, target, reduction, beta[, grad_input=]
-                args = (torch.ones(3, device=device, dtype=dtype), x, t, 0, 1.0)
-                kwargs = {"grad_input": torch.empty_like(x)} if "." in overload else {}
+            # The overload's own arguments: its tensors, then reduction 0 and a valid scalar (beta, delta: 1.0;
+            # log_target: False).
+            schema = _enable._overload(torch.ops.aten, overload)._schema
+            tensors = iter([torch.ones(3, device=device, dtype=dtype), x, t] if "backward" in overload else [x, t])
+            args, kwargs = [], {}
+            for arg in schema.arguments:
+                if arg.kwarg_only:
+                    if arg.is_out:
+                        kwargs[arg.name] = torch.empty_like(x)
+                    continue
+                kind = str(arg.type)
+                args.append({"Tensor": lambda: next(tensors), "int": lambda: 0, "bool": lambda: False}.get(
+                    kind, lambda: 1.0)())
             accepted = npu_loss_ops._C._aten_route_accepts(overload, *args, **kwargs)
             assert accepted == (dtype == torch.float32 or device != npu), (overload, dtype)
 
 
-@pytest.mark.parametrize("loss, scalar", [("smooth_l1_loss", {"beta": 0.5}), ("huber_loss", {"delta": 2.0})])
+@pytest.mark.parametrize("loss, scalar", [("smooth_l1_loss", {"beta": 0.5}), ("huber_loss", {"delta": 2.0}),
+                                          ("mse_loss", {})])
 def test_npu_backward_runs_aclnn_under_enable(device, loss, scalar):
-    """Under enable(), F.smooth_l1_loss(...).backward() and F.huber_loss(...).backward() on the NPU run the
-    aclnn API the routing table gives for the chip (aclnnSmoothL1LossBackward on 910B, for Huber with
-    beta = delta), read from the emulated CANN's trace."""
+    """Under enable(), F.smooth_l1_loss(...).backward(), F.huber_loss(...).backward() and
+    F.mse_loss(...).backward() on the NPU run the aclnn API the routing table gives for the chip
+    (aclnnSmoothL1LossBackward on 910B, for Huber with beta = delta; aclnnMseLossBackward for MSE), read
+    from the emulated CANN's trace."""
     if device != "npu":
         pytest.skip("the aclnn routing exists only on the NPU")
     import test_npu_routing as routing
@@ -717,4 +733,4 @@ def test_npu_backward_runs_aclnn_under_enable(device, loss, scalar):
     assert out.grad_fn.name() == NODE[loss]
     assert ran == ({api} if api else set()), trace
     if routing.family() == "910B":
-        assert api == "aclnnSmoothL1LossBackward"
+        assert api == ("aclnnMseLossBackward" if loss == "mse_loss" else "aclnnSmoothL1LossBackward")

@@ -98,6 +98,12 @@ def base_call(overload: str) -> Call:
         "huber_loss_backward.out": Call(ops.huber_loss_backward.out,
                                         ["grad_output", "self", "target", "reduction", "delta"],
                                         [g, x, t, 0, 1.0], {"grad_input": out}),
+        "mse_loss": Call(ops.mse_loss.default, ["self", "target", "reduction"], [x, t, 0], {}),
+        "mse_loss_backward": Call(ops.mse_loss_backward.default, ["grad_output", "self", "target", "reduction"],
+                                  [g, x, t, 0], {}),
+        "mse_loss_backward.grad_input": Call(ops.mse_loss_backward.grad_input,
+                                             ["grad_output", "self", "target", "reduction"], [g, x, t, 0],
+                                             {"grad_input": out}),
     }
     return table[overload]
 
@@ -107,6 +113,7 @@ OVERLOADS = [
     "l1_loss", "l1_loss_backward", "l1_loss_backward.grad_input",
     "kl_div", "kl_div_target_backward", "kl_div_target_backward.grad_target",
     "huber_loss", "huber_loss_backward", "huber_loss_backward.out",
+    "mse_loss", "mse_loss_backward", "mse_loss_backward.grad_input",
 ]
 
 MAX_DIMS = 8  # docs/validation.md, rule 6
@@ -266,7 +273,8 @@ def _accepted_cases() -> list[Case]:
         # MAX_DIMS dims in every tensor argument and out= tensor at once
         out = _out_name(base)
         cases.append(ok(f"{ov}-{MAX_DIMS}-dims", _with_dims(base, MAX_DIMS, _tensor_args(base) + ([out] if out else []))))
-    for ov in ("smooth_l1_loss_backward.grad_input", "l1_loss_backward.grad_input", "huber_loss_backward.out"):
+    for ov in ("smooth_l1_loss_backward.grad_input", "l1_loss_backward.grad_input", "huber_loss_backward.out",
+               "mse_loss_backward.grad_input"):
         base = base_call(ov)
         x = base.get("self").clone()
         cases.append(ok(f"{ov}-exact-alias-of-self", base.replaced(self=x, grad_input=x)))
@@ -507,7 +515,7 @@ def problems(case: Case, outcomes: dict, device: str) -> list[str]:
 
 
 def test_every_overload_has_every_rule():
-    """The matrix really covers docs/validation.md's table for each of the twelve overloads."""
+    """The matrix really covers docs/validation.md's table for each of the fifteen overloads."""
     for ov in OVERLOADS:
         ids = {c.id.split("-")[0] if c.id.startswith("reduction") else c.id for c in _cases(ov)}
         joined = " ".join(ids)

@@ -18,12 +18,14 @@ FUNCS = {
     "l1_loss": ["input", "target", "size_average", "reduce", "reduction"],
     "kl_div": ["input", "target", "size_average", "reduce", "reduction", "log_target"],
     "huber_loss": ["input", "target", "reduction", "delta", "weight"],
+    "mse_loss": ["input", "target", "size_average", "reduce", "reduction", "weight"],
 }
 MODULES = {
     "SmoothL1Loss": ["size_average", "reduce", "reduction", "beta"],
     "L1Loss": ["size_average", "reduce", "reduction"],
     "KLDivLoss": ["size_average", "reduce", "reduction", "log_target"],
     "HuberLoss": ["reduction", "delta"],
+    "MSELoss": ["size_average", "reduce", "reduction"],
 }
 
 
@@ -114,6 +116,8 @@ CALLS = [
     ("huber_loss", {}), ("huber_loss", {"delta": 0.5}), ("huber_loss", {"delta": 2.5, "reduction": "sum"}),
     ("huber_loss", {"delta": 1e-3, "reduction": "none"}), ("huber_loss", {"delta": 1e4}),
     ("huber_loss", {"delta": math.inf, "reduction": "sum"}),
+    ("mse_loss", {}), ("mse_loss", {"reduction": "none"}), ("mse_loss", {"reduction": "sum"}),
+    ("mse_loss", {"size_average": False}), ("mse_loss", {"reduce": False}),
 ]
 
 
@@ -157,7 +161,7 @@ def test_kl_batchmean_rules():
     assert_close(npu_loss_ops.kl_div(x1, t1, reduction="batchmean"), F.kl_div(x1, t1, reduction="batchmean"))
 
 
-@pytest.mark.parametrize("name", ["smooth_l1_loss", "l1_loss"])
+@pytest.mark.parametrize("name", ["smooth_l1_loss", "l1_loss", "mse_loss"])
 @pytest.mark.parametrize("int_arg", ["input", "target"])
 def test_integer_operand_is_cast_like_F(name, int_arg):
     x = torch.randint(-5, 5, (4, 5))
@@ -205,6 +209,8 @@ def test_both_integer_operands():
         npu_loss_ops.l1_loss(x, t, reduction="mean")
     with pytest.raises(TypeError):
         npu_loss_ops.smooth_l1_loss(x, t, reduction="sum")
+    with pytest.raises(TypeError, match="mse_loss"):
+        npu_loss_ops.mse_loss(x, t, reduction="sum")
 
 
 def test_bool_operand_like_F():
@@ -212,6 +218,8 @@ def test_bool_operand_like_F():
     b = torch.rand(4, 5) > 0.5
     # F.smooth_l1_loss accepts a bool target with a floating input
     torch.testing.assert_close(npu_loss_ops.smooth_l1_loss(x, b), F.smooth_l1_loss(x, b))
+    # and so does F.mse_loss
+    torch.testing.assert_close(npu_loss_ops.mse_loss(x, b), F.mse_loss(x, b))
     with pytest.raises(TypeError):
         npu_loss_ops.l1_loss(x, b)
 
@@ -261,6 +269,7 @@ def test_bad_delta_is_value_error_from_the_api(delta):
     ("l1_loss", "L1Loss", {"reduction": "none"}),
     ("kl_div", "KLDivLoss", {"reduction": "batchmean", "log_target": True}),
     ("huber_loss", "HuberLoss", {"delta": 0.5, "reduction": "sum"}),
+    ("mse_loss", "MSELoss", {"reduction": "none"}),
 ])
 def test_module_equals_functional(name, cls, kwargs):
     x, t = _pair(name)

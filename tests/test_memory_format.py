@@ -25,7 +25,7 @@ FORMATS = list(SHAPES)
 # full shape, "bcast" = a contiguous (1, C, 1, 1[, 1]) tensor broadcast against the other operand.
 PAIRS = [("fmt", "fmt"), ("fmt", "contig"), ("contig", "fmt"), ("fmt", "bcast"), ("bcast", "fmt")]
 # The four losses, KL twice: "kl_div[log]" is kl_div with log_target=True.
-LOSS_VARIANTS = ["smooth_l1_loss", "l1_loss", "kl_div", "kl_div[log]", "huber_loss"]
+LOSS_VARIANTS = ["smooth_l1_loss", "l1_loss", "kl_div", "kl_div[log]", "huber_loss", "mse_loss"]
 
 
 def _make(kind, fmt, device, dtype, positive, seed):
@@ -73,6 +73,8 @@ def _forward(loss, path, x, t, reduction):
         op, args, kwargs = OPS.l1_loss.default, (x, t, reduction), {}
     elif loss == "huber_loss":
         op, args, kwargs = OPS.huber_loss.default, (x, t, reduction, 0.5), {}
+    elif loss == "mse_loss":
+        op, args, kwargs = OPS.mse_loss.default, (x, t, reduction), {}
     else:
         op, args, kwargs = OPS.kl_div.default, (x, t, reduction), {"log_target": loss == "kl_div[log]"}
     return op._op_dk(COMPOSITE, *args, **kwargs) if path == "composite" else op(*args, **kwargs)
@@ -87,6 +89,8 @@ def _backward(loss, path, g, x, t, reduction, out=None):
         op, args, name = OPS.l1_loss_backward, (g, x, t, reduction), "grad_input"
     elif loss == "huber_loss":
         op, args, name = OPS.huber_loss_backward, (g, x, t, reduction, 0.5), "grad_input"
+    elif loss == "mse_loss":
+        op, args, name = OPS.mse_loss_backward, (g, x, t, reduction), "grad_input"
     else:
         op, args, name = OPS.kl_div_target_backward, (g, x, t, reduction, log), "grad_target"
     if out is not None:
@@ -184,6 +188,8 @@ def test_autograd_gradients_follow_their_inputs(device, loss, fmt, pair, reducti
         ours, theirs, kwargs = npu_loss_ops.l1_loss, F.l1_loss, {}
     elif loss == "huber_loss":
         ours, theirs, kwargs = npu_loss_ops.huber_loss, F.huber_loss, {"delta": 0.5}
+    elif loss == "mse_loss":
+        ours, theirs, kwargs = npu_loss_ops.mse_loss, F.mse_loss, {}
     else:
         ours, theirs, kwargs = npu_loss_ops.kl_div, F.kl_div, {"log_target": loss == "kl_div[log]"}
     results = []

@@ -23,7 +23,7 @@ import emulator  # noqa: E402
 
 LOSS_APIS = {
     "aclnnSmoothL1Loss", "aclnnSmoothL1LossBackward", "aclnnL1Loss", "aclnnL1LossBackward",
-    "aclnnKlDiv", "aclnnKlDivTargetBackward",
+    "aclnnKlDiv", "aclnnKlDivTargetBackward", "aclnnMseLoss", "aclnnMseLossBackward",
 }
 DTYPES = [torch.float32, torch.float16, torch.bfloat16]
 # The tolerance each dtype's NPU result is compared with the CPU kernels' by: the largest error the routing
@@ -138,6 +138,10 @@ def expected_api(op, dtype, beta=1.0, log_target=False):
         api = {"smooth_l1_loss": "aclnnSmoothL1Loss", "l1_loss": "aclnnL1Loss",
                "l1_loss_backward": "aclnnL1LossBackward"}[op]
         return api if have(api) and not (fam == "910" and bf16) else None
+    if op == "mse_loss":
+        return "aclnnMseLoss" if have("aclnnMseLoss") and not (fam == "910" and bf16) else None
+    if op == "mse_loss_backward":  # not on 910; 310P, which has it, shares the family
+        return "aclnnMseLossBackward" if fam in ("910B", "950") and have("aclnnMseLossBackward") else None
     if op == "kl_div_target_backward":
         return "aclnnKlDivTargetBackward" if fam in ("910B", "950") and have("aclnnKlDivTargetBackward") else None
     if op == "kl_div":
@@ -165,6 +169,8 @@ def call(op, dtype, beta, log_target, dev):
         "kl_div_target_backward": lambda x, t, g: ops.kl_div_target_backward(g, x, t, 0, log_target),
         "huber_loss": lambda x, t, g: ops.huber_loss(x, t, 0, beta),
         "huber_loss_backward": lambda x, t, g: ops.huber_loss_backward(g, x, t, 0, beta),
+        "mse_loss": lambda x, t, g: ops.mse_loss(x, t, 0),
+        "mse_loss_backward": lambda x, t, g: ops.mse_loss_backward(g, x, t, 0),
     }[op]
     emulator.trace_reset()
     got = args(x.to(dev), t.to(dev), g.to(dev)).cpu()
@@ -177,7 +183,8 @@ def call(op, dtype, beta, log_target, dev):
 CASES = (
     [("smooth_l1_loss_backward", dt, beta, False) for dt in DTYPES for beta in BETAS]
     + [("smooth_l1_loss", dt, 1.0, False) for dt in DTYPES]
-    + [(op, dt, 1.0, False) for op in ("l1_loss", "l1_loss_backward") for dt in DTYPES]
+    + [(op, dt, 1.0, False) for op in ("l1_loss", "l1_loss_backward", "mse_loss", "mse_loss_backward")
+       for dt in DTYPES]
     + [(op, dt, 1.0, lt) for op in ("kl_div", "kl_div_target_backward") for dt in DTYPES for lt in (False, True)]
     + [(op, dt, delta, False) for op in ("huber_loss", "huber_loss_backward") for dt in DTYPES for delta in DELTAS]
 )
@@ -290,7 +297,7 @@ def test_soc_name_to_family(npu, soc, family_name):
 
 
 def test_older_cann_without_the_loss_apis_runs_the_composite(npu):
-    """An emulated CANN without the six APIs: every op must take the composite, never fail in the macro."""
+    """An emulated CANN without the loss APIs: every op must take the composite, never fail in the macro."""
     missing = [api for api in sorted(LOSS_APIS) if not have(api)]
     if not missing:
         pytest.skip("this CANN has every loss API (the older-CANN run uses emulator lib-without-loss-apis)")
@@ -329,7 +336,7 @@ def _private_format_case(op, torch_npu):
     nz = [torch_npu.npu_format_cast(v.npu(), FRACTAL_NZ) for v in (g, x, t)]
     assert [torch_npu.get_npu_format(v) for v in nz] == [FRACTAL_NZ] * 3
     extra = {"smooth_l1_loss_backward": (0, 0.5), "l1_loss_backward": (0,), "kl_div_target_backward": (0, False),
-             "huber_loss_backward": (0, 0.5)}[op]
+             "huber_loss_backward": (0, 0.5), "mse_loss_backward": (0,)}[op]
     fn, out_fn = getattr(torch.ops.npu_loss, op).default, getattr(torch.ops.npu_loss, op).overloads()
     want = fn(g, x, t, *extra)
     emulator.trace_reset()

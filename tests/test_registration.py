@@ -1,6 +1,6 @@
-"""The op library is docs/semantics.md's ("The ops"): the twelve schemas exactly (names, argument order, defaults, keyword-only and
+"""The op library is docs/semantics.md's ("The ops"): the fifteen schemas exactly (names, argument order, defaults, keyword-only and
 alias annotations), a kernel for CPU and the composite fallback, a fake (Meta) kernel, autograd for the
-eight functional ops, Functionalize kernels for the four out= overloads."""
+ten functional ops, Functionalize kernels for the five out= overloads."""
 import pytest
 import torch
 
@@ -19,6 +19,9 @@ SCHEMAS = [
     "npu_loss::huber_loss(Tensor self, Tensor target, int reduction=1, float delta=1.) -> Tensor",
     "npu_loss::huber_loss_backward(Tensor grad_output, Tensor self, Tensor target, int reduction, float delta) -> Tensor",
     "npu_loss::huber_loss_backward.out(Tensor grad_output, Tensor self, Tensor target, int reduction, float delta, *, Tensor(a!) grad_input) -> Tensor(a!)",
+    "npu_loss::mse_loss(Tensor self, Tensor target, int reduction=1) -> Tensor",
+    "npu_loss::mse_loss_backward(Tensor grad_output, Tensor self, Tensor target, int reduction) -> Tensor",
+    "npu_loss::mse_loss_backward.grad_input(Tensor grad_output, Tensor self, Tensor target, int reduction, *, Tensor(a!) grad_input) -> Tensor(a!)",
 ]
 
 
@@ -124,6 +127,9 @@ def test_fake_tensors_run_the_cpp_meta_kernels_on_symbolic_sizes():
             "huber_loss": ops.huber_loss(x, t, 0, 0.5),
             "huber_loss_backward": ops.huber_loss_backward(g, x, t, 0, 0.5),
             "huber_loss_backward.out": ops.huber_loss_backward.out(g, x, t, 0, 0.5, grad_input=torch.empty_like(x)),
+            "mse_loss": ops.mse_loss(x, t, 0),
+            "mse_loss_backward": ops.mse_loss_backward(g, x, t, 0),
+            "mse_loss_backward.grad_input": ops.mse_loss_backward.grad_input(g, x, t, 0, grad_input=torch.empty_like(x)),
         }
         mean = ops.l1_loss(x, t, 1)
     assert len(results) == len(SCHEMAS)
@@ -182,7 +188,7 @@ def _per_op_tables() -> dict[str, set[str]]:
 
 
 def test_the_tables_name_only_registered_ops():
-    """The registry is read, not assumed: the twelve ops are there, and no table names an op that is not."""
+    """The registry is read, not assumed: the fifteen ops are there, and no table names an op that is not."""
     registered = _registered_ops()
     assert {s.split("(")[0].removeprefix("npu_loss::") for s in SCHEMAS} <= registered
     for table, ops in _per_op_tables().items():
@@ -226,5 +232,5 @@ def test_enable_routes_every_op_that_has_an_aten_twin():
 
     routed = {overload for _, overload in _C._aten_routes()}
     twins = _aten_twins()
-    assert {"smooth_l1_loss", "huber_loss_backward.out", "kl_div"} <= twins  # the lookup itself works
+    assert {"smooth_l1_loss", "huber_loss_backward.out", "kl_div", "mse_loss_backward.grad_input"} <= twins  # the lookup works
     assert routed == twins, f"twins not routed: {sorted(twins - routed)}; routed, not twins: {sorted(routed - twins)}"

@@ -37,6 +37,10 @@ def _calls():
         ("huber_loss_backward", lambda: ops.huber_loss_backward(go, x, t, 0, 0.5)),
         ("huber_loss_backward.out",
          lambda: ops.huber_loss_backward.out(one, x, t, 1, 0.5, grad_input=torch.empty_like(x))),
+        ("mse_loss", lambda: ops.mse_loss(x, t, 1)),
+        ("mse_loss_backward", lambda: ops.mse_loss_backward(go, x, t, 0)),
+        ("mse_loss_backward.grad_input",
+         lambda: ops.mse_loss_backward.grad_input(one, x, t, 2, grad_input=torch.empty_like(x))),
     ]
 
 
@@ -84,6 +88,9 @@ def _bad_calls():
         lambda: ops.huber_loss(x, x, 1, 0.0),
         lambda: ops.huber_loss_backward(x, x, x, 0, math.nan),
         lambda: ops.huber_loss_backward.out(x, x, x, 0, 1.0, grad_input=torch.empty(3)),
+        lambda: ops.mse_loss(x.int(), x, 1),
+        lambda: ops.mse_loss_backward(x, x, x, 3),
+        lambda: ops.mse_loss_backward.grad_input(x, x, x, 0, grad_input=i),
     ]
 
 
@@ -105,6 +112,9 @@ def test_ten_thousand_calls_leave_rss_flat(kind):
             lambda: ops.huber_loss(x, t, 1, 0.5),
             lambda: ops.huber_loss_backward(g, x, t, 0, 0.5),
             lambda: ops.huber_loss_backward.out(g, x, t, 0, 0.5, grad_input=out),
+            lambda: ops.mse_loss(x, t, 2),
+            lambda: ops.mse_loss_backward(g, x, t, 1),
+            lambda: ops.mse_loss_backward.grad_input(g, x, t, 0, grad_input=out),
         ]
     else:
         thunks = _bad_calls()

@@ -15,8 +15,8 @@ import torch.nn.functional as F
 import npu_loss_ops
 from helpers import build_config
 
-FUNCTIONS = ["smooth_l1_loss", "l1_loss", "kl_div", "huber_loss"]
-MODULES = ["SmoothL1Loss", "L1Loss", "KLDivLoss", "HuberLoss"]
+FUNCTIONS = ["smooth_l1_loss", "l1_loss", "kl_div", "huber_loss", "mse_loss"]
+MODULES = ["SmoothL1Loss", "L1Loss", "KLDivLoss", "HuberLoss", "MSELoss"]
 
 
 def test_torch_is_a_tested_release():

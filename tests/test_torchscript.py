@@ -34,6 +34,7 @@ FUNCTIONAL_CASES = (
         for lt in (False, True)
     ]
     + [("huber_loss", dict(reduction=r, delta=d)) for r in ("none", "mean", "sum") for d in (0.25, 1.0, 3.0, 1e4)]
+    + [("mse_loss", dict(reduction=r)) for r in ("none", "mean", "sum")]
 )
 MODULE_CASES = [
     ("SmoothL1Loss", {}),
@@ -51,12 +52,16 @@ MODULE_CASES = [
     ("HuberLoss", {}),
     ("HuberLoss", dict(delta=0.5, reduction="sum")),
     ("HuberLoss", dict(delta=2.0, reduction="none")),
+    ("MSELoss", {}),
+    ("MSELoss", dict(reduction="sum")),
+    ("MSELoss", dict(reduction="none")),
 ]
 # The legacy constructor arguments resolve to a reduction before scripting, as in torch.nn.
 LEGACY_MODULE_CASES = [
     ("SmoothL1Loss", dict(size_average=False, beta=0.5)),
     ("L1Loss", dict(reduce=False)),
     ("KLDivLoss", dict(size_average=False, log_target=True)),
+    ("MSELoss", dict(reduce=False)),
 ]
 
 
@@ -210,6 +215,7 @@ def test_scripted_functionals_warn_like_F():
         ("l1_loss", dict(reduction="bad")),
         ("kl_div", dict(reduction="elementwise_mean")),
         ("huber_loss", dict(reduction="bad")),
+        ("mse_loss", dict(reduction="bad")),
     ],
 )
 def test_scripted_functional_rejects_a_bad_reduction(name, kwargs):
@@ -262,6 +268,7 @@ def test_scripted_module_matches_nn(case, dtype):
         ("L1Loss", dict(reduction="none")),
         ("KLDivLoss", dict(reduction="batchmean", log_target=True)),
         ("HuberLoss", dict(delta=0.5, reduction="mean")),
+        ("MSELoss", dict(reduction="sum")),
     ],
 )
 def test_scripted_module_save_load_round_trip(name, kwargs, tmp_path):

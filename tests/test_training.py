@@ -18,6 +18,8 @@ CASES = [
     ("KLDivLoss", {"reduction": "sum", "log_target": True}),
     ("HuberLoss", {}),
     ("HuberLoss", {"delta": 0.5, "reduction": "sum"}),
+    ("MSELoss", {}),
+    ("MSELoss", {"reduction": "sum"}),
 ]
 
 

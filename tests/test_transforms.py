@@ -1,4 +1,4 @@
-"""Every PyTorch transform on the four losses and on their backward ops, each compared with the same call
+"""Every PyTorch transform on the five losses and on their backward ops, each compared with the same call
 on torch.nn.functional.
 
 Transforms: torch.func grad, vjp, jacrev, jacfwd, jvp, hessian; vmap(grad) per-sample gradients (vmap runs
@@ -8,7 +8,7 @@ gradients; gradgradcheck (reverse over reverse and forward over reverse); compil
 
 The losses are compared with torch.nn.functional's; the backward ops with the same transform applied to
 torch.func.vjp of F's loss (w.r.t. self for the L1 losses, w.r.t. target for KL). Every reduction, both
-log_target modes, beta 0 / 0.5 / 1, Huber's delta 0.5 / 3 / inf, same-shape and broadcast targets, float64,
+log_target modes, beta 0 / 0.5 / 1, Huber's delta 0.5 / 3 / inf, MSE, same-shape and broadcast targets, float64,
 small shapes; inputs stay away from the kinks (d == 0, |d| == beta or delta) and KL's probability targets are positive (the package's one
 deliberate difference is at target == 0).
 """
@@ -86,6 +86,7 @@ VARIANTS = [
     ("huber_loss", {"beta": 0.5}),
     ("huber_loss", {"beta": 3.0}),
     ("huber_loss", {"beta": math.inf}),
+    ("mse_loss", {}),
 ]
 CASES = [
     Case(loss, reduction, broadcast=broadcast, **kw)
@@ -138,9 +139,15 @@ def _backward_fns(case: Case):
                 v = 0.5 * (x - t) ** 2
                 return {"none": v, "mean": v.mean(), "sum": v.sum()}[case.reduction]
             return case.beta * F.smooth_l1_loss(x, t, reduction=case.reduction, beta=case.beta)
+    if case.loss == "mse_loss":
+        # torch 2.13's jvp of F.mse_loss's vjp with one input's tangent fails inside ATen's forward AD
+        # ("ZeroTensors are immutable"): the same function written with elementary ops.
+        def ref_loss(x, t):
+            v = (x - t) ** 2
+            return {"none": v, "mean": v.mean(), "sum": v.sum()}[case.reduction]
     if case.loss in ("smooth_l1_loss", "huber_loss"):
         ours = lambda g, x, t: op(g, x, t, r, case.beta)  # noqa: E731
-    elif case.loss == "l1_loss":
+    elif case.loss in ("l1_loss", "mse_loss"):
         ours = lambda g, x, t: op(g, x, t, r)  # noqa: E731
     else:
         ours = lambda g, x, t: op(g, x, t, r, case.log_target)  # noqa: E731

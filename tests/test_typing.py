@@ -74,8 +74,8 @@ def test_typed_usage_runs():
 # Each line of the snippet, and whether mypy must reject it.
 BAD_CALLS = [
     ("import torch", False),
-    ("from npu_loss_ops import HuberLoss, KLDivLoss, L1Loss, SmoothL1Loss, huber_loss, kl_div, l1_loss, smooth_l1_loss",
-     False),
+    ("from npu_loss_ops import HuberLoss, KLDivLoss, L1Loss, MSELoss, SmoothL1Loss, huber_loss, kl_div, l1_loss, "
+     "mse_loss, smooth_l1_loss", False),
     ("x = torch.zeros(3)", False),
     ('SmoothL1Loss(beta="oops")', True),
     ('smooth_l1_loss(x, x, beta="oops")', True),
@@ -93,6 +93,11 @@ BAD_CALLS = [
     ("HuberLoss(size_average=False)", True),  # torch.nn.HuberLoss has no legacy arguments
     ("huber_loss(x, x, 'sum', 2.0, x)", False),
     ("HuberLoss('none', 0.5)", False),
+    ("mse_loss(x, x, reduction=1)", True),
+    ("mse_loss(x, x, weight=2.0)", True),
+    ('MSELoss(reduce="no")', True),
+    ("mse_loss(x, x, None, None, 'sum', x)", False),
+    ("MSELoss(None, None, 'none')", False),
 ]
 
 

@@ -1,4 +1,4 @@
-"""weight= for l1_loss and huber_loss, against torch.nn.functional's (torch 2.13): values, the result dtype
+"""weight= for l1_loss, huber_loss and mse_loss, against torch.nn.functional's (torch 2.13): values, the result dtype
 (F's promotion: a float64 weight gives a float64 loss), gradients with respect to input, target AND weight,
 the errors (a weight of another size: ValueError; on another device: RuntimeError), and the autograd graph:
 the loss op's node is the package's, right below the Mul node of `weight * loss` (and the Sum/Div/Mean
@@ -16,9 +16,13 @@ import npu_loss_ops
 from helpers import RecordOps
 from reference import RTOL, assert_close
 
-NODE = {"l1_loss": "NpuLossL1LossBackward0", "huber_loss": "NpuLossHuberLossBackward0"}
+NODE = {"l1_loss": "NpuLossL1LossBackward0", "huber_loss": "NpuLossHuberLossBackward0",
+        "mse_loss": "NpuLossMseLossBackward0"}
+WEIGHTED = list(NODE)
+# The losses whose weighted 'mean' divides by weight.sum() (F's; Huber's divides by the count).
+BY_WEIGHT_SUM = ("l1_loss", "mse_loss")
 LOSSES = [("l1_loss", {}), ("huber_loss", {}), ("huber_loss", {"delta": 0.5}), ("huber_loss", {"delta": 1e-3}),
-          ("huber_loss", {"delta": 3.0}), ("huber_loss", {"delta": math.inf})]
+          ("huber_loss", {"delta": 3.0}), ("huber_loss", {"delta": math.inf}), ("mse_loss", {})]
 IDS = [f"{name}{''.join(f'-{k}{v:g}' for k, v in kw.items())}" for name, kw in LOSSES]
 REDUCTIONS = ("none", "mean", "sum")
 
@@ -95,17 +99,18 @@ def test_weighted_broadcast_target_and_gradcheck(name, kwargs, reduction):
         assert torch.autograd.gradgradcheck(f, inputs)
 
 
-@pytest.mark.parametrize("name", ["l1_loss", "huber_loss"])
-def test_l1_mean_divides_by_the_weight_sum_huber_by_the_count(name):
-    """docs/semantics.md: l1's 'mean' is sum(w * |d|) / sum(w); huber's is mean(w * h)."""
+@pytest.mark.parametrize("name", WEIGHTED)
+def test_l1_and_mse_mean_divide_by_the_weight_sum_huber_by_the_count(name):
+    """docs/semantics.md: l1's 'mean' is sum(w * |d|) / sum(w), mse's sum(w * d**2) / sum(w); huber's is
+    mean(w * h)."""
     x, t, w = _inputs(dtype=torch.float64)
     weighted = getattr(npu_loss_ops, name)(x, t, reduction="none", weight=w)
     mean = getattr(npu_loss_ops, name)(x, t, reduction="mean", weight=w)
-    expected = weighted.sum() / w.sum() if name == "l1_loss" else weighted.sum() / x.numel()
+    expected = weighted.sum() / w.sum() if name in BY_WEIGHT_SUM else weighted.sum() / x.numel()
     torch.testing.assert_close(mean, expected, rtol=1e-14, atol=0)
 
 
-@pytest.mark.parametrize("name", ["l1_loss", "huber_loss"])
+@pytest.mark.parametrize("name", WEIGHTED)
 def test_weight_none_is_the_unweighted_loss(name):
     x, t, _ = _inputs()
     for reduction in REDUCTIONS:
@@ -113,7 +118,7 @@ def test_weight_none_is_the_unweighted_loss(name):
         assert torch.equal(fn(x, t, reduction=reduction, weight=None), fn(x, t, reduction=reduction))
 
 
-@pytest.mark.parametrize("name", ["l1_loss", "huber_loss"])
+@pytest.mark.parametrize("name", WEIGHTED)
 @pytest.mark.parametrize("shape", [(5, 1), (7,), (1, 5, 7), (35,), ()])
 def test_weight_of_another_size_is_value_error(name, shape):
     """As F: a weight whose size differs from input's (even one that would broadcast) is a ValueError."""
@@ -125,7 +130,7 @@ def test_weight_of_another_size_is_value_error(name, shape):
         getattr(F, name)(x, t, weight=w)
 
 
-@pytest.mark.parametrize("name", ["l1_loss", "huber_loss"])
+@pytest.mark.parametrize("name", WEIGHTED)
 @pytest.mark.parametrize("reduction", REDUCTIONS)
 def test_weight_on_another_device_is_runtime_error(name, reduction):
     x, t, w = _inputs()
@@ -134,15 +139,15 @@ def test_weight_on_another_device_is_runtime_error(name, reduction):
 
 
 @pytest.mark.parametrize("reduction", REDUCTIONS)
-@pytest.mark.parametrize("name", ["l1_loss", "huber_loss"])
+@pytest.mark.parametrize("name", WEIGHTED)
 def test_the_loss_node_is_the_packages_below_the_weighting(name, reduction):
     """The graph is F's composition over the package's op: the root is the reduction's node (Div for l1's
-    'mean', Mean for huber's, Sum for 'sum', Mul for 'none'), and the package's loss node is the first
+    and mse's 'mean', Mean for huber's, Sum for 'sum', Mul for 'none'), and the package's loss node is the first
     input of the Mul node of `loss * weight`, whose other input is the weight's leaf."""
     x, t, w = (v.requires_grad_(True) for v in _inputs())
     out = getattr(npu_loss_ops, name)(x, t, reduction=reduction, weight=w)
     root = {"none": "MulBackward0", "sum": "SumBackward0",
-            "mean": "DivBackward0" if name == "l1_loss" else "MeanBackward0"}[reduction]
+            "mean": "DivBackward0" if name in BY_WEIGHT_SUM else "MeanBackward0"}[reduction]
     assert out.grad_fn.name() == root
     node = out.grad_fn
     while node.name() != "MulBackward0":
@@ -155,12 +160,11 @@ def test_the_loss_node_is_the_packages_below_the_weighting(name, reduction):
 
 
 @pytest.mark.parametrize("target_grad", [False, True])
-@pytest.mark.parametrize("name", ["l1_loss", "huber_loss"])
+@pytest.mark.parametrize("name", WEIGHTED)
 def test_the_backward_op_gets_weight_times_grad(name, target_grad):
     """The weighting adds no pass of the package's backward op: it runs as often as for the unweighted loss
     (on `weight * grad` as its grad_output), and ATen's loss ops never run."""
-    backward = {"l1_loss": "npu_loss.l1_loss_backward.default",
-                "huber_loss": "npu_loss.huber_loss_backward.default"}[name]
+    backward = f"npu_loss.{name}_backward.default"
     counts = []
     for weighted in (False, True):
         x, t, w = _inputs()
@@ -173,7 +177,7 @@ def test_the_backward_op_gets_weight_times_grad(name, target_grad):
     assert counts[0] == counts[1] >= 1, counts
 
 
-@pytest.mark.parametrize("name", ["l1_loss", "huber_loss"])
+@pytest.mark.parametrize("name", WEIGHTED)
 def test_weighted_loss_compiles_to_one_graph(name):
     x, t, w = _inputs()
     fn = getattr(npu_loss_ops, name)

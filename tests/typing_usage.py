@@ -11,7 +11,8 @@ import torch
 from torch import Tensor
 
 import npu_loss_ops
-from npu_loss_ops import HuberLoss, KLDivLoss, L1Loss, SmoothL1Loss, huber_loss, kl_div, l1_loss, smooth_l1_loss
+from npu_loss_ops import (HuberLoss, KLDivLoss, L1Loss, MSELoss, SmoothL1Loss, huber_loss, kl_div, l1_loss, mse_loss,
+                          smooth_l1_loss)
 from npu_loss_ops import functional as NF
 from npu_loss_ops.modules import SmoothL1Loss as SmoothL1LossFromModules
 
@@ -32,6 +33,9 @@ def functional_losses(pred: Tensor, target: Tensor) -> list[Tensor]:
         huber_loss(pred, target, "sum", 0.5),
         huber_loss(pred, target, reduction="none", delta=2),  # an int is a float here too
         NF.huber_loss(pred, target, delta=float("inf")),
+        mse_loss(pred, target),
+        mse_loss(pred, target, reduction="sum"),
+        NF.mse_loss(pred, target, None, None, "none"),
     ]
     return losses
 
@@ -44,6 +48,8 @@ def weighted(pred: Tensor, target: Tensor) -> list[Tensor]:
         huber_loss(pred, target, weight=weight),
         huber_loss(pred, target, "none", 0.5, weight),
         huber_loss(pred, target, weight=None),
+        mse_loss(pred, target, weight=weight),
+        mse_loss(pred, target, None, None, "mean", weight),
     ]
 
 
@@ -56,6 +62,7 @@ def legacy_arguments(pred: Tensor, target: Tensor) -> list[Tensor]:
         L1Loss(size_average=False)(pred, target),
         SmoothL1Loss(reduce=False, beta=0.5)(pred, target),
         KLDivLoss(size_average=None, reduce=None, reduction="sum")(pred.log_softmax(-1), target.softmax(-1)),
+        MSELoss(size_average=size_average)(pred, target),
     ]
 
 
@@ -67,10 +74,10 @@ def modules(pred: Tensor, target: Tensor) -> Tensor:
     log_target: bool = kl.log_target
     huber = HuberLoss(reduction="sum", delta=0.5)
     delta: float = huber.delta
-    criteria: list[torch.nn.Module] = [smooth, L1Loss(reduction="sum"), kl, huber]
+    criteria: list[torch.nn.Module] = [smooth, L1Loss(reduction="sum"), kl, huber, MSELoss(reduction="sum")]
     assert beta == 0.2 and reduction == "mean" and log_target and delta == 0.5
     # torch.nn.Module.__call__ is typed as returning Any: annotate what a loss module returns.
-    total: Tensor = smooth(pred, target) + criteria[1](pred, target)
+    total: Tensor = smooth(pred, target) + criteria[1](pred, target) + criteria[4](pred, target)
     divergence: Tensor = kl(pred.log_softmax(-1), target.log_softmax(-1))
     robust: Tensor = huber(pred, target)
     return total + divergence + robust

@@ -1,6 +1,6 @@
 """Train a small MLP with npu_loss_ops' losses next to torch.nn's, and check that the two runs agree.
 
-For each loss (SmoothL1Loss, L1Loss, KLDivLoss) two copies of the same model, with the same initial weights,
+For each loss (SmoothL1Loss, L1Loss, KLDivLoss, HuberLoss, MSELoss) two copies of the same model, with the same initial weights,
 see the same synthetic batches: one is trained with `npu_loss_ops.<Loss>`, the other with `torch.nn.<Loss>`.
 Every step prints both losses and the largest absolute difference between the two models' gradients; the
 last line is the verdict, and the exit status is 1 on a mismatch.
@@ -61,6 +61,8 @@ def cases() -> list[Case]:
         Case("L1Loss", npu_loss_ops.L1Loss(reduction="mean"), torch.nn.L1Loss(reduction="mean"), regression),
         Case("KLDivLoss", npu_loss_ops.KLDivLoss(reduction="batchmean"),
              torch.nn.KLDivLoss(reduction="batchmean"), distributions),
+        Case("HuberLoss", npu_loss_ops.HuberLoss(delta=0.5), torch.nn.HuberLoss(delta=0.5), regression),
+        Case("MSELoss", npu_loss_ops.MSELoss(), torch.nn.MSELoss(), regression),
     ]
 
 
@@ -142,7 +144,7 @@ def main() -> int:
         print(f"MISMATCH: npu_loss_ops differs from torch.nn on {', '.join(failed)} "
               f"(max grad diff {worst:.3e}, tolerance rtol {RTOL:g} atol {ATOL:g})")
         return 1
-    print(f"OK: npu_loss_ops matches torch.nn on all three losses (max grad diff {worst:.3e})")
+    print(f"OK: npu_loss_ops matches torch.nn on all {len(results)} losses (max grad diff {worst:.3e})")
     return 0
 
 

@@ -12,11 +12,13 @@ import torch.multiprocessing as mp
 import npu_loss_ops
 from helpers import leave_gloo
 
-# (module class name, constructor kwargs) for each of the three losses.
+# (module class name, constructor kwargs) for each loss.
 CRITERIA = [
     ("SmoothL1Loss", {"beta": 0.5}),
     ("L1Loss", {}),
     ("KLDivLoss", {"reduction": "mean"}),
+    ("HuberLoss", {"delta": 0.5}),
+    ("MSELoss", {}),
 ]
 
 

@@ -49,7 +49,7 @@ from torch.utils.benchmark import Timer
 import npu_loss_ops
 from bench_common import cpu_model, git_revision, quantile  # the same run metadata as the kernel benchmark
 
-LOSSES = ("smooth_l1_loss", "huber_loss", "l1_loss", "kl_div")
+LOSSES = ("smooth_l1_loss", "huber_loss", "mse_loss", "l1_loss", "kl_div")
 SECTIONS = ("step", "per-sample", "per-sample-params", "vmap-rule", "enabled")
 ENABLED = "F under enable()"  # the variants timed with npu_loss_ops.enable() on
 

@@ -23,7 +23,7 @@ import os
 import sys
 import warnings
 
-LOSSES = ("smooth_l1_loss", "huber_loss", "l1_loss", "kl_div", "kl_div[log]")
+LOSSES = ("smooth_l1_loss", "huber_loss", "mse_loss", "l1_loss", "kl_div", "kl_div[log]")
 DTYPES = ("float32", "float16", "bfloat16")
 REDUCTIONS = {"kl_div": ("none", "mean", "sum", "batchmean")}
 FAMILY_ORDER = ("910B", "910_93", "950", "910", "310P", "310B")

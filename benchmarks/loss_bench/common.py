@@ -19,12 +19,12 @@ BETA = 1.0  # smooth L1's beta and Huber's delta: F's defaults
 DISTURBED_BELOW = 0.75
 PARALLEL_GRAIN = 32768
 
-BACKWARD_OPS = ["smooth_l1_loss_backward", "huber_loss_backward", "l1_loss_backward", "kl_div_target_backward",
-                "kl_div_target_backward[log]"]
-FORWARD_OPS = ["smooth_l1_loss", "huber_loss", "l1_loss", "kl_div", "kl_div[log]"]
-STEP_OPS = ["step:smooth_l1_loss", "step:huber_loss", "step:l1_loss", "step:kl_div"]
+BACKWARD_OPS = ["smooth_l1_loss_backward", "huber_loss_backward", "mse_loss_backward", "l1_loss_backward",
+                "kl_div_target_backward", "kl_div_target_backward[log]"]
+FORWARD_OPS = ["smooth_l1_loss", "huber_loss", "mse_loss", "l1_loss", "kl_div", "kl_div[log]"]
+STEP_OPS = ["step:smooth_l1_loss", "step:huber_loss", "step:mse_loss", "step:l1_loss", "step:kl_div"]
 # The backward ops ATen has as ops of their own (the others' gradients are composites of other ops).
-ATEN_BACKWARD_OPS = ["smooth_l1_loss_backward", "huber_loss_backward"]
+ATEN_BACKWARD_OPS = ["smooth_l1_loss_backward", "huber_loss_backward", "mse_loss_backward"]
 ALL_OPS = BACKWARD_OPS + FORWARD_OPS + STEP_OPS
 ROOFLINES = {  # name -> (ATen op as called, element streams)
     "roofline_3r1w": ("aten.addcmul", 4),
@@ -35,6 +35,7 @@ ROOFLINES = {  # name -> (ATen op as called, element streams)
 BASELINE = {
     "smooth_l1_loss_backward": {"ours": "aten", "ours_out": "aten_out"},
     "huber_loss_backward": {"ours": "aten", "ours_out": "aten_out"},
+    "mse_loss_backward": {"ours": "aten", "ours_out": "aten_out"},
     "l1_loss_backward": {"ours": "composite", "ours_out": "composite_out"},
     "kl_div_target_backward": {"ours": "composite", "ours_out": "composite_out"},
     "kl_div_target_backward[log]": {"ours": "composite", "ours_out": "composite_out"},

@@ -38,13 +38,14 @@ PANEL_TITLES = {  # three lines each, so that the panels line up
     ROOFLINE: f"{format_size(TARGET_SIZE)} elements ÷ memory roofline:\n"
               "an ATen op with the same read and\nwrite streams, same form",
     BASELINE_PANEL: f"{format_size(TARGET_SIZE)} elements ÷ baseline, same form:\n"
-                    "ATen (smooth L1/Huber grads, forwards), the\ncomposite (L1/KL grads), F (steps)",
+                    "ATen (smooth L1/Huber/MSE grads, forwards),\nthe composite (L1/KL grads), F (steps)",
     SMALL: f"{format_size(SMALL_SIZE)} elements ÷ per-call overhead of\n"
            "aten.smooth_l1_loss_backward, same\nform (steps: ÷ F)",
 }
 # Where a panel has no reference for a whole group of rows, it says why.
 NO_REFERENCE = {(ROOFLINE, "forward + backward step, 'mean'"): "a step runs several ops: no single roofline"}
-OP_NAMES = {"smooth_l1_loss_backward": "smooth L1", "huber_loss_backward": "Huber", "l1_loss_backward": "L1", "kl_div_target_backward": "KL",
+OP_NAMES = {"smooth_l1_loss_backward": "smooth L1", "huber_loss_backward": "Huber", "mse_loss_backward": "MSE",
+            "l1_loss_backward": "L1", "kl_div_target_backward": "KL",
             "kl_div_target_backward[log]": "KL, log_target"}
 
 

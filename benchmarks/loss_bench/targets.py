@@ -20,10 +20,11 @@ Cell = tuple[str, str]  # (dtype, reduction)
 #   KL:  log (2) + add 1 (2) + sub x (3) + mul by g (3; 2) + div_ (2)                 10/4, 11/3, 9/3
 #   KL, log target: exp (2) + mul g (3; 2) + add 1 (2) + sub x (3) + mul (3) + div_   13/4, 14/3, 12/3
 COMPOSITE_TARGETS = {"l1_loss_backward": 2.5, "kl_div_target_backward": 3.0, "kl_div_target_backward[log]": 3.0}
-# Speedup of a forward + backward step over F's at 16M: F's smooth L1 and Huber steps are ATen kernels (a
+# Speedup of a forward + backward step over F's at 16M: F's smooth L1, Huber and MSE steps are ATen kernels (a
 # forward and a backward pass, like ours), so what is left is F's 'mean' handling; L1's and KL's steps run
 # autograd's composites.
-STEP_TARGETS = {"step:smooth_l1_loss": 1.5, "step:huber_loss": 1.5, "step:l1_loss": 3.0, "step:kl_div": 3.0}
+STEP_TARGETS = {"step:smooth_l1_loss": 1.5, "step:huber_loss": 1.5, "step:mse_loss": 1.5, "step:l1_loss": 3.0,
+                "step:kl_div": 3.0}
 
 # The panels of the main figure: what each comparison's reference is. COMPILED (the step against
 # torch.compile(F)) is in the table only: its rows are the steps', which the baseline panel shows against F.
@@ -139,7 +140,7 @@ def compare(rows: list[dict], dtypes: list[str], reductions: list[str]) -> tuple
     g2 = "16M: backward allocating <= 1.10x allocating roofline"
     for op in BACKWARD_OPS:
         add(ROOFLINE, (op, "ours"), "roofline", roof("functional"), big, group=g2, label=op, limit=1.10)
-    # ATen's smooth L1 and Huber gradients already run at about the roofline: parity is the bound.
+    # ATen's smooth L1, Huber and MSE gradients already run at about the roofline: parity is the bound.
     for op in ATEN_BACKWARD_OPS:
         for variant, ref_variant, suffix in (("ours_out", "aten_out", " out="), ("ours", "aten", "")):
             add(BASELINE_PANEL, (op, variant), "aten" + suffix, lambda d, red, op=op, rv=ref_variant: (op, rv), big,
@@ -153,7 +154,7 @@ def compare(rows: list[dict], dtypes: list[str], reductions: list[str]) -> tuple
             speedup=True)
     for op in STEP_OPS:
         add(BASELINE_PANEL, (op, "ours"), "F", lambda d, red, op=op: (op, "F"), big, reds=["mean"],
-            group="16M: fwd+bwd step (mean) >= 1.5x (smooth L1, Huber) / 3x (L1, KL) faster than torch.nn.functional",
+            group="16M: fwd+bwd step (mean) >= 1.5x (smooth L1, Huber, MSE) / 3x (L1, KL) faster than torch.nn.functional",
             label=op, limit=STEP_TARGETS[op], speedup=True)
     for op in STEP_OPS:
         add(COMPILED, (op, "ours"), "torch.compile(F)", lambda d, red, op=op: (op, "compiled"), big,

@@ -133,20 +133,22 @@ class VariantSet:
 
 
 def add_aten_backward(vs: VariantSet, op: str) -> None:
-    """smooth L1's and Huber's gradients, against ATen's op of the same name and schema (beta / delta = 1)."""
+    """smooth L1's, Huber's and MSE's gradients, against ATen's op of the same name and schema (beta / delta =
+    1; MSE has no scalar)."""
     i, npu, aten = vs.inp, torch.ops.npu_loss, torch.ops.aten
     g, x, t, r, out = i.g, i.x, i.t, i.r, i.out
-    out_overload = "grad_input" if op == "smooth_l1_loss_backward" else "out"  # ATen's overload names
+    s = () if op == "mse_loss_backward" else (BETA,)
+    out_overload = "out" if op == "huber_loss_backward" else "grad_input"  # ATen's overload names
     fn, fn_out = getattr(npu, op), getattr(getattr(npu, op), out_overload)
     ref_fn, ref_out = getattr(aten, op), getattr(getattr(aten, op), out_overload)
     roof, streams = backward_roofline(i.reduction), backward_streams(i.reduction)
-    vs.add(op, "ours", lambda: fn(g, x, t, r, BETA), streams, roof)
-    vs.add(op, "ours_out", lambda: fn_out(g, x, t, r, BETA, grad_input=out), streams, roof)
-    vs.add(op, "aten", lambda: ref_fn(g, x, t, r, BETA), streams, roof)
-    vs.add(op, "aten_out", lambda: ref_out(g, x, t, r, BETA, grad_input=out), streams, roof)
-    ref = lambda: ref_fn(i.f64("g"), i.f64("x"), i.f64("t"), r, BETA)  # noqa: E731
-    vs.check(op, "ours", lambda: fn(g, x, t, r, BETA), ref)
-    vs.check(op, "ours_out", lambda: fn_out(g, x, t, r, BETA, grad_input=out.clone()), ref)
+    vs.add(op, "ours", lambda: fn(g, x, t, r, *s), streams, roof)
+    vs.add(op, "ours_out", lambda: fn_out(g, x, t, r, *s, grad_input=out), streams, roof)
+    vs.add(op, "aten", lambda: ref_fn(g, x, t, r, *s), streams, roof)
+    vs.add(op, "aten_out", lambda: ref_out(g, x, t, r, *s, grad_input=out), streams, roof)
+    ref = lambda: ref_fn(i.f64("g"), i.f64("x"), i.f64("t"), r, *s)  # noqa: E731
+    vs.check(op, "ours", lambda: fn(g, x, t, r, *s), ref)
+    vs.check(op, "ours_out", lambda: fn_out(g, x, t, r, *s, grad_input=out.clone()), ref)
 
 
 def add_l1_backward(vs: VariantSet, op: str) -> None:
@@ -218,6 +220,8 @@ def add_forward(vs: VariantSet, op: str) -> None:
                        lambda: aten.huber_loss(i.f64("x"), i.f64("t"), r, BETA)),
         "l1_loss": (lambda: npu.l1_loss(x, t, r), lambda: aten.l1_loss(x, t, r),
                     lambda: aten.l1_loss(i.f64("x"), i.f64("t"), r)),
+        "mse_loss": (lambda: npu.mse_loss(x, t, r), lambda: aten.mse_loss(x, t, r),
+                     lambda: aten.mse_loss(i.f64("x"), i.f64("t"), r)),
         "kl_div": (lambda: npu.kl_div(x, tp, r), lambda: aten.kl_div(x, tp, r),
                    lambda: aten.kl_div(i.f64("x"), i.f64("tp"), r)),
         "kl_div[log]": (lambda: npu.kl_div(x, tl, r, log_target=True),
@@ -239,6 +243,7 @@ def add_step(vs: VariantSet, op: str) -> None:
     ours, theirs, both, streams = {
         "step:smooth_l1_loss": (npu_loss_ops.smooth_l1_loss, F.smooth_l1_loss, False, 5),
         "step:huber_loss": (npu_loss_ops.huber_loss, F.huber_loss, False, 5),
+        "step:mse_loss": (npu_loss_ops.mse_loss, F.mse_loss, False, 5),
         "step:l1_loss": (npu_loss_ops.l1_loss, F.l1_loss, False, 5),
         "step:kl_div": (npu_loss_ops.kl_div, F.kl_div, True, 6),
     }[op]
@@ -296,6 +301,7 @@ def backward_streams(reduction: str) -> int:
 BACKWARD_BUILDERS = {
     "smooth_l1_loss_backward": add_aten_backward,
     "huber_loss_backward": add_aten_backward,
+    "mse_loss_backward": add_aten_backward,
     "l1_loss_backward": add_l1_backward,
     "kl_div_target_backward": lambda vs, op: add_kl_target_backward(vs, op, log_target=False),
     "kl_div_target_backward[log]": lambda vs, op: add_kl_target_backward(vs, op, log_target=True),

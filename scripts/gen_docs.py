@@ -3,17 +3,20 @@
     python scripts/gen_docs.py          rewrites them in docs/
     python scripts/gen_docs.py --check  exits 1, with a diff, when a committed table differs (the tests run it)
 
-Today: docs/npu_routing.md, "Which chips run which path": one table per op, from each loss's chip paths.
+Each generated block sits between two markers in its document, `<!-- generated: NAME -->` and
+`<!-- end generated: NAME -->`; the text around them is written by hand. The blocks (BLOCKS):
+  docs/semantics.md    the schemas, the divisors of "mean", the backward ops' result shapes and dtypes
+  docs/npu_routing.md  "Which chips run which path": one table per op, from each loss's chip paths
 """
 from __future__ import annotations
 
 import difflib
 import os
+import re
 import sys
+from typing import Callable
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-ROUTING_DOC = os.path.join(ROOT, "docs", "npu_routing.md")
-SECTION = "\n## Which chips run which path\n"
 COLUMNS = ("chip", "dtypes", "beta", "log_target", "api", "fixes", "why")
 
 
@@ -25,11 +28,69 @@ def _use_in_place_build() -> None:
         sys.path.insert(0, ROOT)
 
 
-def routing_tables() -> str:
-    """The tables of docs/npu_routing.md's "Which chips run which path", as markdown."""
+def _losses() -> list[dict]:
     from npu_loss_ops import _C
 
-    out_overload = {d["backward"]: d["out_overload"] for d in _C._losses()}
+    return list(_C._losses())
+
+
+def _grouped(rows: list[tuple[str, str]]) -> list[tuple[list[str], str]]:
+    """(ops, value) rows with equal values merged, in the order of first appearance."""
+    merged: dict[str, list[str]] = {}
+    for op, value in rows:
+        merged.setdefault(value, []).append(op)
+    return [(ops, value) for value, ops in merged.items()]
+
+
+def _ops_cell(ops: list[str]) -> str:
+    return ", ".join(f"`{op}`" for op in ops)
+
+
+def schemas() -> str:
+    """docs/semantics.md, "The ops": every schema, in the declarations' order."""
+    lines = [schema for d in _losses() for schema in d["schemas"]]
+    return "```\n" + "\n".join(lines) + "\n```\n"
+
+
+MEAN_COUNT = {
+    "self": "`self.numel()`, self as passed",
+    "broadcast": "the element count of the broadcast result",
+    "self_target_broadcast": "the element count of `broadcast(self, target)`",
+}
+
+
+def mean_divisors() -> str:
+    """docs/semantics.md, "Divisors of "mean"": each backward op's divisor, and the forwards'."""
+    out = "| op | \"mean\" divides by |\n|---|---|\n"
+    for ops, value in _grouped([(d["backward"], MEAN_COUNT[d["mean_count"]]) for d in _losses()]):
+        out += f"| {_ops_cell(ops)} | {value} |\n"
+    return out + "| forwards | the element count of the broadcast result (an empty mean is NaN) |\n"
+
+
+RESULT_SHAPE = {
+    "self": "`broadcast(grad_output, self, target)`",
+    "target": "target's shape: the gradient over `broadcast(self, target)` summed over the dims broadcasting "
+              "added or expanded; grad_output may not enlarge that broadcast shape",
+}
+RESULT_DTYPE = {"self": "self's dtype", "target": "target's dtype",
+                "promoted": "`at::result_type(grad_output, self, target)`"}
+
+
+def result_shapes() -> str:
+    """docs/semantics.md, "Shapes and dtypes of results": the forwards', then each backward op's."""
+    out = ("| op | shape | dtype |\n|---|---|---|\n"
+           "| forwards | `broadcast(self, target)` for none, 0-dim otherwise | `at::result_type(self, target)` |\n")
+    rows = [(d["backward"], f"{RESULT_SHAPE[d['grad_of']]} | {RESULT_DTYPE[d['grad_dtype']]}") for d in _losses()]
+    for ops, value in _grouped(rows):
+        out += f"| {_ops_cell(ops)} | {value} |\n"
+    return out
+
+
+def routing_tables() -> str:
+    """docs/npu_routing.md, "Which chips run which path": one table per op."""
+    from npu_loss_ops import _C
+
+    out_overload = {d["backward"]: d["out_overload"] for d in _losses()}
     blocks: list[str] = []
     op = None
     for row in _C._npu_routing_table():
@@ -41,34 +102,48 @@ def routing_tables() -> str:
         cells = [row[c] for c in COLUMNS]
         cells[4] = cells[4] if cells[4] == "composite" else f"`{cells[4]}`"
         blocks[-1] += "| " + " | ".join(cells).rstrip() + " |\n"
-    return "".join(blocks)
+    return "".join(blocks).lstrip("\n")
 
 
-def routing_doc(text: str) -> str:
-    """`text` (docs/npu_routing.md) with its tables replaced by routing_tables()."""
-    head, rest = text.split(SECTION, 1)
-    body, _, tail = rest.partition("\n## ")
-    prose = body.split("\n### ", 1)[0].rstrip("\n") + "\n"
-    return head + SECTION + prose + routing_tables() + ("\n## " + tail if tail else "")
+# document (relative to the repository) -> block name -> the function that writes the block
+BLOCKS: dict[str, dict[str, Callable[[], str]]] = {
+    "docs/semantics.md": {"schemas": schemas, "mean divisors": mean_divisors, "result shapes": result_shapes},
+    "docs/npu_routing.md": {"chip paths": routing_tables},
+}
+
+
+def regenerate(doc: str, text: str) -> str:
+    """`text` (the document `doc`) with each of its generated blocks written anew."""
+    for name, write in BLOCKS[doc].items():
+        begin, end = f"<!-- generated: {name} -->\n", f"<!-- end generated: {name} -->"
+        pattern = re.compile(re.escape(begin) + r".*?" + re.escape(end), re.S)
+        if len(pattern.findall(text)) != 1:
+            raise SystemExit(f"gen_docs: {doc} must hold the markers of '{name}' once")
+        text = pattern.sub(lambda _: begin + write() + end, text)
+    return text
 
 
 def main(argv: list[str]) -> int:
     _use_in_place_build()
-    with open(ROUTING_DOC) as f:
-        committed = f.read()
-    generated = routing_doc(committed)
-    if "--check" in argv:
-        if generated != committed:
+    stale = []
+    for doc in BLOCKS:
+        path = os.path.join(ROOT, doc)
+        with open(path) as f:
+            committed = f.read()
+        generated = regenerate(doc, committed)
+        if generated == committed:
+            continue
+        stale.append(doc)
+        if "--check" in argv:
             sys.stdout.writelines(difflib.unified_diff(
-                committed.splitlines(True), generated.splitlines(True), "docs/npu_routing.md (committed)",
-                "docs/npu_routing.md (generated)"))
-            print("gen_docs: docs/npu_routing.md differs from the declarations; run python scripts/gen_docs.py")
-            return 1
-        return 0
-    if generated != committed:
-        with open(ROUTING_DOC, "w") as f:
-            f.write(generated)
-        print("gen_docs: wrote docs/npu_routing.md")
+                committed.splitlines(True), generated.splitlines(True), f"{doc} (committed)", f"{doc} (generated)"))
+        else:
+            with open(path, "w") as f:
+                f.write(generated)
+            print(f"gen_docs: wrote {doc}")
+    if stale and "--check" in argv:
+        print(f"gen_docs: {', '.join(stale)} differ from the declarations; run python scripts/gen_docs.py")
+        return 1
     return 0
 
 

@@ -49,14 +49,17 @@ def _gen_docs():
     return module
 
 
-def test_doc_tables_are_generated_from_the_declarations():
-    """docs/npu_routing.md's path tables are what scripts/gen_docs.py writes from the declarations' path rows
-    (csrc/losses.h), reasons included: the committed doc is the generated one."""
+@pytest.mark.parametrize("doc", sorted(_gen_docs().BLOCKS))
+def test_doc_tables_are_generated_from_the_declarations(doc):
+    """Every generated docs table (docs/npu_routing.md's path tables, reasons included; docs/semantics.md's
+    schemas, "mean" divisors and result shapes and dtypes) is what scripts/gen_docs.py writes from the
+    declarations (csrc/losses.h): the committed doc is the generated one."""
     gen_docs = _gen_docs()
-    with open(gen_docs.ROUTING_DOC) as f:
+    with open(os.path.join(gen_docs.ROOT, doc)) as f:
         committed = f.read()
     assert "| `aclnnKlDiv` |" in gen_docs.routing_tables()  # the generator reads the table
-    assert gen_docs.routing_doc(committed) == committed, "run python scripts/gen_docs.py and commit docs/npu_routing.md"
+    assert "mse_loss_backward.grad_input(Tensor grad_output" in gen_docs.schemas()
+    assert gen_docs.regenerate(doc, committed) == committed, f"run python scripts/gen_docs.py and commit {doc}"
 
 
 def test_every_op_has_routing_rows():

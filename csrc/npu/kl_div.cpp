@@ -27,21 +27,22 @@ void kl_div_target_backward_into(
     at::Tensor& out, const ResultSpec& spec, const at::Tensor& grad_output, const at::Tensor& self,
     const at::Tensor& target, int64_t reduction, bool log_target) {
   if (empty_sum_into(out, spec)) return;  // aclnn would leave grad_target unwritten for an empty self
-  const int64_t n = numel_of(spec.broadcast_shape);
   const auto dtypes = dtype_class({&out, &grad_output, &self, &target});
   const auto path = path_here<KlDiv, true>(dtypes, BetaClass::None, log_target);
   if (!path.aclnn) {
     out.copy_(Composite<KlDiv>::backward(grad_output, self, target, reduction, log_target));
     return;
   }
-  // The op's "mean" divides by the broadcast count.
-  auto scaled = path.has(Fix::PrescaledMean) ? mean_as_scaled_sum(base_format(grad_output), reduction, n)
-                                             : ScaledGrad{base_format(grad_output), reduction};
+  // The op's "mean" divides by the declaration's count (the broadcast count), the kernel's may not.
+  auto scaled = path.has(Fix::PrescaledMean)
+      ? mean_as_scaled_sum(base_format(grad_output), reduction, spec.mean_count)
+      : ScaledGrad{base_format(grad_output), reduction};
   at::Tensor self_nd = base_format(self), target_nd = base_format(target), result = base_format_out(out);
   // Taken before the call: out may be target itself.
   const at::Tensor zero_target = path.has(Fix::ZeroWhereTargetZero) ? target_nd == 0 : at::Tensor();
   // Half inputs and a result summed over broadcast dims: float32 throughout, the result rounded once.
-  if (path.has(Fix::Float32Sum) && out.scalar_type() != at::kFloat && target.numel() != n) {
+  const bool summed = target.numel() != numel_of(spec.broadcast_shape);
+  if (path.has(Fix::Float32Sum) && out.scalar_type() != at::kFloat && summed) {
     scaled.grad_output = scaled.grad_output.to(at::kFloat);
     self_nd = self_nd.to(at::kFloat);
     target_nd = target_nd.to(at::kFloat);

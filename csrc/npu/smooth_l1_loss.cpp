@@ -26,7 +26,7 @@ at::Tensor smooth_l1_loss_npu(const at::Tensor& self, const at::Tensor& target, 
 }
 
 void smooth_l1_loss_backward_into(
-    at::Tensor& out, const ResultSpec&, const at::Tensor& grad_output_in, const at::Tensor& self_in,
+    at::Tensor& out, const ResultSpec& spec, const at::Tensor& grad_output_in, const at::Tensor& self_in,
     const at::Tensor& target_in, int64_t reduction, double beta) {
   if (out.numel() == 0) return;  // aclnn launches nothing for empty inputs
   const auto path = path_here<SmoothL1Loss, true>(
@@ -39,9 +39,9 @@ void smooth_l1_loss_backward_into(
   at::Tensor grad_output = base_format(grad_output_in), self = base_format(self_in), target = base_format(target_in),
              result = base_format_out(out);
   if (std::string_view(path.aclnn) == L1Loss::decl.aclnn_backward) {
-    // aclnnL1LossBackward's "mean" divides by the broadcast count, smooth L1's by self.numel().
-    auto scaled = path.has(Fix::PrescaledMean) && self.numel() != out.numel()
-        ? mean_as_scaled_sum(grad_output, reduction, self.numel())
+    // aclnnL1LossBackward's "mean" divides by the broadcast count, the op's by its declared count (self's).
+    auto scaled = path.has(Fix::PrescaledMean) && spec.mean_count != out.numel()
+        ? mean_as_scaled_sum(grad_output, reduction, spec.mean_count)
         : ScaledGrad{grad_output, reduction};
     NPU_LOSS_EXEC_ACLNN(aclnnL1LossBackward, scaled.grad_output, self, target, scaled.reduction, result);
   } else {

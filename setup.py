@@ -186,7 +186,7 @@ def npu_extension(root, flags, link):
 
 def extensions():
     flags, link = cpu_flags()
-    sources = ["csrc/module.cpp", "csrc/enable.cpp", "csrc/composite/kernels.cpp"]
+    sources = ["csrc/module.cpp", "csrc/enable/aten_kernels.cpp", "csrc/composite/kernels.cpp"]
     sources += sorted(glob.glob("csrc/registration/*.cpp"))
     sources += sorted(glob.glob("csrc/autograd/*.cpp"))
     sources += sorted(glob.glob("csrc/cpu/*.cpp"))

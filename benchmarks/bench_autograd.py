@@ -15,7 +15,7 @@ p20/p80 spread. Measured, float32, reduction 'mean':
                      choice the package made
   enabled:<loss>     4K and 16M elements: the step above written with F (F.<loss>(x, t).backward()) under
                      npu_loss_ops.enable(), against npu_loss_ops.<loss>'s own step: what the routing kernels
-                     (csrc/enable.cpp) add to a call. The floor is F's own Python prelude (argument checks,
+                     (csrc/enable/aten_kernels.cpp) add to a call. The floor is F's own Python prelude (argument checks,
                      the reduction's name to its enum), which runs either way.
 
 Targets: step <= 0.95x F's time, per-sample <= 1.2x F's time, enabled <= 1.05x the package's own step.

@@ -67,19 +67,20 @@ constexpr bool has_twin(AtenTwin twins, AtenTwin twin) {
   return (static_cast<uint8_t>(twins) & static_cast<uint8_t>(twin)) != 0;
 }
 
+// A field a block leaves out takes the common case: ATen's loss of self with no scalar (as MSE is).
 struct LossDecl {
-  const char* forward;       // the forward op, e.g. "smooth_l1_loss"
-  const char* backward;      // its backward op
-  const char* out_overload;  // the backward's out= overload name
-  const char* out_arg;       // the out= tensor's name
-  ScalarArg scalar;
-  GradOf grad_of;
-  MeanCount mean_count;
-  GradDtype grad_dtype;
-  OutDtype out_dtype;
-  AtenTwin aten_twin;
-  bool autocast_float32;     // under torch.autocast the forward runs in float32 (torch's float32 op list)
-  const char* aclnn_forward;   // the aclnn APIs of the loss's own NPU kernels
+  const char* forward;                    // the forward op, e.g. "smooth_l1_loss"
+  const char* backward;                   // its backward op
+  const char* out_overload = "grad_input";  // the backward's out= overload name
+  const char* out_arg = "grad_input";       // the out= tensor's name
+  ScalarArg scalar = {};
+  GradOf grad_of = GradOf::Self;
+  MeanCount mean_count = MeanCount::Self;
+  GradDtype grad_dtype = GradDtype::Self;
+  OutDtype out_dtype = OutDtype::AnyFloating;
+  AtenTwin aten_twin = AtenTwin::All;
+  bool autocast_float32 = true;  // under torch.autocast the forward runs in float32 (torch's float32 op list)
+  const char* aclnn_forward;     // the aclnn APIs of the loss's own NPU kernels
   const char* aclnn_backward;
 };
 
@@ -90,10 +91,8 @@ struct LossDecl {
 
 struct SmoothL1Loss {
   static constexpr LossDecl decl{
-      .forward = "smooth_l1_loss", .backward = "smooth_l1_loss_backward", .out_overload = "grad_input",
-      .out_arg = "grad_input", .scalar = {ScalarKind::Float, "beta", "1.0", false, ScalarRule::NonNegative},
-      .grad_of = GradOf::Self, .mean_count = MeanCount::Self, .grad_dtype = GradDtype::Self,
-      .out_dtype = OutDtype::AnyFloating, .aten_twin = AtenTwin::All, .autocast_float32 = true,
+      .forward = "smooth_l1_loss", .backward = "smooth_l1_loss_backward",
+      .scalar = {ScalarKind::Float, "beta", "1.0", false, ScalarRule::NonNegative},
       .aclnn_forward = "aclnnSmoothL1Loss", .aclnn_backward = "aclnnSmoothL1LossBackward"};
   static constexpr auto forward_paths = chips::on_every_chip(decl.aclnn_forward);
   // The TBE kernels divide by beta + 1e-6 (and list bf16 from 910B on). The Ascend 950 kernel gives NaN for
@@ -122,10 +121,9 @@ struct SmoothL1Loss {
 
 struct L1Loss {
   static constexpr LossDecl decl{
-      .forward = "l1_loss", .backward = "l1_loss_backward", .out_overload = "grad_input", .out_arg = "grad_input",
-      .scalar = {}, .grad_of = GradOf::Self, .mean_count = MeanCount::Broadcast, .grad_dtype = GradDtype::Promoted,
-      .out_dtype = OutDtype::AnyFloating, .aten_twin = AtenTwin::Forward, .autocast_float32 = true,
-      .aclnn_forward = "aclnnL1Loss", .aclnn_backward = "aclnnL1LossBackward"};
+      .forward = "l1_loss", .backward = "l1_loss_backward", .mean_count = MeanCount::Broadcast,
+      .grad_dtype = GradDtype::Promoted, .aten_twin = AtenTwin::Forward, .aclnn_forward = "aclnnL1Loss",
+      .aclnn_backward = "aclnnL1LossBackward"};
   static constexpr auto forward_paths = chips::on_every_chip(decl.aclnn_forward);
   static constexpr chips::PathRow backward_paths[] = {
       {.chips = chips::k910, .dtypes = chips::kNoBf16, .aclnn = decl.aclnn_backward,
@@ -142,8 +140,8 @@ struct KlDiv {
       .forward = "kl_div", .backward = "kl_div_target_backward", .out_overload = "grad_target",
       .out_arg = "grad_target", .scalar = {ScalarKind::Bool, "log_target", "False", true, ScalarRule::Any},
       .grad_of = GradOf::Target, .mean_count = MeanCount::SelfTargetBroadcast, .grad_dtype = GradDtype::Target,
-      .out_dtype = OutDtype::EqualsResult, .aten_twin = AtenTwin::Forward, .autocast_float32 = true,
-      .aclnn_forward = "aclnnKlDiv", .aclnn_backward = "aclnnKlDivTargetBackward"};
+      .out_dtype = OutDtype::EqualsResult, .aten_twin = AtenTwin::Forward, .aclnn_forward = "aclnnKlDiv",
+      .aclnn_backward = "aclnnKlDivTargetBackward"};
   // Only the Ascend 950 kernel gives 0 at target == 0 (the TBE formula gives NaN); no bf16 on 910/310P.
   static constexpr chips::PathRow forward_paths[] = {
       {.chips = chips::k910 | chips::k910B, .log_targets = chips::kProbabilities,
@@ -179,11 +177,9 @@ struct KlDiv {
 // Huber runs smooth L1's aclnn kernels with beta = delta (npu/huber_loss.cpp).
 struct HuberLoss {
   static constexpr LossDecl decl{
-      .forward = "huber_loss", .backward = "huber_loss_backward", .out_overload = "out", .out_arg = "grad_input",
-      .scalar = {ScalarKind::Float, "delta", "1.0", false, ScalarRule::Positive}, .grad_of = GradOf::Self,
-      .mean_count = MeanCount::Self, .grad_dtype = GradDtype::Self, .out_dtype = OutDtype::AnyFloating,
-      .aten_twin = AtenTwin::All, .autocast_float32 = true, .aclnn_forward = "aclnnSmoothL1Loss",
-      .aclnn_backward = "aclnnSmoothL1LossBackward"};
+      .forward = "huber_loss", .backward = "huber_loss_backward", .out_overload = "out",
+      .scalar = {ScalarKind::Float, "delta", "1.0", false, ScalarRule::Positive},
+      .aclnn_forward = "aclnnSmoothL1Loss", .aclnn_backward = "aclnnSmoothL1LossBackward"};
   // Smooth L1's rows (scaled_paths): delta folded into grad_output (the backward) or applied to the result
   // (the forward), and at delta == +inf the composite.
   static constexpr auto kDeltas =
@@ -203,10 +199,8 @@ struct HuberLoss {
 // and the op's README do not list it) and 310P, not on 910. 910 and 310P are one family here.
 struct MseLoss {
   static constexpr LossDecl decl{
-      .forward = "mse_loss", .backward = "mse_loss_backward", .out_overload = "grad_input", .out_arg = "grad_input",
-      .scalar = {}, .grad_of = GradOf::Self, .mean_count = MeanCount::Self, .grad_dtype = GradDtype::Self,
-      .out_dtype = OutDtype::AnyFloating, .aten_twin = AtenTwin::All, .autocast_float32 = true,
-      .aclnn_forward = "aclnnMseLoss", .aclnn_backward = "aclnnMseLossBackward"};
+      .forward = "mse_loss", .backward = "mse_loss_backward", .aclnn_forward = "aclnnMseLoss",
+      .aclnn_backward = "aclnnMseLossBackward"};
   static constexpr auto forward_paths = chips::on_every_chip(decl.aclnn_forward);
   static constexpr chips::PathRow backward_paths[] = {
       {.chips = chips::k910,

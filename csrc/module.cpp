@@ -9,7 +9,7 @@
 #include "core/checks.h"
 #include "core/ops.h"
 #include "core/schema.h"
-#include "enable.h"
+#include "enable/aten_kernels.h"
 #include "cpu/isa.h"
 #include "chips/paths.h"
 
@@ -137,7 +137,7 @@ PYBIND11_MODULE(_C, m) {
   m.def("_losses", &losses, "Every loss's declaration (csrc/losses.h): one dict per loss.");
   m.def("_vec_math", &vec_math, "The CPU kernels' float log or exp, on one instruction set (for tests).");
   m.def("_aten_routes", &npu_loss::enable::routes,
-        "enable()'s routing table: (torch.nn.functional name, ATen overload) rows (csrc/enable.cpp).");
+        "enable()'s routing table: (torch.nn.functional name, ATen overload) rows (csrc/enable/aten_kernels.cpp).");
   m.def("_set_aten_routes", &npu_loss::enable::set_routed,
         "Make these ATen overloads exactly the ones routed to the npu_loss ops (npu_loss_ops.enable()).");
   m.def("_aten_route_accepts", &aten_route_accepts,

@@ -2,7 +2,7 @@
 
 While a loss is enabled, its ATen ops (``aten::smooth_l1_loss``, ``aten::smooth_l1_loss_backward`` and its
 ``grad_input`` overload, ``aten::huber_loss`` likewise, ``aten::l1_loss``, ``aten::kl_div``) have C++
-kernels (csrc/enable.cpp) at the Autograd keys, at the backend keys (so that ``inference_mode``, which skips
+kernels (csrc/enable/aten_kernels.cpp) at the Autograd keys, at the backend keys (so that ``inference_mode``, which skips
 Autograd, is routed too) and at FuncTorchBatched (``vmap``), for the CPU, the NPU (PrivateUse1) and the other
 accelerators. Each kernel calls the matching ``torch.ops.npu_loss`` op with the same arguments (the schemas
 are ATen's), so ``F.smooth_l1_loss``, ``nn.SmoothL1Loss``, ``torch.ops.aten.smooth_l1_loss`` and any
@@ -29,7 +29,7 @@ __all__ = ["enable", "disable", "is_enabled"]
 
 
 def _routing_table() -> dict[str, tuple[str, ...]]:
-    """The torch.nn.functional name of each loss -> the ATen overloads it routes (csrc/enable.cpp's rows)."""
+    """The torch.nn.functional name of each loss -> the ATen overloads it routes (csrc/enable/aten_kernels.cpp's rows)."""
     table: dict[str, tuple[str, ...]] = {}
     for loss, overload in _C._aten_routes():
         table[loss] = table.get(loss, ()) + (overload,)

@@ -261,8 +261,8 @@ _build_extension() {
   fi
 }
 
-# Ninja's "[3/11] c++ ... -c /path/csrc/enable.cpp -o ..." lines become "[build 12:00:01] [3/11] compiled
-# csrc/enable.cpp", and the link of each library "[build 12:00:09] linked npu_loss_ops/_C....so".
+# Ninja's "[3/11] c++ ... -c /path/csrc/enable/aten_kernels.cpp -o ..." lines become "[build 12:00:01] [3/11] compiled
+# csrc/enable/aten_kernels.cpp", and the link of each library "[build 12:00:09] linked npu_loss_ops/_C....so".
 _show_build_progress() {
   local line compiled='^[[:space:]]*\[([0-9]+/[0-9]+)\] .* -c ([^ ]+)' linked=' -shared .* -o [^ ]*(npu_loss_ops/[^ /]+[.]so)'
   while IFS= read -r line; do

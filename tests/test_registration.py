@@ -226,7 +226,7 @@ def _aten_twins() -> set[str]:
 
 
 def test_enable_routes_every_op_that_has_an_aten_twin():
-    """enable() (csrc/enable.cpp) routes exactly the ATen overloads the package has an op of the same schema
+    """enable() (csrc/enable/aten_kernels.cpp) routes exactly the ATen overloads the package has an op of the same schema
     for: a new loss with ATen's schemas and no routing block fails here."""
     from npu_loss_ops import _C
 

@@ -65,24 +65,37 @@ at::Tensor odd_slope_tangent(const Dual& self, const Dual& target, int64_t reduc
   return reduce_values(values, reduction);
 }
 
-// The double backward of a slope that is linear inside |d| < width (with derivative `inside` there) and
-// constant outside (smooth L1: d / beta, Huber: d clamped to delta); `inside == 0` is a piecewise-constant
-// slope, whose derivative w.r.t. self and target is zero. The backward op is linear in grad_output:
-// `backward_op(g)` is it with g as grad_output.
+// The slope of a backward op, as its double backward sees it: linear with derivative `inside` where
+// |d| < clip (everywhere without a clip), constant elsewhere. smooth L1: d / beta clipped at beta; Huber: d
+// clipped at delta; MSE: 2d, no clip; L1: sign(d), `inside == 0`, a piecewise-constant slope whose
+// derivative w.r.t. self and target is zero.
+struct Slope {
+  double inside;
+  std::optional<double> clip;
+};
+
+// `v` where the slope is linear: masked by |d| < clip, or expanded to the broadcast shape without a clip.
+inline at::Tensor where_linear(const at::Tensor& v, const at::Tensor& self, const at::Tensor& target, const Slope& slope) {
+  if (slope.clip) return ((self - target).abs() < *slope.clip) * v;
+  return expand_to(v, at::infer_size_symdimvector(v.sym_sizes(), broadcast_shape(self, target)));
+}
+
+// The double backward of such a backward op, which is linear in grad_output: `backward_op(g)` is it with g
+// as grad_output. The slope's derivative scales as "mean" does, by self.numel().
 template <typename BackwardOp>
-variable_list clipped_slope_grads(
+variable_list linear_slope_grads(
     const at::Tensor& gg, const Needs<3>& needs, const at::Tensor& grad_output, const at::Tensor& self,
-    const at::Tensor& target, int64_t reduction, double width, double inside, const BackwardOp& backward_op) {
+    const at::Tensor& target, int64_t reduction, const Slope& slope, const BackwardOp& backward_op) {
   variable_list out(3);
   if (needs[0]) out[0] = reduce_to(backward_op(gg), grad_output);
   if (!(needs[1] || needs[2])) return out;
-  if (inside == 0) {
+  if (slope.inside == 0) {
     if (needs[1]) out[1] = at::zeros_like(self);
     if (needs[2]) out[2] = at::zeros_like(target);
     return out;
   }
-  const auto d = self - target;
-  const auto values = apply_mean((d.abs() < width) * (grad_output * gg) * inside, reduction, self.sym_numel());
+  const auto values =
+      apply_mean(where_linear(grad_output * gg, self, target, slope) * slope.inside, reduction, self.sym_numel());
   if (needs[1]) out[1] = reduce_to(values, self);
   if (needs[2]) out[2] = reduce_to(values.neg(), target);
   return out;
@@ -90,16 +103,15 @@ variable_list clipped_slope_grads(
 
 // Its tangent: the backward op on grad_output's tangent, plus the slope's derivative times d's tangent.
 template <typename BackwardOp>
-at::Tensor clipped_slope_tangent(
-    const Dual& grad_output, const Dual& self, const Dual& target, int64_t reduction, double width, double inside,
+at::Tensor linear_slope_tangent(
+    const Dual& grad_output, const Dual& self, const Dual& target, int64_t reduction, const Slope& slope,
     const BackwardOp& backward_op) {
   at::Tensor out;
   if (grad_output.has_tangent()) out = backward_op(grad_output.t);
-  if (!(self.has_tangent() || target.has_tangent()) || inside == 0) return out;
+  if (!(self.has_tangent() || target.has_tangent()) || slope.inside == 0) return out;
   const auto d_tangent = self.has_tangent() ? (target.has_tangent() ? self.t - target.t : self.t) : target.t.neg();
-  const auto d = self.p - target.p;
-  return add_defined(
-      out, apply_mean((d.abs() < width) * (grad_output.p * d_tangent) * inside, reduction, self.p.sym_numel()));
+  const auto linear = where_linear(grad_output.p * d_tangent, self.p, target.p, slope);
+  return add_defined(out, apply_mean(linear * slope.inside, reduction, self.p.sym_numel()));
 }
 
 // What every block shares: its loss, its signature, how many leading arguments are (saved, differentiable)
@@ -148,67 +160,54 @@ struct OddSlopeLoss<Loss, std::tuple<S...>> : ForwardBlock<Loss> {
   }
 };
 
-// The backward op of a slope linear inside |d| < width and constant outside (smooth L1's, Huber's), whose
-// derivative inside is Derived::inside(width): clipped_slope_grads and clipped_slope_tangent.
-template <typename Derived, typename Loss>
-struct ClippedSlopeBackward : BackwardBlock<Loss> {
+// The block of a backward op whose slope is Derived::slope(scalars...).
+template <typename Derived, typename Loss, typename Scalars = ScalarsOf<Loss>>
+struct LinearSlopeBackward;
+
+template <typename Derived, typename Loss, typename... S>
+struct LinearSlopeBackward<Derived, Loss, std::tuple<S...>> : BackwardBlock<Loss> {
   static variable_list backward(
       const at::Tensor& gg, const Needs<3>& needs, const at::Tensor& grad_output, const at::Tensor& self,
-      const at::Tensor& target, int64_t reduction, double width) {
-    return clipped_slope_grads(
-        gg, needs, grad_output, self, target, reduction, width, Derived::inside(width),
-        [&](const at::Tensor& g) { return ops::backward<Loss>().call(g, self, target, reduction, width); });
+      const at::Tensor& target, int64_t reduction, S... s) {
+    return linear_slope_grads(
+        gg, needs, grad_output, self, target, reduction, Derived::slope(s...),
+        [&](const at::Tensor& g) { return ops::backward<Loss>().call(g, self, target, reduction, s...); });
   }
 
-  static at::Tensor tangent(
-      const Dual& grad_output, const Dual& self, const Dual& target, int64_t reduction, double width) {
-    return clipped_slope_tangent(
-        grad_output, self, target, reduction, width, Derived::inside(width),
-        [&](const at::Tensor& g) { return ops::backward<Loss>().call(g, self.p, target.p, reduction, width); });
+  static at::Tensor tangent(const Dual& grad_output, const Dual& self, const Dual& target, int64_t reduction, S... s) {
+    return linear_slope_tangent(
+        grad_output, self, target, reduction, Derived::slope(s...),
+        [&](const at::Tensor& g) { return ops::backward<Loss>().call(g, self.p, target.p, reduction, s...); });
   }
 };
 
 // ---- smooth L1: its forward, and its backward op (grad_output, self, target, reduction, beta) ----
 using SmoothL1LossForward = OddSlopeLoss<SmoothL1Loss>;
 
-struct SmoothL1LossBackward : ClippedSlopeBackward<SmoothL1LossBackward, SmoothL1Loss> {
-  // The slope d / beta has derivative 1 / beta inside |d| < beta; beta == 0 is the L1 slope sign(d),
-  // piecewise constant: a zero derivative.
-  static double inside(double beta) {
-    return beta > 0 ? 1.0 / beta : 0.0;
+struct SmoothL1LossBackward : LinearSlopeBackward<SmoothL1LossBackward, SmoothL1Loss> {
+  // d / beta clipped at beta: derivative 1 / beta inside; beta == 0 is the L1 slope sign(d).
+  static Slope slope(double beta) {
+    return {.inside = beta > 0 ? 1.0 / beta : 0.0, .clip = beta};
   }
 };
 
 // ---- Huber: its forward, and its backward op (grad_output, self, target, reduction, delta) ----
 using HuberLossForward = OddSlopeLoss<HuberLoss>;
 
-struct HuberLossBackward : ClippedSlopeBackward<HuberLossBackward, HuberLoss> {
-  // The slope, d clamped to delta, has derivative 1 inside |d| < delta.
-  static double inside(double /*delta*/) {
-    return 1.0;
+struct HuberLossBackward : LinearSlopeBackward<HuberLossBackward, HuberLoss> {
+  // d clipped at delta: derivative 1 inside.
+  static Slope slope(double delta) {
+    return {.inside = 1.0, .clip = delta};
   }
 };
 
 // ---- L1: its forward, and its backward op (grad_output, self, target, reduction) ----
 using L1LossForward = OddSlopeLoss<L1Loss>;
 
-struct L1LossBackward : BackwardBlock<L1Loss> {
-
-  static variable_list backward(
-      const at::Tensor& gg, const Needs<3>& needs, const at::Tensor& grad_output, const at::Tensor& self,
-      const at::Tensor& target, int64_t reduction) {
-    variable_list out(3);
-    if (needs[0]) out[0] = reduce_to(op().call(gg, self, target, reduction), grad_output);
-    // sign(d) is piecewise constant: a zero derivative w.r.t. self and target.
-    if (needs[1]) out[1] = at::zeros_like(self);
-    if (needs[2]) out[2] = at::zeros_like(target);
-    return out;
-  }
-
-  static at::Tensor tangent(const Dual& grad_output, const Dual& self, const Dual& target, int64_t reduction) {
-    // sign(d) is piecewise constant: only grad_output's tangent contributes.
-    if (!grad_output.has_tangent()) return at::Tensor();
-    return op().call(grad_output.t, self.p, target.p, reduction);
+struct L1LossBackward : LinearSlopeBackward<L1LossBackward, L1Loss> {
+  // sign(d): piecewise constant.
+  static Slope slope() {
+    return {.inside = 0.0, .clip = std::nullopt};
   }
 };
 
@@ -308,35 +307,11 @@ struct KlDivBackward : BackwardBlock<KlDiv> {
 // ---- MSE: its forward, and its backward op (grad_output, self, target, reduction) ----
 using MseLossForward = OddSlopeLoss<MseLoss>;
 
-// The backward op is g * 2d (scaled for "mean"): linear in grad_output, with derivative 2 * g w.r.t. self and
-// -2 * g w.r.t. target (ATen's mse_loss_double_backward).
-struct MseLossBackward : BackwardBlock<MseLoss> {
-  static variable_list backward(
-      const at::Tensor& gg, const Needs<3>& needs, const at::Tensor& grad_output, const at::Tensor& self,
-      const at::Tensor& target, int64_t reduction) {
-    variable_list out(3);
-    if (needs[0]) out[0] = reduce_to(op().call(gg, self, target, reduction), grad_output);
-    if (!(needs[1] || needs[2])) return out;
-    const auto values = second_derivative(gg * grad_output, self, target, reduction);
-    if (needs[1]) out[1] = reduce_to(values, self);
-    if (needs[2]) out[2] = reduce_to(values.neg(), target);
-    return out;
-  }
-
-  static at::Tensor tangent(const Dual& grad_output, const Dual& self, const Dual& target, int64_t reduction) {
-    at::Tensor out;
-    if (grad_output.has_tangent()) out = op().call(grad_output.t, self.p, target.p, reduction);
-    if (!(self.has_tangent() || target.has_tangent())) return out;
-    const auto d_tangent = self.has_tangent() ? (target.has_tangent() ? self.t - target.t : self.t) : target.t.neg();
-    return add_defined(out, second_derivative(grad_output.p * d_tangent, self.p, target.p, reduction));
-  }
-
- private:
-  // 2 * v over broadcast(v, self, target), scaled as "mean" (by self.numel()) says.
-  static at::Tensor second_derivative(
-      const at::Tensor& v, const at::Tensor& self, const at::Tensor& target, int64_t reduction) {
-    const auto values = apply_mean(v * 2, reduction, self.sym_numel());
-    return expand_to(values, at::infer_size_symdimvector(values.sym_sizes(), broadcast_shape(self, target)));
+// The backward op is g * 2d (scaled for "mean"): its derivative is 2 * g w.r.t. self and -2 * g w.r.t. target
+// (ATen's mse_loss_double_backward).
+struct MseLossBackward : LinearSlopeBackward<MseLossBackward, MseLoss> {
+  static Slope slope() {
+    return {.inside = 2.0, .clip = std::nullopt};
   }
 };
 

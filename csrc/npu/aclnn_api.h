@@ -87,3 +87,14 @@ struct call_matches<aclnnStatus(Params...), type_list<Passed...>> {
         "arguments do not match the prototype of " #aclnn_api "GetWorkspaceSize (exact C types required)"); \
     EXEC_NPU_CMD_EXT(aclnn_api, __VA_ARGS__);                                                                \
   } while (false)
+
+// The calls of PlainKernels (npu_common.h) for a loss without a scalar: `forward_api(self, target,
+// reduction, out)` and `backward_api(grad_output, self, target, reduction, grad_input)`.
+#define NPU_LOSS_PLAIN_CALLS(forward_api, backward_api)                                                     \
+  static void forward(at::Tensor self, at::Tensor target, int64_t reduction, at::Tensor& out) {             \
+    NPU_LOSS_EXEC_ACLNN(forward_api, self, target, reduction, out);                                          \
+  }                                                                                                          \
+  static void backward(                                                                                      \
+      at::Tensor grad_output, at::Tensor self, at::Tensor target, int64_t reduction, at::Tensor& out) {      \
+    NPU_LOSS_EXEC_ACLNN(backward_api, grad_output, self, target, reduction, out);                            \
+  }

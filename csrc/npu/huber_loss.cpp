@@ -11,9 +11,6 @@
 #include <ATen/ScalarOps.h>
 #include <torch/library.h>
 
-#include "../core/backend.h"
-#include "../core/checks.h"
-#include "../composite/math.h"
 #include "aclnn_api.h"
 #include "npu_common.h"
 

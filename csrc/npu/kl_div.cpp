@@ -1,27 +1,18 @@
 // KL divergence on the NPU: aclnnKlDiv and aclnnKlDivTargetBackward.
 #include <torch/library.h>
 
-#include "../core/backend.h"
-#include "../core/checks.h"
-#include "../composite/math.h"
 #include "aclnn_api.h"
 #include "npu_common.h"
 
 namespace npu_loss::npu {
 namespace {
 
-at::Tensor kl_div_npu(const at::Tensor& self, const at::Tensor& target, int64_t reduction, bool log_target) {
-  const c10::OptionalDeviceGuard guard(at::device_of(self));
-  const auto spec = LossChecks<KlDiv>::forward(self, target, reduction, log_target);
-  if (numel_of(spec.broadcast_shape) == 0) return empty_forward(spec, reduction, self.options());
-  if (!path_here<KlDiv, false>(dtype_class({&self, &target}), BetaClass::None, log_target).aclnn) {
-    return Composite<KlDiv>::forward(self, target, reduction, log_target);
+// The forward: the generic frame around aclnnKlDiv (PlainKernels); the target gradient needs fixes.
+struct KlDivApi {
+  static void forward(at::Tensor self, at::Tensor target, int64_t reduction, bool log_target, at::Tensor& out) {
+    NPU_LOSS_EXEC_ACLNN(aclnnKlDiv, self, target, reduction, log_target, out);
   }
-  at::Tensor out = empty_result(spec, self.options());
-  at::Tensor self_nd = base_format(self), target_nd = base_format(target);
-  NPU_LOSS_EXEC_ACLNN(aclnnKlDiv, self_nd, target_nd, reduction, log_target, out);
-  return out;
-}
+};
 
 void kl_div_target_backward_into(
     at::Tensor& out, const ResultSpec& spec, const at::Tensor& grad_output, const at::Tensor& self,
@@ -57,7 +48,7 @@ void kl_div_target_backward_into(
 }  // namespace
 
 TORCH_LIBRARY_IMPL(npu_loss, PrivateUse1, m) {
-  impl_loss<KlDiv, &kl_div_npu, &kl_div_target_backward_into, SelfDeviceGuard>(m);
+  impl_loss<KlDiv, &PlainKernels<KlDiv, KlDivApi>::forward, &kl_div_target_backward_into, SelfDeviceGuard>(m);
 }
 
 }  // namespace npu_loss::npu

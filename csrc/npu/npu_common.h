@@ -9,8 +9,10 @@
 #include <string>
 #include <vector>
 
-#include "../core/checks.h"
 #include "../chips/paths.h"
+#include "../composite/math.h"
+#include "../core/backend.h"
+#include "../core/checks.h"
 #include "../losses.h"
 
 namespace npu_loss::npu {
@@ -77,5 +79,47 @@ inline at::Tensor empty_forward(const ResultSpec& spec, int64_t reduction, const
   if (reduction != kNone) out.fill_(reduce_total(0, reduction, 0));
   return out;
 }
+
+// The kernels of a loss whose aclnn calls need nothing around them (L1 and MSE; KL's forward): the checks,
+// empty inputs, this chip's path with the composite where it names no API, and private formats. `Api` holds
+// the calls, one aclnn launch each:
+//   Api::forward(self, target, reduction, scalars..., out)
+//   Api::backward(grad_output, self, target, reduction, scalars..., grad_input)
+//   Api::takes(grad_output, self, target): whether the backward API takes these operands' dtypes.
+// No float scalar: the paths of such a loss are chosen by dtype (and KL's log_target) alone.
+template <typename Loss, typename Api, typename Scalars = ScalarsOf<Loss>>
+struct PlainKernels;
+
+template <typename Loss, typename Api, typename... S>
+struct PlainKernels<Loss, Api, std::tuple<S...>> {
+  static_assert(Loss::decl.scalar.kind != ScalarKind::Float, "a float scalar picks a beta class: write the kernels");
+
+  static at::Tensor forward(const at::Tensor& self, const at::Tensor& target, int64_t reduction, S... s) {
+    const c10::OptionalDeviceGuard guard(at::device_of(self));
+    const auto spec = LossChecks<Loss>::forward(self, target, reduction, s...);
+    if (numel_of(spec.broadcast_shape) == 0) return empty_forward(spec, reduction, self.options());
+    if (!path_here<Loss, false>(dtype_class({&self, &target}), BetaClass::None, (false || ... || s)).aclnn) {
+      return Composite<Loss>::forward(self, target, reduction, s...);
+    }
+    at::Tensor out = empty_result(spec, self.options());
+    Api::forward(base_format(self), base_format(target), reduction, s..., out);
+    return out;
+  }
+
+  static void backward_into(
+      at::Tensor& out, const ResultSpec&, const at::Tensor& grad_output, const at::Tensor& self,
+      const at::Tensor& target, int64_t reduction, S... s) {
+    if (out.numel() == 0) return;  // aclnn launches nothing for empty inputs
+    const auto dtypes = dtype_class({&out, &grad_output, &self, &target});
+    if (!Api::takes(grad_output, self, target) ||
+        !path_here<Loss, true>(dtypes, BetaClass::None, (false || ... || s)).aclnn) {
+      out.copy_(Composite<Loss>::backward(grad_output, self, target, reduction, s...));
+      return;
+    }
+    at::Tensor result = base_format_out(out);
+    Api::backward(base_format(grad_output), base_format(self), base_format(target), reduction, s..., result);
+    copy_back(out, result);
+  }
+};
 
 }  // namespace npu_loss::npu

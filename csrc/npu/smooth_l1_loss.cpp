@@ -2,9 +2,6 @@
 // beta == 0 where the routing table says so).
 #include <torch/library.h>
 
-#include "../core/backend.h"
-#include "../core/checks.h"
-#include "../composite/math.h"
 #include "aclnn_api.h"
 #include "npu_common.h"
 

@@ -9,7 +9,7 @@
 // runtime torch::Library; set_routed() deletes it, which restores torch's kernels.
 //
 // Written in C++ because it runs on every routed call: a Python kernel cost 20 % of a 4K-element step.
-#include "enable.h"
+#include "aten_kernels.h"
 
 #include <ATen/core/dispatch/Dispatcher.h>
 #include <ATen/core/stack.h>
@@ -23,9 +23,9 @@
 #include <type_traits>
 #include <utility>
 
-#include "compat/torch_compat.h"
-#include "core/checks.h"
-#include "core/ops.h"
+#include "../compat/torch_compat.h"
+#include "../core/checks.h"
+#include "../core/ops.h"
 
 namespace npu_loss::enable {
 namespace {

@@ -15,11 +15,8 @@
 #
 # Environment knobs:
 #   NPU_LOSS_OPS_TORCH_VERSION  the torch release to install and build against (default: build_config.py's
-#                            DEFAULT_TORCH, 2.13.0; tested: its TESTED_RELEASES); torch_npu's release comes
-#                            from the same table. Another release than the default
-#                            gets venvs of its own, .venv-torch<release> and .venv-npu-torch<release>.
-#   NPU_LOSS_OPS_VENV        the CPU venv (default: <repo>/.venv)
-#   NPU_LOSS_OPS_NPU_VENV    the NPU venv (default: <repo>/.venv-npu)
+#                            DEFAULT_TORCH; tested: its TESTED_RELEASES); torch_npu's release comes from the
+#                            same table.
 #   NPU_LOSS_OPS_FRESH_VENV  1 = delete and recreate the venv (CI does this)
 #   PYTHON                   interpreter to build a venv from (default: python3.11, else python3 if 3.11)
 #   NPU_LOSS_OPS_REBUILD     1 = rebuild the extension even when it looks up to date
@@ -30,16 +27,18 @@
 #                                             that index cannot be reached, the configured one (as pypi)
 #                              pypi           whatever the configured index gives (from PyPI on x86-64
 #                                             Linux: the CUDA build and its nvidia-* packages, several GB)
-#   NPU_LOSS_OPS_TORCH_INDEX the CPU wheel index (default https://download.pytorch.org/whl/cpu)
+#
+# The one venv naming rule: <repo>/.venv, with "-npu" for the NPU venv and "-torch<release>" for a release
+# other than the default (.venv, .venv-npu, .venv-torch2.9.1, .venv-npu-torch2.9.1).
 
 REPO_ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 # The default release, read without Python (which may not be installed yet).
 DEFAULT_TORCH="$(sed -n 's/^DEFAULT_TORCH = "\(.*\)"$/\1/p' "$REPO_ROOT/build_config.py")"
 TORCH_VERSION="${NPU_LOSS_OPS_TORCH_VERSION:-$DEFAULT_TORCH}"
 if [[ "$TORCH_VERSION" == "$DEFAULT_TORCH" ]]; then _venv_suffix=""; else _venv_suffix="-torch$TORCH_VERSION"; fi
-VENV_DIR="${NPU_LOSS_OPS_VENV:-$REPO_ROOT/.venv$_venv_suffix}"
-NPU_VENV_DIR="${NPU_LOSS_OPS_NPU_VENV:-$REPO_ROOT/.venv-npu$_venv_suffix}"
-TORCH_CPU_INDEX="${NPU_LOSS_OPS_TORCH_INDEX:-https://download.pytorch.org/whl/cpu}"
+VENV_DIR="$REPO_ROOT/.venv$_venv_suffix"
+NPU_VENV_DIR="$REPO_ROOT/.venv-npu$_venv_suffix"
+TORCH_CPU_INDEX="https://download.pytorch.org/whl/cpu"
 DEBIAN_PACKAGES="python3 python3-dev python3-venv g++"
 # What the installed package is built from: a change to any of them means a rebuild.
 BUILD_INPUTS=(csrc npu_loss_ops setup.py pyproject.toml build_config.py)

@@ -10,7 +10,7 @@
 # with the CPU kernels, plus tests/test_npu_routing.py, which asserts from the emulator's trace which aclnn
 # API each op ran on that chip; then benchmarks/npu_launches.py, which counts the aclnn launches of every
 # loss x dtype x reduction and fails if any row launches more than benchmarks/results/npu_launches.json
-# (to update that table after a deliberate change: see benchmarks/README.md, "NPU launches"). Then one run over an emulated older CANN that lacks the six loss APIs
+# (to update that table after a deliberate change: see benchmarks/README.md, "NPU launches"). Then one run over an emulated older CANN that lacks the loss APIs
 # (every op must take the composite path, without an error), and examples/train.py on the emulated NPU.
 set -euo pipefail
 # shellcheck source=setup_env.sh

@@ -4,7 +4,7 @@
 # Builds against the python on PATH (or $PYTHON) that has torch and torch_npu installed; torch_npu is
 # located with importlib.util.find_spec and never imported (it cannot import without CANN). Writes
 #   OUT_DIR/lib/                        the stand-in libraries torch_npu loads
-#   OUT_DIR/lib-without-loss-apis/      the same, but libopapi.so lacks the six loss APIs (an older CANN)
+#   OUT_DIR/lib-without-loss-apis/      the same, but libopapi.so lacks the loss APIs (an older CANN)
 # Nothing here is installed by `pip install .` of the project.
 set -euo pipefail
 

@@ -46,7 +46,7 @@ def env(family, lib_dir, without_loss_apis=False):
     """Environment (a full copy of os.environ plus the emulator's variables) for a subprocess that runs
     torch_npu on the emulated chip `family` (a key of SOCS, or a SoC name such as "Ascend910B2").
     lib_dir is build.sh's OUT_DIR/lib (OUT_DIR works too); without_loss_apis selects the libopapi.so that
-    lacks the six loss APIs (an older CANN toolkit)."""
+    lacks the loss APIs (an older CANN toolkit)."""
     soc = SOCS.get(family, family)
     if not str(soc).startswith("Ascend"):
         raise ValueError(f"unknown chip family {family!r}; expected one of {sorted(SOCS)} or an Ascend SoC name")

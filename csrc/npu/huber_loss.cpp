@@ -1,6 +1,6 @@
 // Huber loss on the NPU. CANN has no Huber kernel that serves it (aclnnHuberLoss: A2 only, no broadcast, no
 // reduction, no backward), but huber(d; delta) = delta * smooth_l1(d; beta = delta), so it runs
-// aclnnSmoothL1Loss and aclnnSmoothL1LossBackward with beta = delta, routed as smooth L1 (the declaration's path rows, losses.h):
+// aclnnSmoothL1Loss and aclnnSmoothL1LossBackward with beta = delta, on smooth L1's paths (losses.h):
 // - backward: gradInput is linear in grad_output, so delta goes into it (delta * grad_output: a 0-dim
 //   tensor for "mean"/"sum", a full-size one for "none");
 // - forward: the result (0-dim for "mean"/"sum") is scaled by delta after the call.

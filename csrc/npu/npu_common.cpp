@@ -1,4 +1,4 @@
-// This process's chip, the route of a call on it, aclnn API presence and private formats (see npu_common.h).
+// This process's chip, the path of a call on it, aclnn API presence and private formats (see npu_common.h).
 #include "npu_common.h"
 
 #include <mutex>

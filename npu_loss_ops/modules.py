@@ -93,6 +93,11 @@ class HuberLoss(_Loss):
         reduction (str, optional): ``'none'`` | ``'mean'`` | ``'sum'``. Default: ``'mean'``
         delta (float, optional): The threshold; must be positive (``inf`` allowed). Default: ``1.0``
 
+    Raises:
+        TypeError: at construction, for a ``delta`` that is not a float or int (as torch 2.13's).
+        ValueError: when called, for an unknown ``reduction`` or a ``delta`` that is not > 0 (PyTorch raises
+            ``RuntimeError`` for the latter).
+
     Attributes:
         reduction (str): the reduction in use.
         delta (float): the threshold.
@@ -101,6 +106,10 @@ class HuberLoss(_Loss):
     __constants__ = ["reduction", "delta"]
 
     def __init__(self, reduction: str = "mean", delta: float = 1.0) -> None:
+        # torch.nn.HuberLoss's own check (torch 2.13): a delta that is not a real number fails here, not at
+        # the first call.
+        if not isinstance(delta, (float, int)):
+            raise TypeError(f"delta must be a float or int, got: {type(delta)}")
         super().__init__(reduction=reduction)
         self.delta = delta
 

@@ -264,6 +264,17 @@ def test_bad_delta_is_value_error_from_the_api(delta):
         F.huber_loss(x, t, delta=delta)
 
 
+@pytest.mark.parametrize("delta", [1 + 1j, "0.5", None])
+def test_huber_module_rejects_a_delta_that_is_not_a_real_number(delta):
+    """As torch 2.13's nn.HuberLoss: a TypeError at construction, with torch's message."""
+    with pytest.raises(TypeError, match="delta must be a float or int") as ours:
+        npu_loss_ops.HuberLoss(delta=delta)
+    if tuple(int(v) for v in torch.__version__.split("+")[0].split(".")[:2]) >= (2, 13):
+        with pytest.raises(TypeError) as theirs:
+            torch.nn.HuberLoss(delta=delta)
+        assert str(ours.value) == str(theirs.value)
+
+
 @pytest.mark.parametrize("name,cls,kwargs", [
     ("smooth_l1_loss", "SmoothL1Loss", {"beta": 0.5, "reduction": "sum"}),
     ("l1_loss", "L1Loss", {"reduction": "none"}),

@@ -124,8 +124,9 @@ class _Enabled:
 def enable(ops: str | Iterable[str] | None = None) -> _Enabled:
     """Route torch's own losses to this package's ops, process-wide, until :func:`disable`.
 
-    After the call, ``torch.nn.functional.smooth_l1_loss``/``l1_loss``/``kl_div``/``huber_loss``, the ``torch.nn`` loss
-    modules, ``torch.ops.aten.*`` for these losses and references to any of them taken before the call run
+    After the call, ``torch.nn.functional.smooth_l1_loss``/``l1_loss``/``kl_div``/``huber_loss``/``mse_loss``,
+    the ``torch.nn`` loss modules, ``torch.ops.aten.*`` for these losses and references to any of them taken
+    before the call run
     the ``torch.ops.npu_loss`` ops and their autograd nodes (``NpuLoss*``), on the CPU, the NPU and other
     devices, under ``no_grad`` and ``inference_mode`` too. Calls the package's checks would reject (more
     than 8 dims, float64 on the NPU, ...) run torch's own kernel. The package's documented differences
@@ -133,7 +134,7 @@ def enable(ops: str | Iterable[str] | None = None) -> _Enabled:
 
     Args:
         ops: the losses to route, by their ``torch.nn.functional`` names (``"smooth_l1_loss"``,
-            ``"l1_loss"``, ``"kl_div"``, ``"huber_loss"``); ``None`` routes all of them. The routed set becomes exactly
+            ``"l1_loss"``, ``"kl_div"``, ``"huber_loss"``, ``"mse_loss"``); ``None`` routes all of them. The routed set becomes exactly
             these. Any other name raises ``ValueError``.
 
     Returns:

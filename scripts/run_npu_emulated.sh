@@ -60,7 +60,7 @@ if not os.path.exists(path):
     sys.exit(print(f"trace {name}: none written"))
 trace = json.load(open(path))
 loss = ("aclnnSmoothL1Loss", "aclnnSmoothL1LossBackward", "aclnnL1Loss", "aclnnL1LossBackward", "aclnnKlDiv",
-        "aclnnKlDivTargetBackward")
+        "aclnnKlDivTargetBackward", "aclnnMseLoss", "aclnnMseLossBackward")
 print(f"trace {name}: " + ", ".join(f"{api} {trace.get(api, 0)}" for api in loss))
 other = {k: v for k, v in trace.items() if k.startswith("aclnn") and k not in loss and ":" not in k}
 rejected = {k: v for k, v in trace.items() if "GetWorkspaceSize:" in k}

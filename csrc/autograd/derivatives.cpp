@@ -75,7 +75,8 @@ struct Slope {
 };
 
 // `v` where the slope is linear: masked by |d| < clip, or expanded to the broadcast shape without a clip.
-inline at::Tensor where_linear(const at::Tensor& v, const at::Tensor& self, const at::Tensor& target, const Slope& slope) {
+inline at::Tensor where_linear(
+    const at::Tensor& v, const at::Tensor& self, const at::Tensor& target, const Slope& slope) {
   if (slope.clip) return ((self - target).abs() < *slope.clip) * v;
   return expand_to(v, at::infer_size_symdimvector(v.sym_sizes(), broadcast_shape(self, target)));
 }

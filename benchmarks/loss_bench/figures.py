@@ -23,7 +23,7 @@ DPI = 100  # 16 x 10 inches -> 1600 x 1000 pixels; 12 pt text is about 17 pixels
 DTYPE_COLOR = {"float32": "#1f6fb4", "bfloat16": "#e07b00", "float16": "#2a9d4b"}
 REDUCTION_MARKER = {"none": "o", "mean": "s", "sum": "^"}
 MISS_COLOR = "#d62728"
-OP_COLOR = dict(zip(BACKWARD_OPS, ("#1f6fb4", "#17becf", "#2a9d4b", "#e07b00", "#8e44ad")))
+OP_COLOR = dict(zip(BACKWARD_OPS, ("#1f6fb4", "#17becf", "#d62728", "#2a9d4b", "#e07b00", "#8e44ad"), strict=True))
 OP_COLOR.update(zip(FORWARD_OPS, list(OP_COLOR.values())))  # a forward op and its gradient alike
 
 # The rows of the main figure, top to bottom: (group heading, [((op, variant), label)]).

@@ -69,8 +69,8 @@ constexpr bool has_twin(AtenTwin twins, AtenTwin twin) {
 
 // A field a block leaves out takes the common case: ATen's loss of self with no scalar (as MSE is).
 struct LossDecl {
-  const char* forward;                    // the forward op, e.g. "smooth_l1_loss"
-  const char* backward;                   // its backward op
+  const char* forward;                      // the forward op, e.g. "smooth_l1_loss"
+  const char* backward;                     // its backward op
   const char* out_overload = "grad_input";  // the backward's out= overload name
   const char* out_arg = "grad_input";       // the out= tensor's name
   ScalarArg scalar = {};

@@ -58,12 +58,16 @@ def _forget_compiled_routing() -> None:
     - The Python dispatcher (used while torch.compile traces) caches which key's kernel serves an op; a
       kernel registered at another key than the cached one (ours at AutogradCPU, torch's at Autograd) would
       not be seen, so the routed ATen overloads' caches are cleared.
-    - torch._dynamo.reset() drops the compiled frames.
+    - Compiled frames: every frame Dynamo compiles carries a guard on the routing it was compiled under
+      (_install_routing_guard), so a switch makes the frames of the other state miss and those of this state
+      (compiled before) run again: one compile per frame and routing state, never one per switch. Frames
+      compiled before the guard existed are dropped once, by torch._dynamo.reset(), when it is installed;
+      where it cannot be installed (a torch whose Dynamo lacks the hook), every switch resets.
     - The on-disk AOTAutograd and Inductor caches key a graph by Dynamo's graph, which is the same with
       routing on or off (it calls the ATen op), so the routing goes into torch.compiler.config.cache_key_tag,
       which both caches include in their keys.
     """
-    global _cache_tag_suffix
+    global _cache_tag_suffix, _guard_state
     for overloads in _LOSSES.values():
         for overload in overloads:
             cache = getattr(_overload(torch.ops.aten, overload), "_dispatch_cache", None)
@@ -76,7 +80,53 @@ def _forget_compiled_routing() -> None:
     _cache_tag_suffix = f"[npu_loss_ops.enable:{','.join(sorted(_routed))}]" if _routed else ""
     config.cache_key_tag = tag + _cache_tag_suffix
     if "torch._dynamo" in sys.modules:  # otherwise nothing was ever compiled
-        torch._dynamo.reset()
+        if not _guard_state:
+            _guard_state = _install_routing_guard()
+            torch._dynamo.reset()  # the frames compiled without the guard
+        elif _guard_state == "unavailable":
+            torch._dynamo.reset()
+
+
+# ---- the guard on compiled frames -------------------------------------------------------------------------
+
+# "" before the first switch after torch._dynamo was imported; then "installed", or "unavailable" (every
+# switch resets).
+_guard_state = ""
+
+
+def _routing_guard(builder: Any, guard: Any) -> None:
+    """A Dynamo guard: the frame runs only while the routing is the one it was compiled under."""
+    compiled_under = _routed
+    code = [f"npu_loss_ops.enable() routing == {sorted(compiled_under)}"]
+
+    def same_routing(_: Any) -> bool:
+        return _routed == compiled_under
+
+    root = builder.guard_manager.root
+    try:
+        root.add_lambda_guard(same_routing, code, getattr(guard, "user_stack", None))
+    except TypeError:  # older torch: no user_stack argument
+        root.add_lambda_guard(same_routing, code)
+
+
+def _install_routing_guard() -> str:
+    """Add _routing_guard to the guards Dynamo gives every frame it compiles (its "ambient" guards, those on
+    the grad mode and the other global state). Returns the new _guard_state."""
+    try:
+        from torch._dynamo import output_graph
+        from torch._dynamo.source import GlobalStateSource
+        from torch._guards import Guard
+
+        ambient = output_graph.OutputGraph.init_ambient_guards
+    except (ImportError, AttributeError):
+        return "unavailable"
+
+    def init_ambient_guards(self: Any) -> None:
+        ambient(self)
+        self.guards.add(Guard(GlobalStateSource(), _routing_guard))
+
+    output_graph.OutputGraph.init_ambient_guards = init_ambient_guards
+    return "installed"
 
 
 def _route(losses: frozenset[str]) -> None:
@@ -141,8 +191,10 @@ def enable(ops: str | Iterable[str] | None = None) -> _Enabled:
         A context manager: ``with npu_loss_ops.enable():`` restores, on exit, the routing there was before
         the call (nesting works). Called on its own, the routing stays on.
 
-    Calling it again with the same losses changes nothing. A switch resets ``torch._dynamo``, so functions
-    compiled before it are compiled again under the new routing.
+    Calling it again with the same losses changes nothing. Functions compiled with ``torch.compile`` run
+    only under the routing they were compiled under: after a switch they are compiled once more for the
+    new routing, and both compilations are kept, so switching back and forth compiles nothing new
+    (docs/usage.md, "Compiled code").
     """
     losses = _parse(ops)
     with _lock:

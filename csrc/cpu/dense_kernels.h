@@ -329,7 +329,8 @@ NPU_LOSS_SIMD_INLINE void forward_loop(const Op& op, const void* xv, const void*
   }
 }
 
-// The sum of op(x[i], t[i]) in the opmath type: one accumulator per lane, then reduce_add's fixed order.
+// The sum of op(x[i], t[i]) in the opmath type: one accumulator per vector lane, then reduce_add's fixed
+// order; one lane (the baseline, float64): lane_blocked_sum's order.
 template <class IoT, class Op>
 NPU_LOSS_SIMD_INLINE double sum_loop(const Op& op, const void* xv, const void* tv, int64_t n) {
   using T = typename IoT::T;
@@ -338,10 +339,8 @@ NPU_LOSS_SIMD_INLINE double sum_loop(const Op& op, const void* xv, const void* t
   const T* x = static_cast<const T*>(xv);
   const T* t = static_cast<const T*>(tv);
   if constexpr (W == 1) {
-    decltype(V{}.v) acc = 0;
-    NPU_LOSS_SIMD_SUM(acc)
-    for (int64_t i = 0; i < n; ++i) acc += op(IoT::load(x + i), IoT::load(t + i)).v;
-    return acc;
+    using Acc = decltype(V{}.v);
+    return lane_blocked_sum<Acc>(0, n, [&](int64_t i) { return op(IoT::load(x + i), IoT::load(t + i)).v; });
   } else {
     V acc = cst<V>(0);
     int64_t i = 0;

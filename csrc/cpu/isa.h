@@ -10,14 +10,30 @@
 
 #include "../losses.h"
 
-// A loop whose iterations add into acc, vectorized as a reduction (lanes summed in a fixed order).
-#if defined(_OPENMP) || defined(__clang__)
-#define NPU_LOSS_SIMD_SUM(acc) _Pragma("omp simd reduction(+ : acc)")
-#else
-#define NPU_LOSS_SIMD_SUM(acc)
-#endif
-
 namespace npu_loss::cpu {
+
+// The one accumulation order of the sums taken outside the vector kernels' own loops (the baseline's and
+// float64's loss sums, the strided route's buffers, the target gradient's rows; docs/cpu_kernels.md, "Sums"):
+// element begin + i goes into partial sum i % kSumLanes, and the partials are then added pairwise,
+// ((p0 + p4) + (p2 + p6)) + ((p1 + p5) + (p3 + p7)). Written out so that the compiler's vectorizer, which
+// works at some optimization levels and not at others, cannot change it: every -O level, the sanitized
+// build and every architecture add in this order. The lanes are independent, so -O3 still vectorizes it.
+// Internal linkage: each translation unit, built for its own instruction set, keeps its own copy.
+inline constexpr int kSumLanes = 8;
+
+template <class Acc, class ValueAt>
+static inline Acc lane_blocked_sum(int64_t begin, int64_t end, const ValueAt& value_at) {
+  Acc partial[kSumLanes] = {};
+  int64_t i = begin;
+  for (; i + kSumLanes <= end; i += kSumLanes) {
+    for (int k = 0; k < kSumLanes; ++k) partial[k] += value_at(i + k);
+  }
+  for (int k = 0; i < end; ++i, ++k) partial[k] += value_at(i);
+  for (int width = kSumLanes / 2; width > 0; width /= 2) {
+    for (int k = 0; k < width; ++k) partial[k] += partial[k + width];
+  }
+  return partial[0];
+}
 
 enum class Isa : int { Baseline = 0, Avx2 = 1, Avx512 = 2 };
 

@@ -43,10 +43,7 @@ void sum_rows(const at::Tensor& values, int64_t rows, int64_t cols, const at::Te
         const int64_t lo = (task % chunks_per_row) * kSumChunk;
         const int64_t hi = std::min(cols, lo + kSumChunk);
         const scalar_t* p = v + row * cols;
-        scalar_t acc = 0;
-        NPU_LOSS_SIMD_SUM(acc)
-        for (int64_t i = lo; i < hi; ++i) acc += p[i];
-        partial[task] = acc;
+        partial[task] = lane_blocked_sum<scalar_t>(lo, hi, [p](int64_t i) { return p[i]; });
       }
     });
     for (int64_t row = 0; row < rows; ++row) {

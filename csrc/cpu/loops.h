@@ -171,10 +171,7 @@ inline double sum_contiguous(const at::Tensor& values) {
   return AT_DISPATCH_FLOATING_TYPES(values.scalar_type(), "npu_loss_sum", [&] {
     const scalar_t* p = values.const_data_ptr<scalar_t>();
     return deterministic_sum(values.numel(), [p](int64_t begin, int64_t end) {
-      scalar_t acc = 0;
-      NPU_LOSS_SIMD_SUM(acc)
-      for (int64_t i = begin; i < end; ++i) acc += p[i];
-      return acc;
+      return lane_blocked_sum<scalar_t>(begin, end, [p](int64_t i) { return p[i]; });
     });
   });
 }

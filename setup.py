@@ -52,6 +52,13 @@ if release_of(torch.__version__) not in TESTED_RELEASES:
     )
 
 DEBUG = os.environ.get("DEBUG", "0") == "1"
+# The sanitized build (docs/usage.md, "A sanitized build"): NPU_LOSS_OPS_SANITIZE=address,undefined.
+SANITIZERS = ("address", "undefined")
+SANITIZE = [name.strip() for name in os.environ.get("NPU_LOSS_OPS_SANITIZE", "").split(",") if name.strip()]
+for _name in SANITIZE:
+    if _name not in SANITIZERS:
+        sys.exit(f"npu_loss_ops: NPU_LOSS_OPS_SANITIZE names {_name!r}; it takes a comma-separated list of "
+                 f"{', '.join(SANITIZERS)}")
 
 
 def read_version():
@@ -126,6 +133,18 @@ def cpu_flags():
         # Without it at::parallel_for in the extension runs on one thread.
         flags.append("-fopenmp")
         link.append("-fopenmp")
+    if SANITIZE:
+        # After the package's own flags, so they win: -O1 (-O0 under DEBUG=1) with debug info for the
+        # reports' file:line, and -fno-wrapv, because Python's -fwrapv makes signed overflow defined and
+        # GCC then drops UBSan's overflow checks. The link keeps the debug info and the runtimes.
+        sanitize = f"-fsanitize={','.join(SANITIZE)}"
+        flags += ([] if DEBUG else ["-O1"]) + ["-g", "-fno-omit-frame-pointer", "-fno-wrapv", sanitize]
+        link = [arg for arg in link if arg != "-Wl,--strip-debug"] + [sanitize]
+    # build_info() reports the optimization level and the sanitizers (tests/test_sanitizer.py).
+    level = "0" if DEBUG else "1" if SANITIZE else "3"
+    flags.append(f"-DNPU_LOSS_OPS_OPT_LEVEL={level}")
+    if "undefined" in SANITIZE:
+        flags.append("-DNPU_LOSS_OPS_UBSAN=1")  # GCC defines __SANITIZE_ADDRESS__ itself, no UBSan macro
     link += glibc_floor_link_args()
     return flags, link
 

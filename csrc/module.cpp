@@ -122,6 +122,16 @@ pybind11::dict build_info() {
   info["openmp"] = false;
 #endif
   info["compiler"] = std::string(__VERSION__);
+  // setup.py's optimization level (-O3; -O0 with DEBUG=1; -O1 sanitized) and NPU_LOSS_OPS_SANITIZE.
+  info["optimization"] = "-O" + std::to_string(NPU_LOSS_OPS_OPT_LEVEL);
+  std::vector<std::string> sanitizers;
+#if defined(__SANITIZE_ADDRESS__)
+  sanitizers.emplace_back("address");
+#endif
+#if defined(NPU_LOSS_OPS_UBSAN)
+  sanitizers.emplace_back("undefined");
+#endif
+  info["sanitizers"] = sanitizers;
   return info;
 }
 

@@ -28,8 +28,9 @@
 #                              pypi           whatever the configured index gives (from PyPI on x86-64
 #                                             Linux: the CUDA build and its nvidia-* packages, several GB)
 #
-# The one venv naming rule: <repo>/.venv, with "-npu" for the NPU venv and "-torch<release>" for a release
-# other than the default (.venv, .venv-npu, .venv-torch2.9.1, .venv-npu-torch2.9.1).
+# The one venv naming rule: <repo>/.venv, with "-npu" for the NPU venv, "-sanitize" for the sanitized build's
+# (scripts/run_sanitized.sh) and "-torch<release>" for a release other than the default (.venv, .venv-npu,
+# .venv-sanitize, .venv-torch2.9.1, .venv-npu-torch2.9.1).
 
 REPO_ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 # The default release, read without Python (which may not be installed yet).

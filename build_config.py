@@ -50,17 +50,16 @@ def _with_npu():
 ROLES = {
     "default": DEFAULT_TORCH,  # everything: CPU suite, NPU build check, every emulated chip family, wheel
     "oldest-npu": _with_npu()[0],  # NPU build check, emulated 910B, CPU suite
-    "newest-npu": _with_npu()[-1],  # NPU build check
-    "newest": max(TESTED_RELEASES, key=_key),  # the rebuild check (default, then this, in one checkout), CPU suite
+    "newest": max(TESTED_RELEASES, key=_key),  # the rebuild check (default, then this, in one checkout)
 }
 
-# How far CI takes each release's NPU kernels; build_info()["npu_tested"] reports it. docs/releases.md has
+# How far each release's NPU kernels were taken; build_info()["npu_tested"] reports it. docs/releases.md has
 # what scripts/check_releases.sh ran on every other row.
 NPU_TESTED = {
     ROLES["default"]: "run on the emulated CANN (every chip family) in CI",
     ROLES["oldest-npu"]: "run on the emulated CANN (910B family) in CI",
-    ROLES["newest-npu"]: "compiled, linked and symbol-checked in CI (torch-npu 2.14.0 does not import on the "
-    "registry's torch 2.14.0, a CUDA build, so its kernels were never run)",
+    _with_npu()[-1]: "compiled, linked and symbol-checked by scripts/check_releases.sh (torch-npu 2.14.0 does "
+    "not import on the registry's torch 2.14.0, a CUDA build, so its kernels were never run)",
 }
 NPU_CHECKED_ELSEWHERE = "checked by scripts/check_releases.sh (docs/releases.md has the last run)"
 

@@ -6,6 +6,7 @@
 #   bash scripts/check_releases.sh 2.8.0 aarch64     only these (a torch release of build_config.py's table,
 #                                                    aarch64, large); their rows are replaced
 #   bash scripts/check_releases.sh 2.11.0/cpu        only that release's CPU suite
+#   bash scripts/check_releases.sh 2.14.0/npu        only that release's NPU checks
 #   bash scripts/check_releases.sh --verify          what CI runs: every row passed on a commit whose
 #                                                    csrc/compat and build_config.py are today's, and every
 #                                                    release has its CPU suite and NPU build check in CI or here
@@ -13,7 +14,8 @@
 # Per torch release of the table that CI does not run in full: the CPU suite without the tests over 2**31
 # elements, and, where the release has a torch_npu, the NPU build check and the emulated NPU suite on 910B.
 # "aarch64": the whole suite under qemu (scripts/aarch64.sh full). "large": the tests over 2**31 elements at
-# the default release. The releases come from build_config.py; pip installs exactly torch==<release> (the
+# the default release. "debug": the whole suite (without those tests) from a DEBUG=1 build (-O0 -g), whose
+# sums must have the release build's bits (tests/test_same_bits.py). The releases come from build_config.py; pip installs exactly torch==<release> (the
 # registry's build: a CUDA build of about 5 GB for every release but the default) with its torch-npu.
 set -euo pipefail
 REPO_ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
@@ -29,7 +31,7 @@ if (($#)); then
   CHECKS=("$@")
 else
   mapfile -t CHECKS < <(python3 scripts/release_table.py pending)
-  CHECKS+=(aarch64 large)
+  CHECKS+=(aarch64 large debug)
 fi
 
 COMMIT="$(git rev-parse HEAD)"
@@ -69,8 +71,10 @@ run() {
 release_checks() {
   local torch="$1" only="${2:-}"
   export NPU_LOSS_OPS_TORCH_VERSION="$torch"
-  run "$torch" x86_64 "CPU suite" env NPU_LOSS_OPS_FRESH_VENV=1 bash scripts/run_tests.sh -m "not large" -p no:cacheprovider
-  rm -rf "$WORK/.venv-torch$torch"
+  if [[ "$only" != npu ]]; then
+    run "$torch" x86_64 "CPU suite" env NPU_LOSS_OPS_FRESH_VENV=1 bash scripts/run_tests.sh -m "not large" -p no:cacheprovider
+    rm -rf "$WORK/.venv-torch$torch"
+  fi
   if [[ "$only" != cpu ]] && python3 "$REPO_ROOT/scripts/release_table.py" needs-npu "$torch"; then
     run "$torch" x86_64 "NPU build check" env NPU_LOSS_OPS_FRESH_VENV=1 bash scripts/check_npu.sh
     run "$torch" x86_64 "emulated NPU 910B" env NPU_LOSS_OPS_EMULATOR_DIR="$WORK/build/npu_emulator-torch$torch" \
@@ -89,12 +93,18 @@ for check in "${CHECKS[@]}"; do
         env NPU_LOSS_OPS_AARCH64_DIR="$REPO_ROOT/build/aarch64" bash scripts/aarch64.sh full
       ;;
     large)
+      # NPU_LOSS_OPS_REBUILD=1 here and in "debug": the two share the clone's in-place build.
       run "$(python3 build_config.py --torch-version)" x86_64 "tests over 2**31 elements" \
-        env NPU_LOSS_OPS_TORCH=cpu NPU_LOSS_OPS_LARGE_TESTS=1 bash scripts/run_tests.sh -m large -p no:cacheprovider
+        env NPU_LOSS_OPS_TORCH=cpu NPU_LOSS_OPS_REBUILD=1 NPU_LOSS_OPS_LARGE_TESTS=1 bash scripts/run_tests.sh -m large -p no:cacheprovider
+      ;;
+    debug)
+      run "$(python3 build_config.py --torch-version)" x86_64 "whole suite from a DEBUG=1 build (-O0)" \
+        env NPU_LOSS_OPS_TORCH=cpu NPU_LOSS_OPS_REBUILD=1 DEBUG=1 bash scripts/run_tests.sh -m "not large" -p no:cacheprovider
       ;;
     [0-9]*/cpu) release_checks "${check%/cpu}" cpu ;;
+    [0-9]*/npu) release_checks "${check%/npu}" npu ;;
     [0-9]*) release_checks "$check" ;;
-    *) echo "check_releases: unknown check '$check' (a release of build_config.py, aarch64 or large)" >&2; exit 2 ;;
+    *) echo "check_releases: unknown check '$check' (a release of build_config.py, aarch64, large or debug)" >&2; exit 2 ;;
   esac
 done
 python3 "$REPO_ROOT/scripts/release_table.py" verify "$TABLE"

@@ -440,9 +440,10 @@ CXX
 # 14,800; the count is printed at each run). Chosen across what could differ on aarch64: the CPU kernels'
 # vector bodies and tails (5000-element samples), special values (NaN, inf, KL's zero target), every op,
 # dtype and reduction; the validation rules and their errors; autograd (gradcheck, the autograd nodes, the
-# torch.func transforms on broadcast samples); and enable() in full.
+# torch.func transforms on broadcast samples); enable() in full; and the sums' committed bits.
 SLICE_FILES=(tests/test_correctness.py tests/test_errors.py tests/test_functional.py tests/test_weight.py
-  tests/test_gradcheck.py tests/test_autograd_nodes.py tests/test_transforms.py tests/test_enable.py)
+  tests/test_gradcheck.py tests/test_autograd_nodes.py tests/test_transforms.py tests/test_enable.py
+  tests/test_same_bits.py)
 SLICE_K=(
   # correctness: forward and backward ops on 5000 elements, every op, dtype and reduction (30 each)
   "test_forward_op[ and 5000" "test_backward_op[ and 5000"
@@ -460,8 +461,10 @@ SLICE_K=(
   "test_gradcheck_forward[ and transposed"
   "test_autograd_nodes.py"
   "(test_vmap[ or test_grad[ or test_jvp[ or test_hessian[) and mean-bcast"
-  # enable(): the whole module (78)
+  # enable(): the whole module
   "test_enable.py"
+  # the float32 and float64 sums of every loss have aarch64's committed bits (tests/data/reduction_bits.json)
+  "test_same_bits.py"
 )
 
 slice_expression() {

@@ -7,14 +7,20 @@
 # dist/torch2.13.0_torch_npu2.13.0/npu_loss_ops-0.1.0-cp311-cp311-manylinux_2_28_x86_64.whl.
 #
 #   bash scripts/build_wheel.sh           build, repair, report
-#   bash scripts/build_wheel.sh --test    also: a fresh venv with the pinned torch (and torch_npu), the wheel
+#   bash scripts/build_wheel.sh --test [tests...]
+#                                         also: a fresh venv with the pinned torch (and torch_npu), the wheel
 #                                         installed with no compiler on PATH, the suite (-m "not large") run from
-#                                         it on the CPU
+#                                         it on the CPU; test files after --test (tests/X.py) narrow it
 set -euo pipefail
 # shellcheck source=setup_env.sh
 source "$(dirname "${BASH_SOURCE[0]}")/setup_env.sh"
 run_tests=0
-[[ "${1:-}" == "--test" ]] && run_tests=1
+test_paths=()
+if [[ "${1:-}" == "--test" ]]; then
+  run_tests=1
+  shift
+  for path in "$@"; do test_paths+=("$REPO_ROOT/$path"); done
+fi
 log() { printf '[wheel %s] %s\n' "$(date +%H:%M:%S)" "$*" >&2; }
 t0=$SECONDS
 
@@ -108,4 +114,4 @@ PATH="$no_compiler" python -m pip check
 mkdir "$raw/cwd" && cd "$raw/cwd"
 python -c 'import npu_loss_ops, torch; print("testing npu_loss_ops", npu_loss_ops.__version__, "from", npu_loss_ops.__file__, "under torch", torch.__version__)'
 log "running the suite from the installed wheel ($((SECONDS - t0))s so far)"
-python -m pytest -p no:cacheprovider -q -rs -m "not large" --rootdir "$REPO_ROOT" "$REPO_ROOT/tests"
+python -m pytest -p no:cacheprovider -q -rs -m "not large" --rootdir "$REPO_ROOT" "${test_paths[@]:-$REPO_ROOT/tests}"

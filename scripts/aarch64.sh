@@ -308,7 +308,9 @@ CROSS_ENV=(CC=aarch64-linux-gnu-gcc CXX=aarch64-linux-gnu-g++ "LDSHARED=aarch64-
 # What a build depends on, beyond the sources' mtimes: the sources' contents, torch's version, the flags.
 build_digest() {
   { (cd "$1" && xargs -d '\n' sha256sum <.aarch64-manifest); installed_version "$(site_packages "$2")" torch
-    installed_version "$(site_packages "$2")" torch_npu; printf '%s\n' "${CROSS_ENV[@]}"; } | sha256sum | cut -d' ' -f1
+    installed_version "$(site_packages "$2")" torch_npu; printf '%s\n' "${CROSS_ENV[@]}"
+    # setup.py's build switches: a DEBUG=1 (-O0) or sanitized build is not the release build.
+    printf 'DEBUG=%s SANITIZE=%s\n' "${DEBUG:-}" "${NPU_LOSS_OPS_SANITIZE:-}"; } | sha256sum | cut -d' ' -f1
 }
 
 # pip_build SRC VENV LOG PIP-ARGS...: pip under qemu builds SRC with the cross compilers; the log keeps its output.

@@ -19,7 +19,7 @@ from __future__ import annotations
 import sys
 import threading
 from types import TracebackType
-from typing import Any, Iterable
+from typing import Any, Callable, Iterable
 
 import torch
 
@@ -117,7 +117,8 @@ def _install_routing_guard() -> str:
         from torch._dynamo.source import GlobalStateSource
         from torch._guards import Guard
 
-        ambient = output_graph.OutputGraph.init_ambient_guards
+        # Typed here: some releases leave the method unannotated (mypy --strict's no-untyped-call).
+        ambient: Callable[[Any], None] = output_graph.OutputGraph.init_ambient_guards
     except (ImportError, AttributeError):
         return "unavailable"
 

@@ -451,7 +451,7 @@ def test_out_non_contiguous(s, layout, device):
     assert not out.is_contiguous()
     res = _call_out(ds, out)
     assert res is out
-    # A strided output takes the TensorIterator route, whose log/exp may differ from the dense fast path's
+    # A strided output takes the TensorIterator loop, whose log/exp may differ from the dense fast path's
     # in the last bit: compare to rounding, and to the float64 reference.
     value, mag, _, _ = reference_backward(s)
     assert_close_on_device(out, value, mag, msg=f"{s.name} non-contiguous out=", device=device,
@@ -550,7 +550,7 @@ def test_reduced_precision_is_rounded_once(loss, log_target, dtype, reduction, l
         else:
             args, kwargs = ds.backward_args()
             out = call(ds.backward_op(), *args, **kwargs)
-            # the TBE chips' smooth L1 kernel (Huber's too) divides by beta + 1e-6 (docs/npu_routing.md): the
+            # the TBE chips' smooth L1 kernel (Huber's too) divides by beta + 1e-6 (docs/npu_paths.md): the
             # value it rounds once
             divisor = smooth_l1_tbe_divisor(device, s.beta, out, *args[:3]) if (
                 loss in ("smooth_l1_loss", "huber_loss") and path == "kernel") else None

@@ -14,7 +14,7 @@ from samples import LOSSES, Sample, all_samples, layout_kind, make_layout, make_
 @pytest.mark.parametrize("layout", ["transposed", "sliced", "expanded"])
 @pytest.mark.parametrize("loss", LOSSES)
 def test_elementwise_results_do_not_depend_on_layout(loss, layout, dtype, device):
-    """The strided route and the dense fast path agree (to rounding: their log/exp may differ in the last
+    """The strided loop and the dense fast path agree (to rounding: their log/exp may differ in the last
     bit), and both match the float64 reference."""
     s = make_sample(loss, (40, 70), (40, 70), dtype=dtype, reduction="none", layout=layout)
     ds = s.to(device)
@@ -110,8 +110,8 @@ def test_sample_on_device_keeps_its_layout(layout, device):
 
 
 def test_bfloat16_kl_strided_matches_dense_bitwise():
-    """The strided route computes bfloat16 inputs as the bfloat16 kernels do (loops.h): KL's log of a
-    bfloat16 target takes the same form on both routes (a table lookup on AVX-512, docs/cpu_kernels.md), so
+    """The strided loop computes bfloat16 inputs as the bfloat16 kernels do (loops.h): KL's log of a
+    bfloat16 target takes the same form on both loops (a table lookup on AVX-512, docs/cpu_kernels.md), so
     forward and gradient agree bit for bit. The targets are the bfloat16 values whose lookup log differs
     from the polynomial's, and x sweeps every bfloat16 in (-4, 4), so that cancellation in log(t) + 1 - x
     shows a last-bit difference after the bfloat16 rounding: the mixed-dtype call, which computes in

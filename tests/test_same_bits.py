@@ -4,7 +4,7 @@ Every sum the CPU kernels take has one written-out accumulation order, so a buil
 (the sanitized build, NPU_LOSS_OPS_SANITIZE) or -O3 (the release build) gives the same bits on each
 instruction set. tests/data/reduction_bits.json holds those bits, from the release build, per architecture
 and instruction set: the float32 and float64 'mean' and 'sum' of every loss, over sizes that end in every
-kind of tail and span several sum chunks, through the dense and the strided route, and the KL target
+kind of tail and span several sum chunks, through the dense and the strided loop, and the KL target
 gradient summed over a broadcast. This test compares the build it runs from with them: CI runs it from the
 release and the sanitized build, scripts/check_releases.sh from a DEBUG=1 build.
 
@@ -58,7 +58,7 @@ def compute() -> dict:
                         x = _values(n, 1, dtype)
                         t = _values(n, 2, dtype, positive=loss == "kl_div" and not log_target)
                         out[f"{name}/{dtype}/{reduction}/{n}"] = _hex(fn(x, t, **kwargs))
-                    # The strided route (target broadcast along a leading dim).
+                    # The strided loop (target broadcast along a leading dim).
                     x = _values(3 * 1001, 3, dtype).reshape(3, 1001)
                     t = _values(1001, 4, dtype, positive=loss == "kl_div" and not log_target)
                     out[f"{name}/{dtype}/{reduction}/3x1001-broadcast"] = _hex(fn(x, t, **kwargs))

@@ -57,7 +57,7 @@ NPU_LOSS_SIMD_INLINE V sign_of(V v) {
 template <class V>
 struct SmoothL1 {
   V beta, half_beta;
-  explicit SmoothL1(const LossParams& p) : beta(cst<V>(p.beta)), half_beta(cst<V>(0.5) * beta) {}
+  explicit SmoothL1(const LossParams& p) : beta(cst<V>(p.float_scalar)), half_beta(cst<V>(0.5) * beta) {}
   NPU_LOSS_SIMD_INLINE V operator()(V x, V t) const {
     const V d = x - t;
     const V ad = abs(d);
@@ -71,7 +71,7 @@ template <class V>
 struct SmoothL1Grad {
   V beta;
   bool l1;
-  explicit SmoothL1Grad(const LossParams& p) : beta(cst<V>(p.beta)), l1(p.beta == 0) {}
+  explicit SmoothL1Grad(const LossParams& p) : beta(cst<V>(p.float_scalar)), l1(p.float_scalar == 0) {}
   NPU_LOSS_SIMD_INLINE V operator()(V g, V x, V t) const {
     const V d = x - t;
     if (l1) return g * sign_of(d);
@@ -79,11 +79,11 @@ struct SmoothL1Grad {
   }
 };
 
-// Huber: |d| < delta ? 0.5 d^2 : delta (|d| - 0.5 delta), d = x - t (beta holds delta; delta may be +inf).
+// Huber: |d| < delta ? 0.5 d^2 : delta (|d| - 0.5 delta), d = x - t (delta may be +inf).
 template <class V>
 struct Huber {
   V delta, half_delta;
-  explicit Huber(const LossParams& p) : delta(cst<V>(p.beta)), half_delta(cst<V>(0.5) * delta) {}
+  explicit Huber(const LossParams& p) : delta(cst<V>(p.float_scalar)), half_delta(cst<V>(0.5) * delta) {}
   NPU_LOSS_SIMD_INLINE V operator()(V x, V t) const {
     const V d = x - t;
     const V ad = abs(d);
@@ -95,7 +95,7 @@ struct Huber {
 template <class V>
 struct HuberGrad {
   V delta, neg_delta;
-  explicit HuberGrad(const LossParams& p) : delta(cst<V>(p.beta)), neg_delta(cst<V>(-p.beta)) {}
+  explicit HuberGrad(const LossParams& p) : delta(cst<V>(p.float_scalar)), neg_delta(cst<V>(-p.float_scalar)) {}
   NPU_LOSS_SIMD_INLINE V operator()(V g, V x, V t) const {
     const V d = x - t;
     return g * select(d > delta, delta, select(d < neg_delta, neg_delta, d));
@@ -132,7 +132,7 @@ struct MseGrad {
 };
 
 // log(target) for the KL functors: the lookup form when every target is a bfloat16 value (Bf16 true: the
-// bfloat16 kernels and the strided route's float buffers of bfloat16 inputs), so that both routes give the
+// bfloat16 kernels and the strided loop's float buffers of bfloat16 inputs), so that both loops give the
 // same bits (vec_math.h).
 template <bool Bf16, class V>
 NPU_LOSS_SIMD_INLINE V log_of_target(V t, bool& special) {
@@ -204,7 +204,7 @@ struct Io<DType::Float> : FloatRegisterIo {
   static NPU_LOSS_SIMD_INLINE void store(T* p, F v) { ::npu_loss::cpu::NPU_LOSS_ISA::store(p, v); }
 };
 
-// float buffers that hold bfloat16 values: the strided route's, for bfloat16 inputs (loops.h).
+// float buffers that hold bfloat16 values: the strided loop's, for bfloat16 inputs (loops.h).
 template <>
 struct Io<DType::FloatOfBFloat16> : Io<DType::Float> {
   static constexpr bool kBf16Values = true;
@@ -416,13 +416,13 @@ struct Math<::npu_loss::MseLoss, IoT> {
   }
 };
 
-// KL: the flag is log_target.
+// KL: the bool scalar is log_target.
 template <class IoT>
 struct Math<::npu_loss::KlDiv, IoT> {
   template <class Fn>
   static NPU_LOSS_SIMD_INLINE void with(const LossParams& p, const Fn& fn) {
     using V = typename IoT::V;
-    if (p.flag) {
+    if (p.bool_scalar) {
       fn(KlDivLog<V>(p), KlTargetGradLog<V>(p));
     } else {
       fn(KlDiv<V, IoT::kBf16Values>(p), KlTargetGrad<V, IoT::kBf16Values>(p));

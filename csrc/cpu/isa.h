@@ -13,7 +13,7 @@
 namespace npu_loss::cpu {
 
 // The one accumulation order of the sums taken outside the vector kernels' own loops (the baseline's and
-// float64's loss sums, the strided route's buffers, the target gradient's rows; docs/cpu_kernels.md, "Sums"):
+// float64's loss sums, the strided loop's buffers, the target gradient's rows; docs/cpu_kernels.md, "Sums"):
 // element begin + i goes into partial sum i % kSumLanes, and the partials are then added pairwise,
 // ((p0 + p4) + (p2 + p6)) + ((p1 + p5) + (p3 + p7)). Written out so that the compiler's vectorizer, which
 // works at some optimization levels and not at others, cannot change it: every -O level, the sanitized
@@ -39,16 +39,16 @@ enum class Isa : int { Baseline = 0, Avx2 = 1, Avx512 = 2 };
 
 
 // The storage types of the dense kernels' operands (all operands of one call share it). FloatOfBFloat16 is
-// float storage whose values are all bfloat16: the strided route's buffers for bfloat16 inputs, computed
-// as the bfloat16 kernels compute (KL's log of a bfloat16 target), so that both routes give the same bits.
+// float storage whose values are all bfloat16: the strided loop's buffers for bfloat16 inputs, computed
+// as the bfloat16 kernels compute (KL's log of a bfloat16 target), so that both loops give the same bits.
 enum class DType : int { Float, BFloat16, Half, Double, FloatOfBFloat16 };
 
-// A call's loss and scalar: the loss's index in AllLosses (losses.h, loss_index), and its float scalar
-// (smooth L1's beta, Huber's delta) or bool scalar (KL's log_target).
+// A call's loss and scalar: the loss's index in AllLosses (losses.h, loss_index), and the value of its one
+// scalar argument: a float (smooth L1's beta, Huber's delta) or a bool (KL's log_target).
 struct LossParams {
   int loss;
-  double beta = 0;
-  bool flag = false;
+  double float_scalar = 0;
+  bool bool_scalar = false;
 };
 
 // Kernels over n elements at the same offsets: element i of each operand is at its pointer + i.

@@ -20,12 +20,12 @@ LossParams params_of() {
   return {loss_index<Loss>()};
 }
 template <typename Loss>
-LossParams params_of(double beta) {
-  return {loss_index<Loss>(), beta};
+LossParams params_of(double value) {
+  return {.loss = loss_index<Loss>(), .float_scalar = value};
 }
 template <typename Loss>
-LossParams params_of(bool flag) {
-  return {loss_index<Loss>(), 0, flag};
+LossParams params_of(bool value) {
+  return {.loss = loss_index<Loss>(), .bool_scalar = value};
 }
 
 // Sums `values` (contiguous, viewed as rows x cols) along each row into `sums` (contiguous, `rows` long).

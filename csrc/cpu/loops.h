@@ -1,12 +1,12 @@
 // Loop machinery shared by the CPU kernels (docs/cpu_kernels.md).
 //
 // The elementwise math lives in dense_kernels.h, compiled once per instruction set (isa.h); this header
-// feeds it. Two routes, chosen per call by dense_fast_path():
+// feeds it. Two loops, chosen per call by dense_fast_path():
 //  * dense operands of one dtype and one layout (contiguous, channels_last, any permutation): the dense
 //    kernels run on the raw pointers, in memory order, split across the intra-op threads.
 //  * everything else (broadcast, strides, mixed dtypes): TensorIterator walks the operands, and each run of
 //    up to kStridedBlock elements is gathered into opmath buffers, computed by the same dense kernels
-//    (float or double) and scattered to the output. Both routes compute every element with the same code,
+//    (float or double) and scattered to the output. Both loops compute every element with the same code,
 //    so their results are bitwise equal.
 // Reductions are summed in fixed-size chunks whose partials are added in a fixed order, so results are
 // bitwise identical for every thread count.
@@ -35,7 +35,7 @@ namespace npu_loss::cpu {
 constexpr int64_t kSumChunk = 4096;
 // Elements per task for elementwise work: small tensors stay on the calling thread.
 constexpr int64_t kGrain = 32768;
-// Elements gathered per dense-kernel call on the strided route.
+// Elements gathered per dense-kernel call on the strided loop.
 constexpr int64_t kStridedBlock = 256;
 
 // The dense kernels' storage type for a floating dtype.
@@ -77,7 +77,7 @@ double deterministic_sum(int64_t n, const ChunkSum& chunk_sum) {
   return total;
 }
 
-// True when the raw-pointer route applies: every tensor has `shape` and `dtype`, the first is dense (no
+// True when the dense loop applies: every tensor has `shape` and `dtype`, the first is dense (no
 // gaps, no overlap: contiguous, channels_last or any other permutation) and the others have its strides,
 // so element i of each is at the same offset from its data pointer. The loops then walk memory in order.
 inline bool dense_fast_path(
@@ -90,14 +90,14 @@ inline bool dense_fast_path(
   return true;
 }
 
-// The dtype the inputs are read in on the strided route: theirs when they agree, else the promotion.
+// The dtype the inputs are read in on the strided loop: theirs when they agree, else the promotion.
 inline c10::ScalarType common_input_dtype(c10::ArrayRef<at::Tensor> tensors) {
   c10::ScalarType dtype = tensors[0].scalar_type();
   for (const auto& t : tensors) dtype = c10::promoteTypes(dtype, t.scalar_type());
   return dtype;
 }
 
-// The strided route: out = dense(inputs...) elementwise with broadcasting and any strides. The inputs are
+// The strided loop: out = dense(inputs...) elementwise with broadcasting and any strides. The inputs are
 // gathered, kStridedBlock elements at a time, into buffers of their common dtype's opmath type (float or
 // double), each read in its own dtype (no converted copy); dense(acc, inputs, result, n) computes those with
 // the dense kernels; the results are stored directly when out has the inputs' dtype or the opmath dtype
@@ -120,7 +120,7 @@ void pointwise_strided(const at::Tensor& out, const Dense& dense, const std::arr
     }
     auto iter = config.build();
     // bfloat16 inputs widened to float are still bfloat16 values: computed as the dense bfloat16 kernels
-    // compute them (isa.h's FloatOfBFloat16), for the same bits on both routes.
+    // compute them (isa.h's FloatOfBFloat16), for the same bits on both loops.
     const bool all_bf16 = std::all_of(dtypes.begin(), dtypes.end(), [](auto d) { return d == at::kBFloat16; });
     const DType acc = all_bf16 ? DType::FloatOfBFloat16 : dense_dtype(acc_dtype);
     // One run of n elements along the innermost dimension.

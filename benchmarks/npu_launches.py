@@ -162,7 +162,7 @@ def markdown(results: dict) -> str:
         "apart; KL with both input and target requiring grad. Ours: `npu_loss_ops.<loss>`; F: "
         "`torch.nn.functional.<loss>` with routing off, i.e. torch_npu's own kernels. The last column lists the "
         "operators of a phase that launches more than one kernel (the fixes and composites of "
-        "[docs/npu_routing.md](../../docs/npu_routing.md) say which chip quirk each answers). \"+ host\": torch_npu "
+        "[docs/npu_paths.md](../../docs/npu_paths.md) say which chip quirk each answers). \"+ host\": torch_npu "
         "has no NPU kernel for some of F's ATen ops (below each family's table) and runs them on the host "
         "through its CPU fallback, copying the tensors there and back; those do not appear as launches.",
         "",

@@ -6,7 +6,7 @@
 // derivative formulas (autograd/derivatives.cpp) and the NPU call (npu/). docs/adding_a_loss.md walks through a
 // new block.
 //
-// Plain C++ (no torch types): the static core, the chip paths and every layer include it.
+// Plain C++ (no torch types): the chip paths and every layer include it.
 #pragma once
 
 #include "chips/paths.h"
@@ -85,7 +85,7 @@ struct LossDecl {
 };
 
 // Beside `decl`, each block has `forward_paths` and `backward_paths`: what serves each call of its forward
-// and backward ops on each chip family (chips/paths.h; docs/npu_routing.md gives the reason for each row).
+// and backward ops on each chip family (chips/paths.h; docs/npu_paths.md gives the reason for each row).
 
 // ---- one block per loss ----
 
@@ -99,11 +99,12 @@ struct SmoothL1Loss {
   // beta < 1e-6, at d == 0 for beta == 0 (where its L1 kernel serves, with its own "mean" divisor) and at
   // d = +-inf for beta == inf.
   static constexpr chips::PathRow backward_paths[] = {
-      {.chips = chips::k910, .dtypes = chips::kBf16, .why = "aclnn lists bf16 from Ascend 910B on"},
-      {.chips = chips::k910, .dtypes = chips::kNoBf16, .betas = chips::kTbeExact, .aclnn = decl.aclnn_backward,
+      {.chips = chips::k910 | chips::k310P, .dtypes = chips::kBf16, .why = "aclnn lists bf16 from Ascend 910B on"},
+      {.chips = chips::k910 | chips::k310P, .dtypes = chips::kNoBf16, .betas = chips::kTbeExact,
+       .aclnn = decl.aclnn_backward,
        .why = "at beta == 0 the TBE kernel gives sign(d) with sign(0) = 0 and 0 at a NaN, this package's result "
               "(its `aclnnL1LossBackward` would give -grad at a NaN)"},
-      {.chips = chips::k910, .dtypes = chips::kNoBf16, .betas = chips::kTbeBiased,
+      {.chips = chips::k910 | chips::k310P, .dtypes = chips::kNoBf16, .betas = chips::kTbeBiased,
        .why = "the TBE kernel divides by `beta + 1e-6`"},
       {.chips = chips::k910B, .betas = chips::kTbeExact, .aclnn = decl.aclnn_backward, .why = "as on 910"},
       {.chips = chips::k910B, .betas = chips::kTbeBiased, .why = "the TBE kernel divides by `beta + 1e-6`"},
@@ -119,62 +120,7 @@ struct SmoothL1Loss {
   };
 };
 
-struct L1Loss {
-  static constexpr LossDecl decl{
-      .forward = "l1_loss", .backward = "l1_loss_backward", .mean_count = MeanCount::Broadcast,
-      .grad_dtype = GradDtype::Promoted, .aten_twin = AtenTwin::Forward, .aclnn_forward = "aclnnL1Loss",
-      .aclnn_backward = "aclnnL1LossBackward"};
-  static constexpr auto forward_paths = chips::on_every_chip(decl.aclnn_forward);
-  static constexpr chips::PathRow backward_paths[] = {
-      {.chips = chips::k910, .dtypes = chips::kNoBf16, .aclnn = decl.aclnn_backward,
-       .why = "at a NaN input the TBE kernel gives -grad: the one difference left to the chip"},
-      {.chips = chips::k910, .dtypes = chips::kBf16, .why = "aclnn lists bf16 from Ascend 910B on"},
-      {.chips = chips::k910B | chips::k950, .aclnn = decl.aclnn_backward,
-       .why = "as on 910 (the 950 kernel gives 0 at a NaN)"},
-      {.chips = chips::k310B, .why = chips::kNoLossApis},
-  };
-};
-
-struct KlDiv {
-  static constexpr LossDecl decl{
-      .forward = "kl_div", .backward = "kl_div_target_backward", .out_overload = "grad_target",
-      .out_arg = "grad_target", .scalar = {ScalarKind::Bool, "log_target", "False", true, ScalarRule::Any},
-      .grad_of = GradOf::Target, .mean_count = MeanCount::SelfTargetBroadcast, .grad_dtype = GradDtype::Target,
-      .out_dtype = OutDtype::EqualsResult, .aten_twin = AtenTwin::Forward, .aclnn_forward = "aclnnKlDiv",
-      .aclnn_backward = "aclnnKlDivTargetBackward"};
-  // Only the Ascend 950 kernel gives 0 at target == 0 (the TBE formula gives NaN); no bf16 on 910/310P.
-  static constexpr chips::PathRow forward_paths[] = {
-      {.chips = chips::k910 | chips::k910B, .log_targets = chips::kProbabilities,
-       .why = "the TBE formula gives NaN at target == 0 (PyTorch and the 950 kernel give 0)"},
-      {.chips = chips::k910, .dtypes = chips::kBf16, .log_targets = chips::kLogProbabilities,
-       .why = "aclnn lists bf16 from Ascend 910B on"},
-      {.chips = chips::k910, .dtypes = chips::kNoBf16, .log_targets = chips::kLogProbabilities,
-       .aclnn = decl.aclnn_forward},
-      {.chips = chips::k910B, .log_targets = chips::kLogProbabilities, .aclnn = decl.aclnn_forward},
-      {.chips = chips::k950, .aclnn = decl.aclnn_forward},
-      {.chips = chips::k310B, .why = chips::kNoLossApis},
-  };
-  // No dtype at all on 910/310P. Every chip's kernel gives NaN at target == 0; Ascend 950's divides "mean"
-  // by numel(self) and sums half results in their own dtype.
-  static constexpr chips::PathRow backward_paths[] = {
-      {.chips = chips::k910, .why = "`aclnnKlDivTargetBackward` supports no dtype on Ascend 910/310P"},
-      {.chips = chips::k910B, .log_targets = chips::kProbabilities, .aclnn = decl.aclnn_backward,
-       .fixes = chips::kPrescaledMean | chips::kZeroWhereTargetZero,
-       .why = "the kernel gives NaN where target == 0; \"mean\" is pre-scaled on every chip"},
-      {.chips = chips::k910B, .log_targets = chips::kLogProbabilities, .aclnn = decl.aclnn_backward,
-       .fixes = chips::kPrescaledMean},
-      {.chips = chips::k950, .log_targets = chips::kProbabilities, .aclnn = decl.aclnn_backward,
-       .fixes = chips::kPrescaledMean | chips::kZeroWhereTargetZero | chips::kFloat32Sum,
-       .why = "the 950 kernel divides \"mean\" by numel(self), and sums half results over broadcast dims in their"
-              " own dtype (rounding twice)"},
-      {.chips = chips::k950, .log_targets = chips::kLogProbabilities, .aclnn = decl.aclnn_backward,
-       .fixes = chips::kPrescaledMean | chips::kFloat32Sum,
-       .why = "as with log_target=False, where target == 0 is no special point"},
-      {.chips = chips::k310B, .why = chips::kNoLossApis},
-  };
-};
-
-// Huber runs smooth L1's aclnn kernels with beta = delta (npu/huber_loss.cpp).
+// Huber runs smooth L1's aclnn kernels with beta = delta (npu/smooth_l1_loss.cpp).
 struct HuberLoss {
   static constexpr LossDecl decl{
       .forward = "huber_loss", .backward = "huber_loss_backward", .out_overload = "out",
@@ -192,20 +138,77 @@ struct HuberLoss {
       "at δ == +inf the gradient δ · g · d/δ is inf · 0");
 };
 
+struct L1Loss {
+  static constexpr LossDecl decl{
+      .forward = "l1_loss", .backward = "l1_loss_backward", .mean_count = MeanCount::Broadcast,
+      .grad_dtype = GradDtype::Promoted, .aten_twin = AtenTwin::Forward, .aclnn_forward = "aclnnL1Loss",
+      .aclnn_backward = "aclnnL1LossBackward"};
+  static constexpr auto forward_paths = chips::on_every_chip(decl.aclnn_forward);
+  static constexpr chips::PathRow backward_paths[] = {
+      {.chips = chips::k910 | chips::k310P, .dtypes = chips::kNoBf16, .aclnn = decl.aclnn_backward,
+       .why = "at a NaN input the TBE kernel gives -grad: the one difference left to the chip"},
+      {.chips = chips::k910 | chips::k310P, .dtypes = chips::kBf16, .why = "aclnn lists bf16 from Ascend 910B on"},
+      {.chips = chips::k910B | chips::k950, .aclnn = decl.aclnn_backward,
+       .why = "as on 910 (the 950 kernel gives 0 at a NaN)"},
+      {.chips = chips::k310B, .why = chips::kNoLossApis},
+  };
+};
+
+struct KlDiv {
+  static constexpr LossDecl decl{
+      .forward = "kl_div", .backward = "kl_div_target_backward", .out_overload = "grad_target",
+      .out_arg = "grad_target", .scalar = {ScalarKind::Bool, "log_target", "False", true, ScalarRule::Any},
+      .grad_of = GradOf::Target, .mean_count = MeanCount::SelfTargetBroadcast, .grad_dtype = GradDtype::Target,
+      .out_dtype = OutDtype::EqualsResult, .aten_twin = AtenTwin::Forward, .aclnn_forward = "aclnnKlDiv",
+      .aclnn_backward = "aclnnKlDivTargetBackward"};
+  // Only the Ascend 950 kernel gives 0 at target == 0 (the TBE formula gives NaN); no bf16 on 910/310P.
+  static constexpr chips::PathRow forward_paths[] = {
+      {.chips = chips::k910 | chips::k310P | chips::k910B, .log_targets = chips::kProbabilities,
+       .why = "the TBE formula gives NaN at target == 0 (PyTorch and the 950 kernel give 0)"},
+      {.chips = chips::k910 | chips::k310P, .dtypes = chips::kBf16, .log_targets = chips::kLogProbabilities,
+       .why = "aclnn lists bf16 from Ascend 910B on"},
+      {.chips = chips::k910 | chips::k310P, .dtypes = chips::kNoBf16, .log_targets = chips::kLogProbabilities,
+       .aclnn = decl.aclnn_forward},
+      {.chips = chips::k910B, .log_targets = chips::kLogProbabilities, .aclnn = decl.aclnn_forward},
+      {.chips = chips::k950, .aclnn = decl.aclnn_forward},
+      {.chips = chips::k310B, .why = chips::kNoLossApis},
+  };
+  // No dtype at all on 910/310P. Every chip's kernel gives NaN at target == 0; Ascend 950's divides "mean"
+  // by numel(self) and sums half results in their own dtype.
+  static constexpr chips::PathRow backward_paths[] = {
+      {.chips = chips::k910 | chips::k310P,
+       .why = "`aclnnKlDivTargetBackward` supports no dtype on Ascend 910/310P"},
+      {.chips = chips::k910B, .log_targets = chips::kProbabilities, .aclnn = decl.aclnn_backward,
+       .fixes = chips::kPrescaledMean | chips::kZeroWhereTargetZero,
+       .why = "the kernel gives NaN where target == 0; \"mean\" is pre-scaled on every chip"},
+      {.chips = chips::k910B, .log_targets = chips::kLogProbabilities, .aclnn = decl.aclnn_backward,
+       .fixes = chips::kPrescaledMean},
+      {.chips = chips::k950, .log_targets = chips::kProbabilities, .aclnn = decl.aclnn_backward,
+       .fixes = chips::kPrescaledMean | chips::kZeroWhereTargetZero | chips::kFloat32Sum,
+       .why = "the 950 kernel divides \"mean\" by numel(self), and sums half results over broadcast dims in their"
+              " own dtype (rounding twice)"},
+      {.chips = chips::k950, .log_targets = chips::kLogProbabilities, .aclnn = decl.aclnn_backward,
+       .fixes = chips::kPrescaledMean | chips::kFloat32Sum,
+       .why = "as with log_target=False, where target == 0 is no special point"},
+      {.chips = chips::k310B, .why = chips::kNoLossApis},
+  };
+};
+
 // MSE, from the CANN ops-nn documents loss/mse_loss/docs/aclnnMseLoss.md and
 // loss/mse_loss_grad_v2/docs/aclnnMseLossBackward.md at version 1d9173072 (2026-08-05): aclnnMseLoss on Atlas
 // A2/A3, Ascend 950, 310P and the Atlas training series (910; fp32/fp16 on these two), not on 310B;
 // aclnnMseLossBackward on A2/A3, Ascend 950 (listed since version 530416542 of 2026-02-09; earlier versions
-// and the op's README do not list it) and 310P, not on 910. 910 and 310P are one family here.
+// and the op's README do not list it) and 310P (fp32/fp16), not on 910: the one API where 310P's rows differ
+// from 910's.
 struct MseLoss {
   static constexpr LossDecl decl{
       .forward = "mse_loss", .backward = "mse_loss_backward", .aclnn_forward = "aclnnMseLoss",
       .aclnn_backward = "aclnnMseLossBackward"};
   static constexpr auto forward_paths = chips::on_every_chip(decl.aclnn_forward);
   static constexpr chips::PathRow backward_paths[] = {
-      {.chips = chips::k910,
-       .why = "the Atlas training series (910) has no aclnnMseLossBackward kernel; 310P, which has one, shares "
-              "its family"},
+      {.chips = chips::k910, .why = "the Atlas training series (910) has no aclnnMseLossBackward kernel"},
+      {.chips = chips::k310P, .dtypes = chips::kNoBf16, .aclnn = decl.aclnn_backward},
+      {.chips = chips::k310P, .dtypes = chips::kBf16, .why = "aclnn lists bf16 from Ascend 910B on"},
       {.chips = chips::k910B | chips::k950, .aclnn = decl.aclnn_backward},
       {.chips = chips::k310B, .why = chips::kNoLossApis},
   };
@@ -213,7 +216,7 @@ struct MseLoss {
 
 // Every loss, in the order of the package's tables: X(Loss) for each, for the few places that must name each
 // type (explicit instantiations), and as a tuple for everything else.
-#define NPU_LOSS_FOR_EACH_LOSS(X) X(SmoothL1Loss) X(L1Loss) X(KlDiv) X(HuberLoss) X(MseLoss)
+#define NPU_LOSS_FOR_EACH_LOSS(X) X(SmoothL1Loss) X(HuberLoss) X(L1Loss) X(KlDiv) X(MseLoss)
 
 namespace detail {
 template <typename First, typename... Rest>
@@ -265,5 +268,19 @@ struct ScalarTypes<ScalarKind::Bool> {
 // The C++ types of a loss's scalar arguments, as a tuple: std::tuple<>, std::tuple<double> or std::tuple<bool>.
 template <typename Loss>
 using ScalarsOf = typename detail::ScalarTypes<Loss::decl.scalar.kind>::type;
+
+namespace detail {
+template <template <typename, typename...> class Of, typename Loss, typename Scalars>
+struct BindScalars;
+template <template <typename, typename...> class Of, typename Loss, typename... S>
+struct BindScalars<Of, Loss, std::tuple<S...>> {
+  using type = Of<Loss, S...>;
+};
+}  // namespace detail
+
+// Of<Loss, S...> with S... the C++ types of the loss's scalar arguments (ScalarsOf): a struct written once for
+// any list of scalars, taken for one loss.
+template <template <typename, typename...> class Of, typename Loss>
+using WithScalars = typename detail::BindScalars<Of, Loss, ScalarsOf<Loss>>::type;
 
 }  // namespace npu_loss

@@ -6,7 +6,7 @@
 Each generated block sits between two markers in its document, `<!-- generated: NAME -->` and
 `<!-- end generated: NAME -->`; the text around them is written by hand. The blocks (BLOCKS):
   docs/semantics.md    the schemas, the divisors of "mean", the backward ops' result shapes and dtypes
-  docs/npu_routing.md  "Which chips run which path": one table per op, from each loss's chip paths
+  docs/npu_paths.md  "Which chips run which path": one table per op, from each loss's chip paths
 """
 from __future__ import annotations
 
@@ -86,14 +86,14 @@ def result_shapes() -> str:
     return out
 
 
-def routing_tables() -> str:
-    """docs/npu_routing.md, "Which chips run which path": one table per op."""
+def path_tables() -> str:
+    """docs/npu_paths.md, "Which chips run which path": one table per op."""
     from npu_loss_ops import _C
 
     out_overload = {d["backward"]: d["out_overload"] for d in _losses()}
     blocks: list[str] = []
     op = None
-    for row in _C._npu_routing_table():
+    for row in _C._chip_paths():
         if row["op"] != op:
             op = row["op"]
             suffix = f" (+ `.{out_overload[op]}`)" if op in out_overload else ""
@@ -108,7 +108,7 @@ def routing_tables() -> str:
 # document (relative to the repository) -> block name -> the function that writes the block
 BLOCKS: dict[str, dict[str, Callable[[], str]]] = {
     "docs/semantics.md": {"schemas": schemas, "mean divisors": mean_divisors, "result shapes": result_shapes},
-    "docs/npu_routing.md": {"chip paths": routing_tables},
+    "docs/npu_paths.md": {"chip paths": path_tables},
 }
 
 

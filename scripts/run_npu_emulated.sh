@@ -7,7 +7,7 @@
 #   NPU_EMU_PYTEST_ARGS="-x -k backward" bash scripts/run_npu_emulated.sh 910B
 #
 # Per family: the device-parametrised test suite on device="npu" (NPU_LOSS_OPS_TEST_DEVICE=npu), compared
-# with the CPU kernels, plus tests/test_npu_routing.py, which asserts from the emulator's trace which aclnn
+# with the CPU kernels, plus tests/test_npu_paths.py, which asserts from the emulator's trace which aclnn
 # API each op ran on that chip; then benchmarks/npu_launches.py, which counts the aclnn launches of every
 # loss x dtype x reduction and fails if any row launches more than benchmarks/results/npu_launches.json
 # (to update that table after a deliberate change: see benchmarks/README.md, "NPU launches"). Then one run over an emulated older CANN that lacks the loss APIs
@@ -51,16 +51,21 @@ for key, value in sorted(env.items()):
 PY
 }
 
+# The aclnn APIs the chip paths name (csrc/losses.h, through _C._chip_paths()), in their order, read once from
+# the installed package (outside the checkout; torch_npu's backend autoload off: no CANN here).
+LOSS_APIS="$(cd / && TORCH_DEVICE_BACKEND_AUTOLOAD=0 python -c '
+from npu_loss_ops import _C
+print(" ".join(dict.fromkeys(r["api"] for r in _C._chip_paths() if r["api"] != "composite")))')"
+_emu_log "the loss APIs of the chip paths: $LOSS_APIS"
+
 # The emulator's counts for a whole run: each loss API, the rest in one line, and any aclop or rejection.
 print_trace() {
   python - "$@" <<'PY'
 import json, os, sys
-name, path = sys.argv[1], sys.argv[2]
+name, path, loss = sys.argv[1], sys.argv[2], tuple(sys.argv[3].split())
 if not os.path.exists(path):
     sys.exit(print(f"trace {name}: none written"))
 trace = json.load(open(path))
-loss = ("aclnnSmoothL1Loss", "aclnnSmoothL1LossBackward", "aclnnL1Loss", "aclnnL1LossBackward", "aclnnKlDiv",
-        "aclnnKlDivTargetBackward", "aclnnMseLoss", "aclnnMseLossBackward")
 print(f"trace {name}: " + ", ".join(f"{api} {trace.get(api, 0)}" for api in loss))
 other = {k: v for k, v in trace.items() if k.startswith("aclnn") and k not in loss and ":" not in k}
 rejected = {k: v for k, v in trace.items() if "GetWorkspaceSize:" in k}
@@ -93,7 +98,7 @@ run() {
   if [[ "$name" == launches-* ]]; then
     : # torch_npu's own F may reach aclop or an API the emulator lacks: the table says so in that cell
   else
-    print_trace "$name" "$LOG_DIR/$name.trace.json" || rc=1
+    print_trace "$name" "$LOG_DIR/$name.trace.json" "$LOSS_APIS" || rc=1
   fi
   SUMMARY+=("$(printf '%-28s %-6s %4ss  %s' "$name" "$([[ $rc == 0 ]] && echo ok || echo FAIL)" "$((SECONDS - t0))" \
     "$(grep -Eo '[0-9]+ passed[^=]*' "$log" | tail -n 1)")")
@@ -113,7 +118,7 @@ for family in "${FAMILIES[@]}"; do
 done
 if (($# == 0)); then
   run "older-cann-910B" 910B without-loss-apis \
-    python -m pytest "$REPO_ROOT/tests/test_npu_routing.py" -q -p no:cacheprovider "${PYTEST_ARGS[@]}"
+    python -m pytest "$REPO_ROOT/tests/test_npu_paths.py" -q -p no:cacheprovider "${PYTEST_ARGS[@]}"
   run "example-train-910B" 910B "" python "$REPO_ROOT/examples/train.py" --device npu
 fi
 

@@ -377,7 +377,7 @@ def assert_close_on_device(actual: torch.Tensor, expected: torch.Tensor, magnitu
 
 
 # The TBE chip families (SoC names as aclrtGetSocName() reports them), and those of them without bf16
-# kernels (their bf16 calls run the composite fallback): docs/npu_routing.md, "Which chips run which path".
+# kernels (their bf16 calls run the composite fallback): docs/npu_paths.md, "Which chips run which path".
 TBE_SOC_PREFIXES = ("Ascend910", "Ascend310P")
 
 
@@ -394,7 +394,7 @@ def _tbe_with_bf16(soc: str) -> bool:
 
 
 def l1_nan_gives_minus_grad(device: str, *tensors: torch.Tensor) -> bool:
-    """The one documented chip difference (docs/npu_routing.md): on the TBE families (Ascend910*, 910B*, 910_93*, 310P*) the
+    """The one documented chip difference (docs/npu_paths.md): on the TBE families (Ascend910*, 910B*, 910_93*, 310P*) the
     aclnn L1 gradient at a NaN input (self or target) is -grad_output (PyTorch and the CPU kernels: 0).
     Ascend 950 gives 0; 310B and bf16 calls on Ascend 910/310P run the composite fallback (0). `tensors`:
     every tensor of the L1 gradient call (grad_output, self, target, out=)."""
@@ -408,7 +408,7 @@ def l1_nan_gives_minus_grad(device: str, *tensors: torch.Tensor) -> bool:
 
 # The TBE families' smooth L1 gradient divides by beta + TBE_BETA_BIAS, a relative error of about
 # TBE_BETA_BIAS / beta. TBE_BIAS_TOLERANCE is how much of it each result dtype tolerates before the NPU kernels
-# run the composite instead: docs/npu_routing.md's beta limits (float32 0.1, float16 1e-3, bfloat16 6.25e-5)
+# run the composite instead: docs/npu_paths.md's beta limits (float32 0.1, float16 1e-3, bfloat16 6.25e-5)
 # are 1e-6 divided by these. float16's is about its epsilon (9.8e-4), bfloat16's two epsilons (2 * 7.8e-3),
 # float32's its RTOL above. csrc/chips/paths.cpp classifies by the same numbers.
 TBE_BETA_BIAS = 1e-6
@@ -425,7 +425,7 @@ def tbe_bias_ok(beta: float, dtype: torch.dtype) -> bool:
 def smooth_l1_tbe_divisor(device: str, beta: float, *tensors: torch.Tensor) -> float | None:
     """What the NPU's smooth L1 gradient divides by inside |d| < beta, when that is not beta itself: the TBE
     families' aclnn kernel divides by beta + 1e-6 (in float32), and the NPU kernels keep that kernel while
-    the bias 1e-6 / beta stays inside the result dtype's TBE_BIAS_TOLERANCE and the kernel serves the call (no bf16 on Ascend 910/310P; a CANN without the API): docs/npu_routing.md,
+    the bias 1e-6 / beta stays inside the result dtype's TBE_BIAS_TOLERANCE and the kernel serves the call (no bf16 on Ascend 910/310P; a CANN without the API): docs/npu_paths.md,
     "Which chips run which path" and "Deliberate differences from raw aclnn". None elsewhere. The bias is
     inside every tolerance, but it moves exact ties of low-precision products off the tie, so such results
     round differently from d/beta in a few per cent of float16/bfloat16 elements."""

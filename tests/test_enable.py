@@ -764,26 +764,26 @@ def test_float64_routing_decision_on_device(device):
                                           ("mse_loss", {})])
 def test_npu_backward_runs_aclnn_under_enable(device, loss, scalar):
     """Under enable(), F.smooth_l1_loss(...).backward(), F.huber_loss(...).backward() and
-    F.mse_loss(...).backward() on the NPU run the aclnn API the routing table gives for the chip
+    F.mse_loss(...).backward() on the NPU run the aclnn API the chip paths give for the chip
     (aclnnSmoothL1LossBackward on 910B, for Huber with beta = delta; aclnnMseLossBackward for MSE), read
     from the emulated CANN's trace."""
     if device != "npu":
-        pytest.skip("the aclnn routing exists only on the NPU")
-    import test_npu_routing as routing
+        pytest.skip("the aclnn paths exist only on the NPU")
+    import test_npu_paths as paths
 
-    if not routing.emulator.active():
+    if not paths.emulator.active():
         pytest.skip("needs the emulated CANN's trace (scripts/run_npu_emulated.sh)")
     x, t = _data(loss)
     x = x.to(device).requires_grad_(True)
     with npu_loss_ops.enable():
         out = getattr(F, loss)(x, t.to(device), **scalar)
-        routing.emulator.trace_reset()
+        paths.emulator.trace_reset()
         out.backward()
         torch.npu.synchronize()
-        trace = routing.emulator.trace()
-    ran = {name for name in trace if name in routing.LOSS_APIS}
-    api = routing.expected_api(f"{loss}_backward", torch.float32, *scalar.values())
+        trace = paths.emulator.trace()
+    ran = {name for name in trace if name in paths.LOSS_APIS}
+    api = paths.expected_api(f"{loss}_backward", torch.float32, *scalar.values())
     assert out.grad_fn.name() == NODE[loss]
     assert ran == ({api} if api else set()), trace
-    if routing.family() == "910B":
+    if paths.family() == "910B":
         assert api == ("aclnnMseLossBackward" if loss == "mse_loss" else "aclnnSmoothL1LossBackward")

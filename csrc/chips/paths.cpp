@@ -1,5 +1,5 @@
 // The chip families, the beta classes, the compile-time checks of every loss's path rows (losses.h) and
-// the table docs/npu_routing.md writes out (see paths.h). The facts behind each row are in
+// the table docs/npu_paths.md writes out (see paths.h). The facts behind each row are in
 // docs/aclnn_reference.md.
 #include "paths.h"
 
@@ -31,9 +31,10 @@ int model_number(std::string_view name) {
 }
 
 // Names, indexed by the enums' values.
-constexpr const char* kChipKeys[] = {"910", "910B", "950", "310B"};
+constexpr const char* kChipKeys[] = {"910", "310P", "910B", "950", "310B"};
 constexpr const char* kChipNames[] = {
-    "Ascend910/Ascend310P (TBE kernels, no bf16)",
+    "Ascend910 (Atlas training series, TBE kernels, no bf16)",
+    "Ascend310P (Atlas inference series, TBE kernels, no bf16)",
     "Ascend910B/Ascend910_93 (Atlas A2/A3, TBE kernels)",
     "Ascend950 (regbase kernels)",
     "composite fallback only (Ascend310B or an unknown chip)",
@@ -55,7 +56,8 @@ Chip chip_from_soc_name(const std::string& soc_name) {
   if (starts_with(name, "Ascend910B") && name.size() > std::string_view("Ascend910B").size()) return Chip::Tbe910B;
   if (starts_with(name, "Ascend910_9")) return Chip::Tbe910B;
   if (starts_with(name, "Ascend310B")) return Chip::CompositeOnly;  // Atlas 200I/500 A2: none of the aclnn loss APIs
-  if (starts_with(name, "Ascend310P") || starts_with(name, "Ascend910")) return Chip::Tbe910;
+  if (starts_with(name, "Ascend310P")) return Chip::Tbe310P;
+  if (starts_with(name, "Ascend910")) return Chip::Tbe910;
   // Every SoC at or above Ascend950 runs the regbase kernels, as op-plugin decides by SocVersion >= 950.
   if (model_number(name) >= 950) return Chip::Regbase950;
   return Chip::CompositeOnly;
@@ -92,7 +94,7 @@ const char* beta_class_name(BetaClass beta) {
 
 namespace {
 
-constexpr Chip kChips[] = {Chip::Tbe910, Chip::Tbe910B, Chip::Regbase950, Chip::CompositeOnly};
+constexpr Chip kChips[] = {Chip::Tbe910, Chip::Tbe310P, Chip::Tbe910B, Chip::Regbase950, Chip::CompositeOnly};
 constexpr DtypeClass kDtypeClasses[] = {DtypeClass::NoBFloat16, DtypeClass::BFloat16};
 constexpr BetaClass kBetas[] = {BetaClass::Zero, BetaClass::Tiny, BetaClass::Small, BetaClass::Normal, BetaClass::Inf};
 constexpr bool kBooleans[] = {false, true};

@@ -1,10 +1,10 @@
 // What serves each call on each Ascend chip family: an aclnn API (with the fixes the kernels apply around
 // it) or the composite fallback. The rows are part of each loss's declaration (losses.h, forward_paths and
-// backward_paths); this header is their vocabulary and the lookup. docs/npu_routing.md writes the rows out
-// with the reason for each, and tests/test_npu_routing.py compares them with path_table().
+// backward_paths); this header is their vocabulary and the lookup. docs/npu_paths.md writes the rows out
+// with the reason for each, and tests/test_npu_paths.py compares them with path_table().
 //
-// Plain C++ (no torch or torch_npu types): compiled into the static core, so that _C exposes the table on
-// any machine and _C_npu takes its paths from it.
+// Plain C++ (no torch or torch_npu types): compiled into the static library (setup.py's STATIC_SOURCES), so
+// that _C exposes the table on any machine and _C_npu takes its paths from it.
 #pragma once
 
 #include <array>
@@ -19,7 +19,8 @@ namespace npu_loss::chips {
 
 // Families of Ascend chips, by what their aclnn loss kernels can do.
 enum class Chip : uint8_t {
-  Tbe910,         // Ascend 910 (Atlas A1) and 310P: TBE kernels, fp32/fp16 only, no KL target gradient
+  Tbe910,         // Ascend 910 (Atlas A1, the training series): TBE kernels, fp32/fp16 only, no KL target gradient
+  Tbe310P,        // Ascend 310P (the Atlas inference series): as 910, but with aclnnMseLossBackward
   Tbe910B,        // Ascend 910B / 910_93 (Atlas A2/A3): TBE kernels with bf16 and the KL target gradient
   Regbase950,     // Ascend 950 and every newer chip (op-plugin treats SocVersion >= Ascend950 alike)
   CompositeOnly,  // Ascend 310B (none of the aclnn loss APIs) and chips this package does not know
@@ -66,7 +67,7 @@ enum class Fix : uint8_t {
   // float16/bfloat16 results summed over broadcast dims are computed and summed in float32, rounded once.
   Float32Sum = 4,
   // A result the loss scales by its scalar (Huber through smooth L1's kernels) is computed in float32 in
-  // float16/bfloat16, where the scaling could leave the dtype's range (npu/huber_loss.cpp says where).
+  // float16/bfloat16, where the scaling could leave the dtype's range (npu/smooth_l1_loss.cpp says where).
   Float32Scaled = 8,
 };
 
@@ -88,6 +89,7 @@ constexpr bool contains(Set s, E value) {
 }
 
 inline constexpr Set k910 = set_of({Chip::Tbe910});
+inline constexpr Set k310P = set_of({Chip::Tbe310P});
 inline constexpr Set k910B = set_of({Chip::Tbe910B});
 inline constexpr Set k950 = set_of({Chip::Regbase950});
 inline constexpr Set k310B = set_of({Chip::CompositeOnly});
@@ -117,15 +119,15 @@ struct PathRow {
   Set log_targets = kAll;
   const char* aclnn = nullptr;  // the aclnn API that serves the call (possibly another loss's); none: the composite
   uint8_t fixes = 0;
-  const char* why = "";  // the reason, for docs/npu_routing.md (docs/aclnn_reference.md has the facts)
+  const char* why = "";  // the reason, for docs/npu_paths.md (docs/aclnn_reference.md has the facts)
 };
 
-// The rows of an op whose aclnn API every chip family with aclnn loss kernels has: in fp32/fp16 on 910/310P
-// (bf16 from Ascend 910B on), in every dtype on 910B and 950; 310B has none.
+// The rows of an op whose aclnn API every chip family with aclnn loss kernels has: in fp32/fp16 on 910 and
+// 310P (bf16 from Ascend 910B on), in every dtype on 910B and 950; 310B has none.
 constexpr std::array<PathRow, 4> on_every_chip(const char* api) {
   return {{
-      {.chips = k910, .dtypes = kNoBf16, .aclnn = api},
-      {.chips = k910, .dtypes = kBf16, .why = "aclnn lists bf16 from Ascend 910B on"},
+      {.chips = k910 | k310P, .dtypes = kNoBf16, .aclnn = api},
+      {.chips = k910 | k310P, .dtypes = kBf16, .why = "aclnn lists bf16 from Ascend 910B on"},
       {.chips = k910B | k950, .aclnn = api},
       {.chips = k310B, .why = kNoLossApis},
   }};
@@ -217,7 +219,7 @@ constexpr Path path(Chip chip, DtypeClass dtypes, BetaClass beta, bool log_targe
   return {nullptr, 0, rows.size()};  // unreachable for the calls the rows cover (paths.cpp)
 }
 
-// One row of the table, each cell as docs/npu_routing.md writes it: "any" for every value of a column, "-"
+// One row of the table, each cell as docs/npu_paths.md writes it: "any" for every value of a column, "-"
 // for an argument the op does not take, else the values joined by ", ".
 struct PathTableRow {
   std::string op, chip, dtypes, beta, log_target, api, fixes, why;

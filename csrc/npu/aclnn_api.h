@@ -8,7 +8,8 @@
 // double converts to float without complaint) before expanding EXEC_NPU_CMD_EXT.
 //
 // Prototypes: aclnnSmoothL1LossBackward from the CANN operator document; the others from hicann/ops-nn
-// op_api/aclnn_*.h and hicann/ops-math (aclnnKlDiv).
+// op_api/aclnn_*.h (aclnn_mse_loss.h and aclnn_mse_loss_backward.h for MSE's) and hicann/ops-math
+// (aclnnKlDiv).
 #pragma once
 
 #include <ATen/core/Tensor.h>
@@ -41,6 +42,12 @@ aclnnStatus aclnnL1LossGetWorkspaceSize(
 aclnnStatus aclnnKlDivGetWorkspaceSize(
     const aclTensor* self, const aclTensor* target, int64_t reduction, bool logTarget, aclTensor* out,
     uint64_t* workspaceSize, aclOpExecutor** executor);
+aclnnStatus aclnnMseLossGetWorkspaceSize(
+    const aclTensor* self, const aclTensor* target, int64_t reduction, aclTensor* out, uint64_t* workspaceSize,
+    aclOpExecutor** executor);
+aclnnStatus aclnnMseLossBackwardGetWorkspaceSize(
+    const aclTensor* gradOutput, const aclTensor* self, const aclTensor* target, int64_t reduction,
+    aclTensor* gradInput, uint64_t* workspaceSize, aclOpExecutor** executor);
 }
 
 namespace npu_loss::npu {
@@ -88,13 +95,29 @@ struct call_matches<aclnnStatus(Params...), type_list<Passed...>> {
     EXEC_NPU_CMD_EXT(aclnn_api, __VA_ARGS__);                                                                \
   } while (false)
 
-// The calls of PlainKernels (npu_common.h) for a loss without a scalar: `forward_api(self, target,
-// reduction, out)` and `backward_api(grad_output, self, target, reduction, grad_input)`.
-#define NPU_LOSS_PLAIN_CALLS(forward_api, backward_api)                                                     \
-  static void forward(at::Tensor self, at::Tensor target, int64_t reduction, at::Tensor& out) {             \
-    NPU_LOSS_EXEC_ACLNN(forward_api, self, target, reduction, out);                                          \
-  }                                                                                                          \
+// A scalar as the aclnn prototypes take it: beta as float (the ops' float scalars are doubles), log_target as
+// bool.
+inline float aclnn_scalar(double value) {
+  return static_cast<float>(value);
+}
+inline bool aclnn_scalar(bool value) {
+  return value;
+}
+
+// The forward and backward calls (AclnnKernels, npu_common.h) of a loss whose row's API is its own, with
+// nothing around it: `forward_api(self, target, reduction, scalars..., out)` and `backward_api(grad_output,
+// self, target, reduction, scalars..., grad_input)`, the scalars as the prototypes take them.
+#define NPU_LOSS_PLAIN_FORWARD(forward_api)                                                                  \
+  template <typename... S>                                                                                   \
+  static void forward(                                                                                       \
+      const ::npu_loss::chips::Path&, const ::npu_loss::ResultSpec&, at::Tensor& out, at::Tensor self,       \
+      at::Tensor target, int64_t reduction, S... s) {                                                        \
+    NPU_LOSS_EXEC_ACLNN(forward_api, self, target, reduction, ::npu_loss::npu::aclnn_scalar(s)..., out);     \
+  }
+#define NPU_LOSS_PLAIN_BACKWARD(backward_api)                                                                \
+  template <typename... S>                                                                                   \
   static void backward(                                                                                      \
-      at::Tensor grad_output, at::Tensor self, at::Tensor target, int64_t reduction, at::Tensor& out) {      \
-    NPU_LOSS_EXEC_ACLNN(backward_api, grad_output, self, target, reduction, out);                            \
+      const ::npu_loss::chips::Path&, const ::npu_loss::ResultSpec&, at::Tensor& out, at::Tensor grad_output, \
+      at::Tensor self, at::Tensor target, int64_t reduction, S... s) {                                       \
+    NPU_LOSS_EXEC_ACLNN(backward_api, grad_output, self, target, reduction, ::npu_loss::npu::aclnn_scalar(s)..., out); \
   }

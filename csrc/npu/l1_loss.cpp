@@ -9,18 +9,15 @@
 namespace npu_loss::npu {
 namespace {
 
-struct L1Api {
-  NPU_LOSS_PLAIN_CALLS(aclnnL1Loss, aclnnL1LossBackward)
-  static bool takes(const at::Tensor&, const at::Tensor&, const at::Tensor&) {
-    return true;  // any mix: the API promotes
-  }
+struct L1Api : TakesAnyDtypes {
+  NPU_LOSS_PLAIN_FORWARD(aclnnL1Loss)
+  NPU_LOSS_PLAIN_BACKWARD(aclnnL1LossBackward)
 };
 
 }  // namespace
 
 TORCH_LIBRARY_IMPL(npu_loss, PrivateUse1, m) {
-  using Kernels = PlainKernels<L1Loss, L1Api>;
-  impl_loss<L1Loss, &Kernels::forward, &Kernels::backward_into, SelfDeviceGuard>(m);
+  impl_npu_loss<L1Loss, L1Api>(m);
 }
 
 }  // namespace npu_loss::npu

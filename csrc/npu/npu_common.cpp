@@ -58,7 +58,7 @@ DtypeClass dtype_class(std::initializer_list<const at::Tensor*> tensors) {
   return DtypeClass::NoBFloat16;
 }
 
-Dtype routing_dtype(c10::ScalarType dtype) {
+Dtype path_dtype(c10::ScalarType dtype) {
   return dtype == at::kFloat ? Dtype::Float32 : (dtype == at::kHalf ? Dtype::Float16 : Dtype::BFloat16);
 }
 

@@ -1,6 +1,7 @@
 // What every NPU kernel shares: the chip of this process and the path of a call on it (the rows are each
-// loss's declaration's, chips/paths.h), whether the installed CANN has an aclnn API at all, private NPU formats, and the small
-// host-side fixes around the aclnn calls.
+// loss's declaration's, chips/paths.h), whether the installed CANN has an aclnn API at all, private NPU
+// formats, the small host-side fixes around the aclnn calls, and the one frame every loss's kernels run in
+// (AclnnKernels).
 #pragma once
 
 #include <ATen/ATen.h>
@@ -34,7 +35,7 @@ bool aclnn_api_available(const char* name);
 DtypeClass dtype_class(std::initializer_list<const at::Tensor*> tensors);
 
 // A result dtype as chips/paths.h names it (the checks let only float32, float16 and bfloat16 reach the NPU).
-Dtype routing_dtype(c10::ScalarType dtype);
+Dtype path_dtype(c10::ScalarType dtype);
 
 // The path of a call of a loss's forward (Backward false) or backward op on this process's chip: path() of
 // chips/paths.h, and the composite when the installed CANN lacks the API the row names (asked once per row:
@@ -80,46 +81,86 @@ inline at::Tensor empty_forward(const ResultSpec& spec, int64_t reduction, const
   return out;
 }
 
-// The kernels of a loss whose aclnn calls need nothing around them (L1 and MSE; KL's forward): the checks,
-// empty inputs, this chip's path with the composite where it names no API, and private formats. `Api` holds
-// the calls, one aclnn launch each:
-//   Api::forward(self, target, reduction, scalars..., out)
-//   Api::backward(grad_output, self, target, reduction, scalars..., grad_input)
-//   Api::takes(grad_output, self, target): whether the backward API takes these operands' dtypes.
-// No float scalar: the paths of such a loss are chosen by dtype (and KL's log_target) alone.
+// The beta class (chips/paths.h) of a call with a float scalar for a result of `dtype`; BetaClass::None for a
+// loss without one.
+inline BetaClass beta_of(c10::ScalarType dtype, double beta) {
+  return beta_class(beta, path_dtype(dtype));
+}
+inline BetaClass beta_of(c10::ScalarType) {
+  return BetaClass::None;
+}
+inline BetaClass beta_of(c10::ScalarType, bool) {
+  return BetaClass::None;
+}
+
+// The log_target of a call: KL's bool scalar; false for every other loss.
+inline bool log_target_of() {
+  return false;
+}
+inline bool log_target_of(double) {
+  return false;
+}
+inline bool log_target_of(bool log_target) {
+  return log_target;
+}
+
+// Every loss's NPU kernels, one frame around its aclnn calls: the checks, empty inputs, this chip's path of
+// the call (the composite where it names no API, or where Api::takes refuses the operands), private formats
+// in and out. `Api` holds the loss's calls, each given the call's path (the API its row names, the fixes it
+// asks for), its checked spec and the tensor it writes (NPU_LOSS_PLAIN_FORWARD and _BACKWARD in aclnn_api.h
+// write the calls that need nothing more):
+//   Api::forward(path, spec, out, self, target, reduction, scalars...)
+//   Api::backward(path, spec, grad_input, grad_output, self, target, reduction, scalars...)
+//   Api::takes(grad_output, self, target): whether the backward's API takes these operands' dtypes.
+// Read from the top, a call goes down to the shared checks (core/) and back to this frame, then down to the
+// chip helpers (npu_common.cpp) and back, in the order the contract sets: checks before any aclnn call, the
+// path before the formats, the call, then the fix-ups. The includes point one way (npu/ -> chips/, core/);
+// the returns to the frame between those steps are its sequence, not a dependency back up.
 template <typename Loss, typename Api, typename Scalars = ScalarsOf<Loss>>
-struct PlainKernels;
+struct AclnnKernels;
 
 template <typename Loss, typename Api, typename... S>
-struct PlainKernels<Loss, Api, std::tuple<S...>> {
-  static_assert(Loss::decl.scalar.kind != ScalarKind::Float, "a float scalar picks a beta class: write the kernels");
-
+struct AclnnKernels<Loss, Api, std::tuple<S...>> {
   static at::Tensor forward(const at::Tensor& self, const at::Tensor& target, int64_t reduction, S... s) {
     const c10::OptionalDeviceGuard guard(at::device_of(self));
     const auto spec = LossChecks<Loss>::forward(self, target, reduction, s...);
     if (numel_of(spec.broadcast_shape) == 0) return empty_forward(spec, reduction, self.options());
-    if (!path_here<Loss, false>(dtype_class({&self, &target}), BetaClass::None, (false || ... || s)).aclnn) {
-      return Composite<Loss>::forward(self, target, reduction, s...);
-    }
+    const Path path = path_here<Loss, false>(
+        dtype_class({&self, &target}), beta_of(spec.dtype, s...), log_target_of(s...));
+    if (!path.aclnn) return Composite<Loss>::forward(self, target, reduction, s...);
     at::Tensor out = empty_result(spec, self.options());
-    Api::forward(base_format(self), base_format(target), reduction, s..., out);
+    Api::forward(path, spec, out, base_format(self), base_format(target), reduction, s...);
     return out;
   }
 
   static void backward_into(
-      at::Tensor& out, const ResultSpec&, const at::Tensor& grad_output, const at::Tensor& self,
+      at::Tensor& out, const ResultSpec& spec, const at::Tensor& grad_output, const at::Tensor& self,
       const at::Tensor& target, int64_t reduction, S... s) {
-    if (out.numel() == 0) return;  // aclnn launches nothing for empty inputs
-    const auto dtypes = dtype_class({&out, &grad_output, &self, &target});
-    if (!Api::takes(grad_output, self, target) ||
-        !path_here<Loss, true>(dtypes, BetaClass::None, (false || ... || s)).aclnn) {
+    if (empty_sum_into(out, spec)) return;  // aclnn launches nothing for empty inputs
+    const Path path = path_here<Loss, true>(
+        dtype_class({&out, &grad_output, &self, &target}), beta_of(out.scalar_type(), s...), log_target_of(s...));
+    if (!path.aclnn || !Api::takes(grad_output, self, target)) {
       out.copy_(Composite<Loss>::backward(grad_output, self, target, reduction, s...));
       return;
     }
     at::Tensor result = base_format_out(out);
-    Api::backward(base_format(grad_output), base_format(self), base_format(target), reduction, s..., result);
+    Api::backward(path, spec, result, base_format(grad_output), base_format(self), base_format(target), reduction, s...);
     copy_back(out, result);
   }
 };
+
+// Api::takes for an API that takes any mix of dtypes (it promotes).
+struct TakesAnyDtypes {
+  static bool takes(const at::Tensor&, const at::Tensor&, const at::Tensor&) {
+    return true;
+  }
+};
+
+// Registers a loss's NPU kernels: AclnnKernels<Loss, Api> under self's device guard.
+template <typename Loss, typename Api>
+void impl_npu_loss(torch::Library& m) {
+  using Kernels = AclnnKernels<Loss, Api>;
+  impl_loss<Loss, &Kernels::forward, &Kernels::backward_into, SelfDeviceGuard>(m);
+}
 
 }  // namespace npu_loss::npu

@@ -1,11 +1,11 @@
 """Which aclnn API each op runs on each chip family.
 
-On any machine: docs/npu_routing.md's tables ("Which chips run which path") are the routing table of
-the path rows of csrc/losses.h, row by row (`_C._npu_routing_table()`), so the two cannot drift apart.
+On any machine: docs/npu_paths.md's tables ("Which chips run which path") are the table of
+the path rows of csrc/losses.h, row by row (`_C._chip_paths()`), so the two cannot drift apart.
 
 On device="npu" under the host-emulated CANN (scripts/run_npu_emulated.sh, one process per chip): what each
 op ran, read from the emulator's trace. The expected API is written out here a second time on purpose: the
-routing table decides the path, this file states what the documentation promises.
+path rows decide the path, this file states what the documentation promises.
 """
 import importlib.util
 import os
@@ -21,16 +21,14 @@ from samples import BACKWARD_OP
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "npu_emulator"))
 import emulator  # noqa: E402
 
-LOSS_APIS = {
-    "aclnnSmoothL1Loss", "aclnnSmoothL1LossBackward", "aclnnL1Loss", "aclnnL1LossBackward",
-    "aclnnKlDiv", "aclnnKlDivTargetBackward", "aclnnMseLoss", "aclnnMseLossBackward",
-}
+# The aclnn APIs the chip paths name (what a call may run); which one each call must run is written out below.
+LOSS_APIS = {row["api"] for row in npu_loss_ops._C._chip_paths() if row["api"] != "composite"}
 DTYPES = [torch.float32, torch.float16, torch.bfloat16]
-# The tolerance each dtype's NPU result is compared with the CPU kernels' by: the largest error the routing
+# The tolerance each dtype's NPU result is compared with the CPU kernels' by: the largest error the paths
 # accepts from the TBE kernels' beta + 1e-6 divisor (reference.py says why those numbers), which also holds
 # the one-unit-in-the-last-place rounding differences of every other path.
 TOLERANCE = TBE_BIAS_TOLERANCE
-# The beta classes the routing distinguishes: 0 (the L1 gradient), below the 950 kernel's 1e-6 limit,
+# The beta classes the paths distinguish: 0 (the L1 gradient), below the 950 kernel's 1e-6 limit,
 # small enough that the TBE kernels' beta + 1e-6 bias exceeds float32's tolerance (and float16's at 1e-4),
 # an ordinary beta, and +inf (the 950 kernel's d * (1/beta) is NaN at d = +-inf).
 BETAS = [0.0, 1e-7, 1e-4, 1e-3, 1.0, float("inf")]
@@ -51,29 +49,29 @@ def _gen_docs():
 
 @pytest.mark.parametrize("doc", sorted(_gen_docs().BLOCKS))
 def test_doc_tables_are_generated_from_the_declarations(doc):
-    """Every generated docs table (docs/npu_routing.md's path tables, reasons included; docs/semantics.md's
+    """Every generated docs table (docs/npu_paths.md's path tables, reasons included; docs/semantics.md's
     schemas, "mean" divisors and result shapes and dtypes) is what scripts/gen_docs.py writes from the
     declarations (csrc/losses.h): the committed doc is the generated one."""
     gen_docs = _gen_docs()
     with open(os.path.join(gen_docs.ROOT, doc)) as f:
         committed = f.read()
-    assert "| `aclnnKlDiv` |" in gen_docs.routing_tables()  # the generator reads the table
+    assert "| `aclnnKlDiv` |" in gen_docs.path_tables()  # the generator reads the table
     assert "mse_loss_backward.grad_input(Tensor grad_output" in gen_docs.schemas()
     assert gen_docs.regenerate(doc, committed) == committed, f"run python scripts/gen_docs.py and commit {doc}"
 
 
-def test_every_op_has_routing_rows():
-    """Each op registered under torch.ops.npu_loss routes on the NPU by rows of the table (an out= overload by
-    its functional op's), and the table routes no other op."""
+def test_every_op_has_path_rows():
+    """Each op registered under torch.ops.npu_loss takes its NPU path from rows of the table (an out= overload
+    by its functional op's), and the table has no other op."""
     registered = {name.removeprefix("npu_loss::").split(".")[0]
                   for name in torch._C._dispatch_get_all_op_names() if name.startswith("npu_loss::")}
-    routed = {row["op"] for row in npu_loss_ops._C._npu_routing_table()}
-    assert routed == registered
+    with_paths = {row["op"] for row in npu_loss_ops._C._chip_paths()}
+    assert with_paths == registered
 
 
 @pytest.mark.parametrize("dtype", DTYPES, ids=lambda dt: str(dt)[6:])
 def test_beta_classes(dtype):
-    """The routing's beta classes are the documented ones, and `small` is exactly where reference.py's
+    """The paths' beta classes are the documented ones, and `small` is exactly where reference.py's
     tbe_bias_ok says the TBE kernels' beta + 1e-6 divisor leaves the dtype's tolerance."""
     name = str(dtype)[6:]
     classify = npu_loss_ops._C._npu_beta_class
@@ -90,14 +88,14 @@ def test_beta_classes(dtype):
 @pytest.fixture
 def npu(device):
     if device != "npu":
-        pytest.skip("the aclnn routing exists only on the NPU")
+        pytest.skip("the aclnn paths exist only on the NPU")
     if not emulator.active():
         pytest.skip("needs the emulated CANN's trace (scripts/run_npu_emulated.sh)")
     return torch.device("npu")
 
 
 def family():
-    """The chip family of the emulated SoC, by the names torch_npu knows (docs/npu_routing.md's chip table)."""
+    """The chip family of the emulated SoC, by the names torch_npu knows (docs/npu_paths.md's chip table)."""
     soc = npu_loss_ops.build_info()["npu_soc"]
     if soc.startswith("Ascend310B"):
         return "310B"
@@ -105,7 +103,9 @@ def family():
         return "950"
     if (soc.startswith("Ascend910B") and soc != "Ascend910B") or soc.startswith("Ascend910_9"):
         return "910B"
-    if soc.startswith("Ascend910") or soc.startswith("Ascend310P"):
+    if soc.startswith("Ascend310P"):
+        return "310P"
+    if soc.startswith("Ascend910"):
         return "910"
     return "unknown"
 
@@ -120,8 +120,9 @@ def expected_api(op, dtype, beta=1.0, log_target=False):
     bf16 = dtype == torch.bfloat16
     if fam in ("310B", "unknown"):
         return None
+    no_bf16 = fam in ("910", "310P")  # the TBE families without bf16
     if op == "huber_loss":  # smooth L1's forward with beta = delta, the composite at delta == +inf
-        ok = beta < float("inf") and have("aclnnSmoothL1Loss") and not (fam == "910" and bf16)
+        ok = beta < float("inf") and have("aclnnSmoothL1Loss") and not (no_bf16 and bf16)
         return "aclnnSmoothL1Loss" if ok else None
     if op == "huber_loss_backward":  # smooth L1's gradient with beta = delta, the composite at delta == +inf
         if beta == float("inf"):
@@ -133,24 +134,25 @@ def expected_api(op, dtype, beta=1.0, log_target=False):
                 return "aclnnL1LossBackward" if have("aclnnL1LossBackward") else None
             ok = 1e-6 <= beta < float("inf") and have("aclnnSmoothL1LossBackward")
             return "aclnnSmoothL1LossBackward" if ok else None
-        if fam == "910" and bf16:
+        if no_bf16 and bf16:
             return None
         ok = tbe_bias_ok(beta, dtype) and have("aclnnSmoothL1LossBackward")
         return "aclnnSmoothL1LossBackward" if ok else None
     if op in ("smooth_l1_loss", "l1_loss", "l1_loss_backward"):
         api = {"smooth_l1_loss": "aclnnSmoothL1Loss", "l1_loss": "aclnnL1Loss",
                "l1_loss_backward": "aclnnL1LossBackward"}[op]
-        return api if have(api) and not (fam == "910" and bf16) else None
+        return api if have(api) and not (no_bf16 and bf16) else None
     if op == "mse_loss":
-        return "aclnnMseLoss" if have("aclnnMseLoss") and not (fam == "910" and bf16) else None
-    if op == "mse_loss_backward":  # not on 910; 310P, which has it, shares the family
-        return "aclnnMseLossBackward" if fam in ("910B", "950") and have("aclnnMseLossBackward") else None
+        return "aclnnMseLoss" if have("aclnnMseLoss") and not (no_bf16 and bf16) else None
+    if op == "mse_loss_backward":  # not on 910; on 310P in fp32/fp16
+        ok = (fam in ("910B", "950") or (fam == "310P" and not bf16)) and have("aclnnMseLossBackward")
+        return "aclnnMseLossBackward" if ok else None
     if op == "kl_div_target_backward":
         return "aclnnKlDivTargetBackward" if fam in ("910B", "950") and have("aclnnKlDivTargetBackward") else None
     if op == "kl_div":
         if not have("aclnnKlDiv"):
             return None
-        if fam == "950" or (fam == "910B" and log_target) or (fam == "910" and log_target and not bf16):
+        if fam == "950" or (fam == "910B" and log_target) or (no_bf16 and log_target and not bf16):
             return "aclnnKlDiv"
         return None
     raise AssertionError(op)
@@ -206,7 +208,7 @@ def test_aclnn_api_per_chip(npu, op, dtype, beta, log_target):
 
 
 def huber_launches(op, dtype, delta):
-    """Every aclnn launch a Huber call makes where its row names the aclnn API (docs/npu_routing.md, the
+    """Every aclnn launch a Huber call makes where its row names the aclnn API (docs/npu_paths.md, the
     launch table): smooth L1's kernel, plus one scaling of the result (forward) or of grad_output (backward)
     unless delta == 1; with a half dtype the forward's two inputs and the backward's grad_output (delta != 1)
     are first copied to float32."""
@@ -282,10 +284,10 @@ def test_chip_reported_before_first_op(npu):
     assert info["npu_chip"] == npu_loss_ops._C_npu.chip_family_of(info["npu_soc"])
 
 
-# Every SoC name torch_npu 2.13 knows, with the family it must map to (docs/npu_routing.md's chip table).
+# Every SoC name torch_npu 2.13 knows, with the family it must map to (docs/npu_paths.md's chip table).
 SOC_FAMILIES = {
-    **{f"Ascend910{s}": "Ascend910/Ascend310P" for s in ("PremiumA", "ProA", "A", "ProB", "B")},
-    **{f"Ascend310P{i}": "Ascend910/Ascend310P" for i in (1, 2, 3, 4, 5, 7)},
+    **{f"Ascend910{s}": "Ascend910 " for s in ("PremiumA", "ProA", "A", "ProB", "B")},
+    **{f"Ascend310P{i}": "Ascend310P " for i in (1, 2, 3, 4, 5, 7)},
     **{f"Ascend910B{s}": "Ascend910B/Ascend910_93" for s in ("1", "2", "2C", "3", "4", "4-1")},
     **{f"Ascend910_93{i}": "Ascend910B/Ascend910_93" for i in ("91", "92", "81", "82", "72", "62", "63")},
     **{f"Ascend310B{i}": "composite fallback only" for i in (1, 2, 3, 4)},

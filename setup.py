@@ -189,8 +189,8 @@ def npu_extension(root, flags, link):
     return CppExtension(
         "npu_loss_ops._C_npu",
         # The aclnn kernels; the checks, the composite math they fall back to and the chip paths come from the
-        # static core.
-        sorted(set(glob.glob("csrc/npu/*.cpp")) - set(CORE_SOURCES)) + [GLIBC_FLOOR_SOURCE],
+        # static library.
+        sorted(glob.glob("csrc/npu/*.cpp")) + [GLIBC_FLOOR_SOURCE],
         include_dirs=torch_npu_include_dirs(root),
         library_dirs=[os.path.join(root, "lib")],
         libraries=["torch_npu"],
@@ -205,7 +205,7 @@ def npu_extension(root, flags, link):
 
 def extensions():
     flags, link = cpu_flags()
-    sources = ["csrc/module.cpp", "csrc/enable/aten_kernels.cpp", "csrc/composite/kernels.cpp"]
+    sources = ["csrc/module.cpp", "csrc/enable/aten_kernels.cpp"]
     sources += sorted(glob.glob("csrc/registration/*.cpp"))
     sources += sorted(glob.glob("csrc/autograd/*.cpp"))
     sources += sorted(glob.glob("csrc/cpu/*.cpp"))
@@ -225,24 +225,24 @@ def extensions():
     return exts
 
 
-# The chip paths are plain C++: in the core, _C shows them on any machine and _C_npu takes each call's path
-# from them.
-CORE_SOURCES = ["csrc/core/checks.cpp", "csrc/composite/math.cpp", "csrc/chips/paths.cpp"]
+# What both extensions link, compiled once per build: the checks (every rule once), the composite math and the
+# chip paths (plain C++: in it, _C shows them on any machine and _C_npu takes each call's path from them).
+STATIC_SOURCES = ["csrc/core/checks.cpp", "csrc/composite/math.cpp", "csrc/chips/paths.cpp"]
 
 
-def core_library():
-    """The static core both extensions link: the checks (every rule once), the composite math and the chip
-    paths, compiled once per build (setuptools' build_clib; build_ext then links libnpu_loss_core.a into _C and _C_npu)."""
+def static_library():
+    """The static library both extensions link, made of STATIC_SOURCES (setuptools' build_clib; build_ext then
+    links libnpu_loss_static.a into _C and _C_npu)."""
     from torch.utils.cpp_extension import include_paths
 
     flags, _ = cpu_flags()
     abi = int(torch._C._GLIBCXX_USE_CXX11_ABI)
     return (
-        "npu_loss_core",
+        "npu_loss_static",
         {
-            "sources": CORE_SOURCES,
+            "sources": STATIC_SOURCES,
             "include_dirs": include_paths(),
-            # The flags BuildExtension gives the extensions' own files, so the core's inline torch code is the
+            # The flags BuildExtension gives the extensions' own files, so the library's inline torch code is the
             # same code (-fPIC: it is linked into shared objects).
             "cflags": flags + ["-fPIC", f"-D_GLIBCXX_USE_CXX11_ABI={abi}"],
             # build_clib recompiles a source only when it or one of these is newer than its object.
@@ -324,7 +324,7 @@ class Build(build):
 
 
 class BuildClib(build_clib):
-    """The static core, compiled into and archived in the current build key's directory."""
+    """The static library, compiled into and archived in the current build key's directory."""
 
     def finalize_options(self):
         super().finalize_options()
@@ -336,7 +336,7 @@ class BuildClib(build_clib):
 
 
 class BuildExt(BuildExtension.with_options(use_ninja=True)):
-    """BuildExtension (ninja) that builds the static core first, compiles each extension in the directory
+    """BuildExtension (ninja) that builds the static library first, compiles each extension in the directory
     of its build key, always links (ninja recompiles only what changed; distutils' own check would keep a
     library linked for another torch because it is newer than the sources), and records the torch it builds
     against."""
@@ -346,7 +346,7 @@ class BuildExt(BuildExtension.with_options(use_ninja=True)):
         # tree otherwise (never both: another venv's editable build of this checkout reads the source one).
         package_dir = os.path.join(ROOT if self.inplace else self.build_lib, "npu_loss_ops")
         record_torch_version([package_dir], NPU_ROOT)
-        # An editable install runs build_ext alone; the core must exist before the extensions link it.
+        # An editable install runs build_ext alone; the static library must exist before the extensions link it.
         self.run_command("build_clib")
         self.force = True
         super().run()
@@ -394,7 +394,7 @@ setup(
     packages=find_packages(include=["npu_loss_ops", "npu_loss_ops.*"]),
     # The package's inline types are its public typing (PEP 561).
     package_data={"npu_loss_ops": ["py.typed"]},
-    libraries=[core_library()],
+    libraries=[static_library()],
     ext_modules=extensions(),
     cmdclass={"build": Build, "build_clib": BuildClib, "build_ext": BuildExt},
     # Nothing, except in a wheel built for distribution (NPU_LOSS_OPS_WHEEL=1): see install_requires().

@@ -6,8 +6,6 @@
 #include <vector>
 
 #include "autograd/derivatives.h"
-#include "core/checks.h"
-#include "core/ops.h"
 #include "core/schema.h"
 #include "enable/aten_kernels.h"
 #include "cpu/isa.h"
@@ -41,8 +39,9 @@ at::Tensor vec_math(const std::string& fn, const at::Tensor& x, const std::strin
   return out;
 }
 
-// The NPU routing table, row by row as docs/npu_routing.md writes it (tests compare the two on any machine).
-pybind11::list npu_routing_table() {
+// The chip paths of every op, row by row as docs/npu_paths.md writes them (tests compare the two on any
+// machine).
+pybind11::list chip_paths() {
   pybind11::list rows;
   for (const auto& row : npu_loss::chips::path_table()) {
     pybind11::dict d;
@@ -59,7 +58,7 @@ pybind11::list npu_routing_table() {
   return rows;
 }
 
-// The routing's class of a smooth L1 beta for a result dtype ("float32", "float16" or "bfloat16"), as the
+// The chip paths' class of a smooth L1 beta for a result dtype ("float32", "float16" or "bfloat16"), as the
 // table names it ("0", "tiny", "small", "normal", "inf").
 std::string npu_beta_class(double beta, const std::string& dtype) {
   using npu_loss::chips::Dtype;
@@ -73,11 +72,7 @@ std::string npu_beta_class(double beta, const std::string& dtype) {
 // Whether enable()'s kernel for an ATen overload would call the npu_loss op for these arguments (given as
 // torch.ops.aten's overload takes them), rather than torch's kernel (for tests).
 bool aten_route_accepts(const std::string& overload, const pybind11::args& args, const pybind11::kwargs& kwargs) {
-  const auto dot = overload.find('.');
-  const auto& schema = c10::Dispatcher::singleton()
-                           .findSchemaOrThrow(("aten::" + overload.substr(0, dot)).c_str(),
-                                              dot == std::string::npos ? "" : overload.c_str() + dot + 1)
-                           .schema();
+  const auto& schema = npu_loss::enable::aten_schema(overload);
   const torch::jit::Stack stack = torch::jit::createStackForSchema(schema, args, kwargs, std::nullopt);
   return npu_loss::enable::accepts(overload, stack);
 }
@@ -91,7 +86,6 @@ pybind11::list losses() {
     pybind11::dict row;
     row["forward"] = d.forward;
     row["backward"] = d.backward;
-    row["backward_out"] = out_overload_name(d);
     row["out_overload"] = d.out_overload;
     row["out_arg"] = d.out_arg;
     row["schemas"] = std::vector<std::string>{forward_schema(d), backward_schema(d), backward_out_schema(d)};
@@ -152,6 +146,6 @@ PYBIND11_MODULE(_C, m) {
         "Make these ATen overloads exactly the ones routed to the npu_loss ops (npu_loss_ops.enable()).");
   m.def("_aten_route_accepts", &aten_route_accepts,
         "Whether enable()'s kernel would call the npu_loss op for these arguments (for tests).");
-  m.def("_npu_routing_table", &npu_routing_table, "The NPU routing table's rows (docs/npu_routing.md).");
-  m.def("_npu_beta_class", &npu_beta_class, "The NPU routing's class of a smooth L1 beta (for tests).");
+  m.def("_chip_paths", &chip_paths, "The chip paths of every op on the NPU, row by row (docs/npu_paths.md).");
+  m.def("_npu_beta_class", &npu_beta_class, "The chip paths' class of a smooth L1 beta (for tests).");
 }

@@ -178,10 +178,10 @@ def _per_op_tables() -> dict[str, set[str]]:
     return {
         "schemas (SCHEMAS here, docs/semantics.md)": {s.split("(")[0].removeprefix("npu_loss::") for s in SCHEMAS},
         "declarations (csrc/losses.h)": {
-            row[k] for row in _C._losses() for k in ("forward", "backward", "backward_out")
+            schema.split("(")[0] for row in _C._losses() for schema in row["schemas"]
         },
         "derivatives blocks (csrc/autograd/derivatives.cpp)": set(_C._differentiable_ops()),
-        "NPU path rows (csrc/losses.h)": {row["op"] for row in _C._npu_routing_table()},
+        "NPU path rows (csrc/losses.h)": {row["op"] for row in _C._chip_paths()},
         "sample families (tests/samples.py)": _sample_ops(),
         "DTensor rows (npu_loss_ops/_dtensor.py)": _dtensor_ops(),
     }
@@ -199,7 +199,7 @@ def test_the_tables_name_only_registered_ops():
 @pytest.mark.parametrize("op", sorted(_registered_ops()))
 def test_every_registered_op_has_a_block_in_every_table(op):
     """A loss added with one block missing fails here, naming the op and the table. Derivatives and
-    routing are per functional op (an out= overload has neither autograd nor a route of its own)."""
+    chip paths are per functional op (an out= overload has neither autograd nor a path of its own)."""
     tables = _per_op_tables()
     per_functional = ("derivatives blocks", "NPU path rows")
     missing = [

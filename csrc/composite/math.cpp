@@ -1,8 +1,9 @@
 // The fallback's math for any device without a dedicated kernel (CUDA, XPU, MPS, ... and the NPU for calls a
 // chip's aclnn kernel cannot serve): each op made of ATen ops, after the same checks as every other
-// backend. Math only: kernels.cpp registers it (with the out= overloads and the Functionalize kernels), and
-// _C_npu compiles this file too, to call the same math where the NPU falls back. One forward and one backward
-// per loss, told apart by the loss's declaration type (losses.h) as their first argument.
+// backend. Math only: registration/composite.cpp registers it (with the out= overloads and the Functionalize
+// kernels), and _C_npu links it too (the static library), to call the same math where the NPU falls back. One
+// forward and one backward per loss, told apart by the loss's declaration type (losses.h) as their first
+// argument.
 #include <ATen/ATen.h>
 #include <ATen/ExpandUtils.h>
 #include <torch/library.h>

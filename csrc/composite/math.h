@@ -1,6 +1,6 @@
 // The composite (ATen-op) implementation of every loss's functional ops, after the shared checks:
 // Composite<Loss>::forward and ::backward. Registered as the CompositeExplicitAutograd fallback in _C
-// (composite/kernels.cpp), and called by the NPU kernels for calls a chip's aclnn kernel cannot serve
+// (registration/composite.cpp), and called by the NPU kernels for calls a chip's aclnn kernel cannot serve
 // (compiled into _C_npu too). Each loss's formulas are in math.cpp.
 #pragma once
 

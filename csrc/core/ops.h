@@ -13,17 +13,17 @@
 
 namespace npu_loss {
 
-// The C++ signatures of a loss's three ops: (self, target, reduction, scalars...), (grad_output, self,
-// target, reduction, scalars...) and the latter with the out= tensor last.
-template <typename Loss, typename Scalars = ScalarsOf<Loss>>
-struct Signatures;
-
+// The C++ signatures of a loss's three ops, for its scalars S...: (self, target, reduction, scalars...),
+// (grad_output, self, target, reduction, scalars...) and the latter with the out= tensor last.
 template <typename Loss, typename... S>
-struct Signatures<Loss, std::tuple<S...>> {
+struct SignaturesWith {
   using Forward = at::Tensor(const at::Tensor&, const at::Tensor&, int64_t, S...);
   using Backward = at::Tensor(const at::Tensor&, const at::Tensor&, const at::Tensor&, int64_t, S...);
   using BackwardOut = at::Tensor&(const at::Tensor&, const at::Tensor&, const at::Tensor&, int64_t, S..., at::Tensor&);
 };
+
+template <typename Loss>
+using Signatures = WithScalars<SignaturesWith, Loss>;
 
 // "backward.out_overload", the out= overload's full name.
 inline std::string out_overload_name(const LossDecl& decl) {

@@ -255,6 +255,11 @@ void set_routed(const std::vector<std::string>& overloads) {
   g_library = library.release();
 }
 
+const c10::FunctionSchema& aten_schema(const std::string& overload) {
+  find_route(overload);  // a name enable() does not route is a ValueError, as everywhere here
+  return find_op("aten", overload).schema();
+}
+
 bool accepts(const std::string& overload, const std::vector<c10::IValue>& args) {
   const Route& route = find_route(overload);
   const size_t n = find_op("aten", overload).schema().arguments().size();

@@ -2,6 +2,7 @@
 // state; docs/usage.md, "Use it in existing code", is the user's description).
 #pragma once
 
+#include <ATen/core/function_schema.h>
 #include <ATen/core/ivalue.h>
 
 #include <string>
@@ -23,5 +24,8 @@ void set_routed(const std::vector<std::string>& overloads);
 // Whether a routing kernel would call the npu_loss op for these arguments of `overload` (an ATen overload
 // name from routes(); `args`: every argument of its schema, in order), rather than torch's own kernel.
 bool accepts(const std::string& overload, const std::vector<c10::IValue>& args);
+
+// The schema of a routed ATen overload (a name from routes()), for callers that build its arguments.
+const c10::FunctionSchema& aten_schema(const std::string& overload);
 
 }  // namespace npu_loss::enable

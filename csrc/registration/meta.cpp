@@ -3,7 +3,7 @@
 // on the meta device and FakeTensorMode, which runs an op's Meta kernel when it has no Python fake kernel:
 // so torch.compile (dynamic shapes included), torch.export and opcheck validate and shape every op by the
 // same rules, with the same exceptions and messages, as the real kernels. Each checks before it reads an
-// argument (an undefined one has no options()). _C only: a registration in the static core would be
+// argument (an undefined one has no options()). _C only: a registration in the static library would be
 // dropped by the linker.
 #include <torch/library.h>
 
@@ -14,11 +14,8 @@
 namespace npu_loss {
 namespace {
 
-template <typename Loss, typename Scalars = ScalarsOf<Loss>>
-struct MetaKernels;
-
 template <typename Loss, typename... S>
-struct MetaKernels<Loss, std::tuple<S...>> {
+struct MetaKernels {
   using Checks = LossChecks<Loss, c10::SymInt>;
 
   static at::Tensor forward(const at::Tensor& self, const at::Tensor& target, int64_t reduction, S... s) {
@@ -45,7 +42,7 @@ struct MetaKernels<Loss, std::tuple<S...>> {
 
 TORCH_LIBRARY_IMPL(npu_loss, Meta, m) {
   for_each_loss([&]<typename Loss>() {
-    using Kernels = MetaKernels<Loss>;
+    using Kernels = WithScalars<MetaKernels, Loss>;
     impl_ops<Loss, &Kernels::forward, &Kernels::backward, &Kernels::backward_out>(m);
   });
 }

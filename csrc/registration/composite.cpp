@@ -1,22 +1,19 @@
 // The composite fallback's registrations, for every loss: CompositeExplicitAutograd kernels for its ops
-// (the math of math.cpp, plus the out= overload writing it into out), and the Functionalize kernel of its
-// out= overload. _C only; _C_npu calls the math directly where a chip falls back.
+// (the math of composite/math.cpp, plus the out= overload writing it into out), and the Functionalize kernel
+// of its out= overload. _C only; _C_npu calls the math directly where a chip falls back.
 #include <ATen/ATen.h>
 #include <torch/library.h>
 
 #include "../core/backend.h"
 #include "../core/checks.h"
 #include "../core/ops.h"
-#include "math.h"
+#include "../composite/math.h"
 
 namespace npu_loss {
 namespace {
 
-template <typename Loss, typename Scalars = ScalarsOf<Loss>>
-struct CompositeOut;
-
 template <typename Loss, typename... S>
-struct CompositeOut<Loss, std::tuple<S...>> {
+struct CompositeOut {
   // The into kernel (core/backend.h) of the composite: its result, copied into out.
   static void into(
       at::Tensor& out, const ResultSpec&, const at::Tensor& grad_output, const at::Tensor& self,
@@ -50,14 +47,14 @@ struct CompositeOut<Loss, std::tuple<S...>> {
 // out= checks and copies the math's result into out.
 TORCH_LIBRARY_IMPL(npu_loss, CompositeExplicitAutograd, m) {
   for_each_loss([&]<typename Loss>() {
-    using Out = BackendKernels<Loss, &CompositeOut<Loss>::into>;
+    using Out = BackendKernels<Loss, &WithScalars<CompositeOut, Loss>::into>;
     impl_ops<Loss, &Composite<Loss>::forward, &Composite<Loss>::backward, &Out::out>(m);
   });
 }
 
 TORCH_LIBRARY_IMPL(npu_loss, Functionalize, m) {
   for_each_loss([&]<typename Loss>() {
-    m.impl(out_overload_name(Loss::decl).c_str(), &CompositeOut<Loss>::functionalize);
+    m.impl(out_overload_name(Loss::decl).c_str(), &WithScalars<CompositeOut, Loss>::functionalize);
   });
 }
 

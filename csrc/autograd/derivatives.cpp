@@ -1,8 +1,9 @@
-// The derivatives of every npu_loss op, one block per op: its saved inputs (the first kTensors arguments)
-// and scalars (the rest of its signature), its backward formula (one gradient per tensor input), its
-// tangent formula (forward-mode AD); its batching rule reads the rest from the loss's declaration. The blocks
-// drive the generic node and Autograd kernel (node.h) and the generic vmap rules (vmap.h); the bottom of
-// this file registers them. docs/adding_a_loss.md says what a new loss adds here.
+// The derivatives of every npu_loss op, one block per op: ForwardBlockOf<Loss> and BackwardBlockOf<Loss>,
+// each with its saved inputs (the first kTensors arguments) and scalars (the rest of its signature), its
+// backward formula (one gradient per tensor input) and its tangent formula (forward-mode AD); its batching
+// rule reads the rest from the loss's declaration. The blocks drive the generic node and Autograd kernel
+// (node.h) and the generic vmap rules (vmap.h); the bottom of this file registers every loss's two blocks,
+// from the declarations (losses.h). docs/adding_a_loss.md says what a new loss adds here.
 //
 // Forwards: the backward ops get broadcast-expanded self and target (views, no copies) and each gradient is
 // summed back to its input's shape. Backward ops: their own formulas (ATen's derivatives.yaml), so double
@@ -39,8 +40,8 @@ variable_list proxy_into_compiled_graph(
 
 namespace {
 
-// Gradients of a loss whose slope is odd in d = self - target (smooth L1, L1): `slope(g, a, b)` is the
-// backward op; it gives self's gradient, and with self and target swapped, target's. Both over the
+// Gradients of a loss whose slope is odd in d = self - target (smooth L1, Huber, L1, MSE): `slope(g, a, b)`
+// is the backward op; it gives self's gradient, and with self and target swapped, target's. Both over the
 // broadcast shape (smooth L1's "mean" divides by self.numel(), which must be the broadcast count).
 template <typename Slope>
 variable_list odd_slope_grads(
@@ -73,6 +74,25 @@ struct Slope {
   double inside;
   std::optional<double> clip;
 };
+
+// The slopes of the backward ops of smooth L1, Huber, L1 and MSE (LinearSlopeBackward below uses them).
+// Smooth L1 (beta): d / beta clipped at beta, derivative 1 / beta inside; beta == 0 is the L1 slope sign(d).
+inline Slope slope_of(SmoothL1Loss, double beta) {
+  return {.inside = beta > 0 ? 1.0 / beta : 0.0, .clip = beta};
+}
+// Huber (delta): d clipped at delta, derivative 1 inside.
+inline Slope slope_of(HuberLoss, double delta) {
+  return {.inside = 1.0, .clip = delta};
+}
+// L1: sign(d), piecewise constant.
+inline Slope slope_of(L1Loss) {
+  return {.inside = 0.0, .clip = std::nullopt};
+}
+// MSE: g * 2d (scaled for "mean"), derivative 2 * g w.r.t. self and -2 * g w.r.t. target (ATen's
+// mse_loss_double_backward).
+inline Slope slope_of(MseLoss) {
+  return {.inside = 2.0, .clip = std::nullopt};
+}
 
 // `v` where the slope is linear: masked by |d| < clip, or expanded to the broadcast shape without a clip.
 inline at::Tensor where_linear(
@@ -133,27 +153,25 @@ struct Block {
   }
 };
 
-// The block of a loss's forward op, and of its backward op.
+// What every block of a loss's forward op, and of its backward op, shares.
 template <typename Loss>
 using ForwardBlock = Block<Loss, false>;
 template <typename Loss>
 using BackwardBlock = Block<Loss, true>;
 
-// A forward loss whose slope is odd in d (smooth L1, Huber, L1): its gradients and tangent are its backward
-// op's (odd_slope_grads, odd_slope_tangent), whatever its scalars.
-template <typename Loss, typename Scalars = ScalarsOf<Loss>>
-struct OddSlopeLoss;
-
-template <typename Loss, typename... S>
-struct OddSlopeLoss<Loss, std::tuple<S...>> : ForwardBlock<Loss> {
-  static variable_list backward(
-      const at::Tensor& grad, const Needs<2>& needs, const at::Tensor& self, const at::Tensor& target,
-      int64_t reduction, S... s) {
+// A forward loss whose slope is odd in d (smooth L1, Huber, L1, MSE): its gradients and tangent are its
+// backward op's (odd_slope_grads, odd_slope_tangent), whatever its scalars `s`.
+template <typename Loss>
+struct OddSlopeLoss : ForwardBlock<Loss> {
+  template <typename... S>
+  static variable_list backward(const at::Tensor& grad, const Needs<2>& needs, const at::Tensor& self,
+                                const at::Tensor& target, int64_t reduction, S... s) {
     return odd_slope_grads(grad, needs, self, target, [&](const at::Tensor& g, const at::Tensor& a, const at::Tensor& b) {
       return ops::backward<Loss>().call(g, a, b, reduction, s...);
     });
   }
 
+  template <typename... S>
   static at::Tensor tangent(const Dual& self, const Dual& target, int64_t reduction, S... s) {
     return odd_slope_tangent(self, target, reduction, [&](const at::Tensor& g, const at::Tensor& a, const at::Tensor& b) {
       return ops::backward<Loss>().call(g, a, b, kNone, s...);
@@ -161,60 +179,38 @@ struct OddSlopeLoss<Loss, std::tuple<S...>> : ForwardBlock<Loss> {
   }
 };
 
-// The block of a backward op whose slope is Derived::slope(scalars...).
-template <typename Derived, typename Loss, typename Scalars = ScalarsOf<Loss>>
-struct LinearSlopeBackward;
-
-template <typename Derived, typename Loss, typename... S>
-struct LinearSlopeBackward<Derived, Loss, std::tuple<S...>> : BackwardBlock<Loss> {
-  static variable_list backward(
-      const at::Tensor& gg, const Needs<3>& needs, const at::Tensor& grad_output, const at::Tensor& self,
-      const at::Tensor& target, int64_t reduction, S... s) {
-    return linear_slope_grads(
-        gg, needs, grad_output, self, target, reduction, Derived::slope(s...),
-        [&](const at::Tensor& g) { return ops::backward<Loss>().call(g, self, target, reduction, s...); });
+// The block of a backward op linear in grad_output, with the slope slope_of(Loss{}, s...).
+template <typename Loss>
+struct LinearSlopeBackward : BackwardBlock<Loss> {
+  template <typename... S>
+  static variable_list backward(const at::Tensor& gg, const Needs<3>& needs, const at::Tensor& grad_output,
+                                const at::Tensor& self, const at::Tensor& target, int64_t reduction, S... s) {
+    const auto backward_op = [&](const at::Tensor& g) {
+      return ops::backward<Loss>().call(g, self, target, reduction, s...);
+    };
+    return linear_slope_grads(gg, needs, grad_output, self, target, reduction, slope_of(Loss{}, s...), backward_op);
   }
 
+  template <typename... S>
   static at::Tensor tangent(const Dual& grad_output, const Dual& self, const Dual& target, int64_t reduction, S... s) {
-    return linear_slope_tangent(
-        grad_output, self, target, reduction, Derived::slope(s...),
-        [&](const at::Tensor& g) { return ops::backward<Loss>().call(g, self.p, target.p, reduction, s...); });
+    const auto backward_op = [&](const at::Tensor& g) {
+      return ops::backward<Loss>().call(g, self.p, target.p, reduction, s...);
+    };
+    return linear_slope_tangent(grad_output, self, target, reduction, slope_of(Loss{}, s...), backward_op);
   }
 };
 
-// ---- smooth L1: its forward, and its backward op (grad_output, self, target, reduction, beta) ----
-using SmoothL1LossForward = OddSlopeLoss<SmoothL1Loss>;
-
-struct SmoothL1LossBackward : LinearSlopeBackward<SmoothL1LossBackward, SmoothL1Loss> {
-  // d / beta clipped at beta: derivative 1 / beta inside; beta == 0 is the L1 slope sign(d).
-  static Slope slope(double beta) {
-    return {.inside = beta > 0 ? 1.0 / beta : 0.0, .clip = beta};
-  }
-};
-
-// ---- Huber: its forward, and its backward op (grad_output, self, target, reduction, delta) ----
-using HuberLossForward = OddSlopeLoss<HuberLoss>;
-
-struct HuberLossBackward : LinearSlopeBackward<HuberLossBackward, HuberLoss> {
-  // d clipped at delta: derivative 1 inside.
-  static Slope slope(double delta) {
-    return {.inside = 1.0, .clip = delta};
-  }
-};
-
-// ---- L1: its forward, and its backward op (grad_output, self, target, reduction) ----
-using L1LossForward = OddSlopeLoss<L1Loss>;
-
-struct L1LossBackward : LinearSlopeBackward<L1LossBackward, L1Loss> {
-  // sign(d): piecewise constant.
-  static Slope slope() {
-    return {.inside = 0.0, .clip = std::nullopt};
-  }
-};
+// The blocks of a loss's forward op and of its backward op: by default a forward whose slope is odd in d and a
+// backward op linear in grad_output with the loss's slope_of (a loss with neither slope_of nor blocks of its
+// own does not compile); KL's are its own.
+template <typename Loss>
+struct ForwardBlockOf : OddSlopeLoss<Loss> {};
+template <typename Loss>
+struct BackwardBlockOf : LinearSlopeBackward<Loss> {};
 
 // ---- KL: its forward (self, target, reduction, *, log_target), and its backward op ----
-struct KlDivForward : ForwardBlock<KlDiv> {
-
+template <>
+struct ForwardBlockOf<KlDiv> : ForwardBlock<KlDiv> {
   static variable_list backward(
       const at::Tensor& grad, const Needs<2>& needs, const at::Tensor& self, const at::Tensor& target,
       int64_t reduction, bool log_target) {
@@ -250,31 +246,37 @@ struct KlDivForward : ForwardBlock<KlDiv> {
   }
 };
 
-struct KlDivBackward : BackwardBlock<KlDiv> {
-
+template <>
+struct BackwardBlockOf<KlDiv> : BackwardBlock<KlDiv> {
   static variable_list backward(
-      const at::Tensor& gg_in, const Needs<3>& needs, const at::Tensor& grad_output, const at::Tensor& self,
-      const at::Tensor& t, int64_t reduction, bool log_target) {
+      const at::Tensor& gg_in, const Needs<3>& needs, const at::Tensor& grad_output_in, const at::Tensor& self_in,
+      const at::Tensor& t_in, int64_t reduction, bool log_target) {
     variable_list out(3);
+    // float16/bfloat16 in float32: each derivative is a product of several factors, summed over the broadcast
+    // dims (5000 terms for a (5000,) grad_output of a 5000 x 5000 call), and rounded once, to its input's dtype.
+    const auto opmath = [](const at::Tensor& v) {
+      return at::isReducedFloatingType(v.scalar_type()) ? v.to(at::kFloat) : v;
+    };
+    const auto grad_output = opmath(grad_output_in), self = opmath(self_in), t = opmath(t_in);
     const auto shape = broadcast_shape(self, t);
-    const auto gg = apply_mean(gg_in, reduction, numel_of(shape));
-    // Each derivative is elementwise over broadcast(self, target), then summed to its input's shape.
+    const auto gg = apply_mean(opmath(gg_in), reduction, numel_of(shape));
+    // Each derivative is elementwise over broadcast(self, target), then summed to its input's shape and dtype.
     const auto finish = [&](const at::Tensor& v, const at::Tensor& like) {
       return reduce_to(expand_to(v, shape), like);
     };
     if (log_target) {
       const auto e = t.exp();
-      if (needs[0]) out[0] = finish(gg * e * (t + 1 - self), grad_output);
-      if (needs[1]) out[1] = finish(-(gg * grad_output * e), self);
-      if (needs[2]) out[2] = finish(gg * grad_output * e * (t + 2 - self), t);
+      if (needs[0]) out[0] = finish(gg * e * (t + 1 - self), grad_output_in);
+      if (needs[1]) out[1] = finish(-(gg * grad_output * e), self_in);
+      if (needs[2]) out[2] = finish(gg * grad_output * e * (t + 2 - self), t_in);
       return out;
     }
     // A zero probability gets no gradient, and neither do its derivatives.
     const auto zero = t == 0;
     const auto safe_t = t.masked_fill(zero, 1);
-    if (needs[0]) out[0] = finish((gg * (safe_t.log() + 1 - self)).masked_fill(zero, 0), grad_output);
-    if (needs[1]) out[1] = finish((-(gg * grad_output)).masked_fill(zero, 0), self);
-    if (needs[2]) out[2] = finish((gg * grad_output / safe_t).masked_fill(zero, 0), t);
+    if (needs[0]) out[0] = finish((gg * (safe_t.log() + 1 - self)).masked_fill(zero, 0), grad_output_in);
+    if (needs[1]) out[1] = finish((-(gg * grad_output)).masked_fill(zero, 0), self_in);
+    if (needs[2]) out[2] = finish((gg * grad_output / safe_t).masked_fill(zero, 0), t_in);
     return out;
   }
 
@@ -305,48 +307,31 @@ struct KlDivBackward : BackwardBlock<KlDiv> {
   }
 };
 
-// ---- MSE: its forward, and its backward op (grad_output, self, target, reduction) ----
-using MseLossForward = OddSlopeLoss<MseLoss>;
-
-// The backward op is g * 2d (scaled for "mean"): its derivative is 2 * g w.r.t. self and -2 * g w.r.t. target
-// (ATen's mse_loss_double_backward).
-struct MseLossBackward : LinearSlopeBackward<MseLossBackward, MseLoss> {
-  static Slope slope() {
-    return {.inside = 2.0, .clip = std::nullopt};
-  }
-};
-
-// ---- registration: every block, at the Autograd and FuncTorchBatched keys ----
-
-template <typename... Op>
-struct Blocks {
-  static void register_autograd(torch::Library& m) {
-    (m.impl(Op::kName, TORCH_FN(AutogradKernel<Op>::call)), ...);
-  }
-  static void register_vmap(torch::Library& m) {
-    (m.impl(Op::kName, &VmapKernel<Op>::call), ...);
-  }
-  static std::vector<std::string> names() {
-    return {Op::kName...};
-  }
-};
-
-using AllBlocks = Blocks<
-    SmoothL1LossForward, SmoothL1LossBackward, HuberLossForward, HuberLossBackward, L1LossForward, L1LossBackward,
-    KlDivForward, KlDivBackward, MseLossForward, MseLossBackward>;
+// ---- registration: every loss's two blocks, at the Autograd and FuncTorchBatched keys ----
 
 }  // namespace
 
 std::vector<std::string> differentiable_ops() {
-  return AllBlocks::names();
+  std::vector<std::string> names;
+  for_each_loss([&]<typename Loss>() {
+    names.emplace_back(ForwardBlockOf<Loss>::kName);
+    names.emplace_back(BackwardBlockOf<Loss>::kName);
+  });
+  return names;
 }
 
 TORCH_LIBRARY_IMPL(npu_loss, Autograd, m) {
-  AllBlocks::register_autograd(m);
+  for_each_loss([&]<typename Loss>() {
+    m.impl(ForwardBlockOf<Loss>::kName, TORCH_FN(AutogradKernel<ForwardBlockOf<Loss>>::call));
+    m.impl(BackwardBlockOf<Loss>::kName, TORCH_FN(AutogradKernel<BackwardBlockOf<Loss>>::call));
+  });
 }
 
 TORCH_LIBRARY_IMPL(npu_loss, FuncTorchBatched, m) {
-  AllBlocks::register_vmap(m);
+  for_each_loss([&]<typename Loss>() {
+    m.impl(ForwardBlockOf<Loss>::kName, &VmapKernel<ForwardBlockOf<Loss>>::call);
+    m.impl(BackwardBlockOf<Loss>::kName, &VmapKernel<BackwardBlockOf<Loss>>::call);
+  });
 }
 
 }  // namespace npu_loss::autograd

@@ -10,8 +10,9 @@ leaves an out= tensor out of DTensor's cache key, so a second call with the out 
 reuses the first call's rule and fails.)
 
 Every op is elementwise over the broadcast shape of its tensor arguments (the "space"), then reduced to its
-result: forwards to 0-dim ("sum", "mean") or not at all ("none"), the smooth L1 and L1 gradients not at
-all, KL's target gradient by a sum to target's shape. A rule for one mesh dimension either replicates every
+result: forwards to 0-dim ("sum", "mean") or not at all ("none"), the gradients w.r.t. self (every
+backward op whose declaration says ``grad_of`` is ``self``) not at all, KL's target gradient by a sum to
+target's shape. A rule for one mesh dimension either replicates every
 argument (always exact: each rank makes the whole call), or shards one dimension ``i`` of the space: each
 argument that spans ``i`` (has it at full size) is sharded on its own matching dimension and each one
 broadcast along it is replicated, so each rank makes the same call on its slice of the space. The result is

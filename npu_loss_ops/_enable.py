@@ -1,10 +1,10 @@
 """``npu_loss_ops.enable()``: torch's own loss entry points run this package's ops, routed at the dispatcher.
 
-While a loss is enabled, its ATen ops (``aten::smooth_l1_loss``, ``aten::smooth_l1_loss_backward`` and its
-``grad_input`` overload, ``aten::huber_loss`` likewise, ``aten::l1_loss``, ``aten::kl_div``) have C++
-kernels (csrc/enable/aten_kernels.cpp) at the Autograd keys, at the backend keys (so that ``inference_mode``, which skips
-Autograd, is routed too) and at FuncTorchBatched (``vmap``), for the CPU, the NPU (PrivateUse1) and the other
-accelerators. Each kernel calls the matching ``torch.ops.npu_loss`` op with the same arguments (the schemas
+While a loss is enabled, its ATen ops of the same name and schema (``aten::smooth_l1_loss``,
+``aten::smooth_l1_loss_backward`` and its ``grad_input`` overload, ...: each loss's declaration in
+csrc/losses.h names them, ``_C._aten_routes()`` lists them) have C++ kernels (csrc/enable/aten_kernels.cpp)
+at the Autograd keys, at the backend keys (so that ``inference_mode``, which skips Autograd, is routed too)
+and at FuncTorchBatched (``vmap``), for the CPU, the NPU (PrivateUse1) and the other accelerators. Each kernel calls the matching ``torch.ops.npu_loss`` op with the same arguments (the schemas
 are ATen's), so ``F.smooth_l1_loss``, ``nn.SmoothL1Loss``, ``torch.ops.aten.smooth_l1_loss`` and any
 reference to them taken before the call all reach the package's kernels and autograd nodes. A call the
 package's own checks (csrc/core/checks.cpp) reject -- more than 8 dims, a dtype it does not take, float64 on

@@ -4,8 +4,26 @@ Each function takes the same arguments as its ``torch.nn.functional`` twin (redu
 ``size_average``/``reduce`` pair, KL's ``'batchmean'``), gives the same results and warnings, and calls
 the matching ``torch.ops.npu_loss`` op, so its gradient runs on the package's kernels (the CANN ``aclnn``
 kernels on an Ascend NPU, native kernels on the CPU). Every function compiles with ``torch.jit.script``.
+
+What the elementwise losses share, as their twins in ``torch.nn.functional`` do (each function's docstring
+says what is its own):
+
+- ``input`` and ``target`` broadcast together, each with at most 8 dimensions (more is a ``RuntimeError``;
+  PyTorch has no such limit), and a ``UserWarning`` is issued when their sizes differ; shapes that do not
+  broadcast are a ``RuntimeError``. The result is 0-dim, or the broadcast shape for ``reduction='none'``.
+- ``size_average`` and ``reduce``, where taken, are deprecated: if either is given, the pair overrides
+  ``reduction``.
+- ``reduction`` is ``'none'``, ``'mean'`` (the mean over the elements of the broadcast result) or ``'sum'``
+  (and ``'batchmean'`` for KL); anything else is a ``ValueError``. Default: ``'mean'``.
+- ``weight``, where taken, is a weight per element of ``input``'s size (another size is a ``ValueError``);
+  gradients flow to it too.
+- The result dtype is PyTorch's: ``torch.promote_types(input.dtype, target.dtype)`` (PyTorch broadcasts the
+  two first, so a 0-dim operand promotes like any other), promoted with ``weight``'s. An integer or bool
+  operand the twin accepts is cast to the floating result dtype first.
+- A complex operand, or a float64 one on the NPU, is a ``TypeError``.
 """
 import warnings
+from typing import Any, Callable
 
 import torch
 from torch import Tensor
@@ -95,14 +113,39 @@ def _promote_like_functional(
     return input, target
 
 
-def smooth_l1_loss(
+def _prepare(
     input: Tensor,
     target: Tensor,
-    size_average: bool | None = None,
-    reduce: bool | None = None,
-    reduction: str = "mean",
-    beta: float = 1.0,
-) -> Tensor:
+    size_average: bool | None,
+    reduce: bool | None,
+    reduction: str,
+    weight: Tensor | None,
+    bool_ok: bool = True,
+    integral_result_unless_mean: bool = False,
+) -> tuple[Tensor, Tensor, str, int]:
+    """What every elementwise loss does before its op, as torch.nn.functional does it: the target-size warning,
+    the legacy ``size_average``/``reduce`` pair resolved to a reduction, the operands promoted
+    (_promote_like_functional; an all-integral pair computes in the default dtype where
+    ``integral_result_unless_mean`` and the reduction is not 'mean'), and the op's reduction enum ('none' when
+    a weight is applied afterwards, by _weighted). Returns the operands, the reduction and the op's enum."""
+    _warn_if_sizes_differ(input, target)
+    if size_average is not None or reduce is not None:
+        reduction = _legacy_reduction(size_average, reduce)
+    input, target = _promote_like_functional(
+        input, target, bool_ok=bool_ok, integral_result_ok=integral_result_unless_mean and reduction != "mean"
+    )
+    return input, target, reduction, _reduction_enum(reduction if weight is None else "none")
+
+
+def _overridden(public_api: Callable[..., Tensor], relevant: tuple[Any, ...], *args: Any, **kwargs: Any) -> Tensor:
+    """The result of a ``__torch_function__`` override of ``public_api`` (torch.overrides' protocol, as F's
+    losses have it; TorchScript compiles the branch that calls this away)."""
+    result: Tensor = handle_torch_function(public_api, relevant, *args, **kwargs)  # Any in some releases
+    return result
+
+
+def smooth_l1_loss(input: Tensor, target: Tensor, size_average: bool | None = None, reduce: bool | None = None,
+                   reduction: str = "mean", beta: float = 1.0) -> Tensor:
     """Compute the Smooth L1 loss: squared below ``beta``, L1 above it.
 
     A drop-in for :func:`torch.nn.functional.smooth_l1_loss` whose kernels (forward and gradient) are
@@ -112,37 +155,18 @@ def smooth_l1_loss(
         l = 0.5 * d**2 / beta    if |d| < beta
         l = |d| - 0.5 * beta     otherwise
 
-    ``beta == 0`` gives exactly the L1 loss ``|d|``. The result is then reduced by ``reduction``.
+    ``beta == 0`` gives exactly the L1 loss ``|d|``. The result is then reduced by ``reduction``. The
+    arguments every elementwise loss shares (``input``, ``target``, ``size_average``, ``reduce``,
+    ``reduction``), its shapes and its result dtype: the module's docstring.
 
     Args:
-        input (Tensor): Predicted values.
-        target (Tensor): Ground truth values; broadcast against ``input`` (a warning is issued when the
-            sizes differ, as in PyTorch).
-        size_average (bool, optional): Deprecated (see ``reduction``). If given, together with ``reduce``
-            it overrides ``reduction``. Default: ``None``
-        reduce (bool, optional): Deprecated (see ``reduction``). Default: ``None``
-        reduction (str, optional): ``'none'`` | ``'mean'`` | ``'sum'``. ``'none'``: no reduction,
-            ``'mean'``: the mean over all elements of the broadcast result, ``'sum'``: their sum.
-            Anything else raises ``ValueError``. Default: ``'mean'``
         beta (float, optional): Threshold between the squared and the L1 term. Must be non-negative
             (a negative or NaN beta raises ``ValueError``). Default: ``1.0``
 
-    Shape:
-        - Input: ``(*)``, where ``*`` means any number of dimensions up to 8.
-        - Target: ``(*)``, same shape as the input (or broadcastable to it), up to 8 dimensions.
-        - Output: scalar. If ``reduction`` is ``'none'``, then ``(*)``, the broadcast shape.
-
-    The result dtype is PyTorch's: ``torch.promote_types(input.dtype, target.dtype)`` (PyTorch broadcasts
-    the two first, so a 0-dim operand promotes like any other). An integer or bool operand is cast to the
-    floating result dtype first.
-
     Raises:
-        ValueError: ``reduction`` is not ``'none'``, ``'mean'`` or ``'sum'`` (as in PyTorch); ``beta`` is
-            negative or NaN (PyTorch raises ``RuntimeError``).
-        TypeError: both operands are integral or bool, an operand is complex (PyTorch raises
-            ``NotImplementedError``, a ``RuntimeError``, for both), or an operand is float64 on the NPU.
-        RuntimeError: an operand has more than 8 dimensions (PyTorch has no such limit), or the shapes do
-            not broadcast (as in PyTorch).
+        ValueError: ``beta`` is negative or NaN (PyTorch raises ``RuntimeError``).
+        TypeError: both operands are integral or bool, or an operand is complex (PyTorch raises
+            ``NotImplementedError``, a ``RuntimeError``, for both).
 
     Example::
 
@@ -158,31 +182,22 @@ def smooth_l1_loss(
         tensor(3.7500)
     """
     if has_torch_function_variadic(input, target):
-        # A Tensor (torch 2.9's annotations type it Any).
-        overridden: Tensor = handle_torch_function(
-            smooth_l1_loss,
-            (input, target),
-            input,
-            target,
-            size_average=size_average,
-            reduce=reduce,
-            reduction=reduction,
-            beta=beta,
-        )
-        return overridden
-    _warn_if_sizes_differ(input, target)
-    if size_average is not None or reduce is not None:
-        reduction = _legacy_reduction(size_average, reduce)
-    reduction_enum = _reduction_enum(reduction)
+        return _overridden(smooth_l1_loss, (input, target), input, target, size_average=size_average,
+                           reduce=reduce, reduction=reduction, beta=beta)
     # F's kernel rejects an all-integral pair; bool with a floating operand it accepts.
-    input, target = _promote_like_functional(input, target, bool_ok=True, integral_result_ok=False)
-    loss: Tensor = torch.ops.npu_loss.smooth_l1_loss(input, target, reduction_enum, beta)
+    input, target, _, op_reduction = _prepare(input, target, size_average, reduce, reduction, None)
+    loss: Tensor = torch.ops.npu_loss.smooth_l1_loss(input, target, op_reduction, beta)
     return loss
 
 
-def _weighted(loss: Tensor, weight: Tensor, input: Tensor, reduction: str, divide_by_weight_sum: bool) -> Tensor:
-    """``weight * loss`` (an unreduced loss) reduced as torch.nn.functional does it for ``weight=``: torch's
-    own ops after the loss op, so the loss op's backward gets ``weight * grad`` as its grad_output."""
+def _weighted(
+    loss: Tensor, weight: Tensor | None, input: Tensor, reduction: str, divide_by_weight_sum: bool
+) -> Tensor:
+    """``loss`` itself without a weight; else ``weight * loss`` (``loss`` unreduced: _prepare) reduced
+    as torch.nn.functional does it for ``weight=``: torch's own ops after the loss op, so the loss op's backward
+    gets ``weight * grad`` as its grad_output."""
+    if weight is None:
+        return loss
     if weight.size() != input.size():
         raise ValueError("Weights and input must have the same size.")
     weighted = loss * weight
@@ -195,13 +210,8 @@ def _weighted(loss: Tensor, weight: Tensor, input: Tensor, reduction: str, divid
     raise ValueError(f"Invalid reduction mode: {reduction}. Expected one of 'none', 'mean', 'sum'.")
 
 
-def huber_loss(
-    input: Tensor,
-    target: Tensor,
-    reduction: str = "mean",
-    delta: float = 1.0,
-    weight: Tensor | None = None,
-) -> Tensor:
+def huber_loss(input: Tensor, target: Tensor, reduction: str = "mean", delta: float = 1.0,
+               weight: Tensor | None = None) -> Tensor:
     """Compute the Huber loss: squared below ``delta``, delta-scaled L1 above it, optionally weighted.
 
     A drop-in for :func:`torch.nn.functional.huber_loss` whose kernels (forward and gradient) are
@@ -212,69 +222,36 @@ def huber_loss(
         l = delta * (|d| - 0.5 * delta)    otherwise
 
     which is ``delta * smooth_l1_loss(input, target, beta=delta)``. The result is then reduced by
-    ``reduction``.
+    ``reduction``. The shared arguments (``input``, ``target``, ``reduction``, ``weight``), shapes and result
+    dtype: the module's docstring.
 
     Args:
-        input (Tensor): Predicted values.
-        target (Tensor): Ground truth values; broadcast against ``input`` (a warning is issued when the
-            sizes differ, as in PyTorch).
-        reduction (str, optional): ``'none'`` | ``'mean'`` | ``'sum'``. Anything else raises ``ValueError``.
-            Default: ``'mean'``
         delta (float, optional): The threshold between the squared and the delta-scaled L1 term. Must be
             positive; ``inf`` gives ``0.5 * d**2`` everywhere. Zero, a negative value or NaN raises
             ``ValueError`` (PyTorch raises ``RuntimeError``). Default: ``1.0``
-        weight (Tensor, optional): A weight per element, of ``input``'s size (else ``ValueError``, as in
-            PyTorch). The weighted loss is ``weight * l``; ``'mean'`` is its mean over all elements.
-            Gradients flow to ``weight`` too. Default: ``None``
-
-    Shape:
-        - Input: ``(*)``, where ``*`` means any number of dimensions up to 8.
-        - Target: ``(*)``, same shape as the input (or broadcastable to it), up to 8 dimensions.
-        - Output: scalar. If ``reduction`` is ``'none'``, then ``(*)``, the broadcast shape.
-
-    The result dtype is PyTorch's, as for :func:`smooth_l1_loss` (and with ``weight``, promoted with the
-    weight's dtype).
+        weight (Tensor, optional): The weighted loss is ``weight * l``; ``'mean'`` is its mean over all
+            elements. Default: ``None``
 
     Example::
 
         >>> import torch
-        >>> from npu_loss_ops.functional import huber_loss
-        >>> input = torch.tensor([0.5, 1.0, 3.0])
-        >>> target = torch.tensor([0.0, 0.0, 0.0])
-        >>> huber_loss(input, target, reduction="none")
-        tensor([0.1250, 0.5000, 2.5000])
-        >>> huber_loss(input, target, reduction="sum", delta=2.0)
+        >>> from npu_loss_ops.functional import huber_loss, smooth_l1_loss
+        >>> d = torch.tensor([0.5, 1.0, 3.0])
+        >>> huber_loss(d, torch.zeros(3), reduction="sum", delta=2.0)
+        tensor(4.6250)
+        >>> 2.0 * smooth_l1_loss(d, torch.zeros(3), reduction="sum", beta=2.0)
         tensor(4.6250)
     """
     if has_torch_function_variadic(input, target, weight):
-        # A Tensor (torch 2.9's annotations type it Any).
-        overridden: Tensor = handle_torch_function(
-            huber_loss,
-            (input, target, weight),
-            input,
-            target,
-            reduction=reduction,
-            delta=delta,
-            weight=weight,
-        )
-        return overridden
-    _warn_if_sizes_differ(input, target)
-    input, target = _promote_like_functional(input, target, bool_ok=True, integral_result_ok=False)
-    if weight is None:
-        loss: Tensor = torch.ops.npu_loss.huber_loss(input, target, _reduction_enum(reduction), delta)
-        return loss
-    unweighted: Tensor = torch.ops.npu_loss.huber_loss(input, target, _reduction_enum("none"), delta)
-    return _weighted(unweighted, weight, input, reduction, divide_by_weight_sum=False)
+        return _overridden(huber_loss, (input, target, weight), input, target, reduction=reduction, delta=delta,
+                           weight=weight)
+    input, target, reduction, op_reduction = _prepare(input, target, None, None, reduction, weight)
+    loss = torch.ops.npu_loss.huber_loss(input, target, op_reduction, delta)
+    return _weighted(loss, weight, input, reduction, divide_by_weight_sum=False)
 
 
-def l1_loss(
-    input: Tensor,
-    target: Tensor,
-    size_average: bool | None = None,
-    reduce: bool | None = None,
-    reduction: str = "mean",
-    weight: Tensor | None = None,
-) -> Tensor:
+def l1_loss(input: Tensor, target: Tensor, size_average: bool | None = None, reduce: bool | None = None,
+            reduction: str = "mean", weight: Tensor | None = None) -> Tensor:
     """Compute the L1 loss: the element-wise absolute difference, optionally reduced.
 
     A drop-in for :func:`torch.nn.functional.l1_loss` whose kernels
@@ -283,39 +260,19 @@ def l1_loss(
 
         l = |d|
 
-    and it is then reduced by ``reduction``.
+    and it is then reduced by ``reduction``. The shared arguments (``input``, ``target``, ``size_average``,
+    ``reduce``, ``reduction``, ``weight``), shapes and result dtype: the module's docstring. When both operands
+    are integral, ``'none'`` and ``'sum'`` are computed in ``torch.get_default_dtype()`` (PyTorch computes them
+    in the integer dtype).
 
     Args:
-        input (Tensor): Predicted values.
-        target (Tensor): Ground truth values; broadcast against ``input`` (a warning is issued when the
-            sizes differ, as in PyTorch).
-        size_average (bool, optional): Deprecated (see ``reduction``). If given, together with ``reduce``
-            it overrides ``reduction``. Default: ``None``
-        reduce (bool, optional): Deprecated (see ``reduction``). Default: ``None``
-        reduction (str, optional): ``'none'`` | ``'mean'`` | ``'sum'``. ``'none'``: no reduction,
-            ``'mean'``: the mean over all elements of the broadcast result, ``'sum'``: their sum.
-            Anything else raises ``ValueError``. Default: ``'mean'``
-        weight (Tensor, optional): A weight per element, of ``input``'s size (else ``ValueError``, as in
-            PyTorch). The weighted loss is ``weight * |d|``; ``'mean'`` divides its sum by
-            ``weight.sum()``. Gradients flow to ``weight`` too. Default: ``None``
-
-    Shape:
-        - Input: ``(*)``, where ``*`` means any number of dimensions up to 8.
-        - Target: ``(*)``, same shape as the input (or broadcastable to it), up to 8 dimensions.
-        - Output: scalar. If ``reduction`` is ``'none'``, then ``(*)``, the broadcast shape.
-
-    The result dtype is PyTorch's: ``torch.promote_types(input.dtype, target.dtype)`` (PyTorch broadcasts
-    the two first, so a 0-dim operand promotes like any other), promoted with ``weight``'s dtype when one is
-    given. An integer or bool operand is cast to the floating result dtype first. When both are integral, ``'none'`` and ``'sum'`` are computed in
-    ``torch.get_default_dtype()`` (PyTorch computes them in the integer dtype).
+        weight (Tensor, optional): The weighted loss is ``weight * |d|``; ``'mean'`` divides its sum by
+            ``weight.sum()``. Default: ``None``
 
     Raises:
-        ValueError: ``reduction`` is not ``'none'``, ``'mean'`` or ``'sum'`` (as in PyTorch).
         TypeError: an operand is bool, or ``reduction='mean'`` with two integer operands (PyTorch raises
             ``RuntimeError`` for both); an operand is complex (PyTorch returns the real L1 loss of complex
-            tensors); an operand is float64 on the NPU.
-        RuntimeError: an operand has more than 8 dimensions (PyTorch has no such limit), or the shapes do
-            not broadcast (as in PyTorch).
+            tensors).
 
     Example::
 
@@ -332,40 +289,16 @@ def l1_loss(
         tensor(6.5000)
     """
     if has_torch_function_variadic(input, target, weight):
-        # A Tensor (torch 2.9's annotations type it Any).
-        overridden: Tensor = handle_torch_function(
-            l1_loss,
-            (input, target, weight),
-            input,
-            target,
-            size_average=size_average,
-            reduce=reduce,
-            reduction=reduction,
-            weight=weight,
-        )
-        return overridden
-    _warn_if_sizes_differ(input, target)
-    if size_average is not None or reduce is not None:
-        reduction = _legacy_reduction(size_average, reduce)
+        return _overridden(l1_loss, (input, target, weight), input, target, size_average=size_average,
+                           reduce=reduce, reduction=reduction, weight=weight)
     # F computes an all-integral 'none'/'sum' in the integer dtype, rejects its 'mean' and rejects bool.
-    input, target = _promote_like_functional(
-        input, target, bool_ok=False, integral_result_ok=reduction != "mean"
-    )
-    if weight is None:
-        loss: Tensor = torch.ops.npu_loss.l1_loss(input, target, _reduction_enum(reduction))
-        return loss
-    unweighted: Tensor = torch.ops.npu_loss.l1_loss(input, target, _reduction_enum("none"))
-    return _weighted(unweighted, weight, input, reduction, divide_by_weight_sum=True)
+    input, target, reduction, op_reduction = _prepare(input, target, size_average, reduce, reduction, weight,
+                                                      bool_ok=False, integral_result_unless_mean=True)
+    return _weighted(torch.ops.npu_loss.l1_loss(input, target, op_reduction), weight, input, reduction, True)
 
 
-def kl_div(
-    input: Tensor,
-    target: Tensor,
-    size_average: bool | None = None,
-    reduce: bool | None = None,
-    reduction: str = "mean",
-    log_target: bool = False,
-) -> Tensor:
+def kl_div(input: Tensor, target: Tensor, size_average: bool | None = None, reduce: bool | None = None,
+           reduction: str = "mean", log_target: bool = False) -> Tensor:
     """Compute the Kullback-Leibler divergence loss of ``input`` (log-probabilities) from ``target``.
 
     A drop-in for :func:`torch.nn.functional.kl_div` whose kernels are ``torch.ops.npu_loss.kl_div`` and,
@@ -381,23 +314,17 @@ def kl_div(
     exactly 0 where ``target == 0`` (a zero probability contributes nothing), where PyTorch's autograd gives
     NaN. Forward values and all other gradients equal PyTorch's.
 
-    Args:
-        input (Tensor): Tensor of arbitrary shape in log-probabilities.
-        target (Tensor): Tensor of the same shape as input (or broadcastable to it): probabilities, or
-            log-probabilities if ``log_target`` is ``True``.
-        size_average (bool, optional): Deprecated (see ``reduction``). If given, together with ``reduce``
-            it overrides ``reduction``. Default: ``None``
-        reduce (bool, optional): Deprecated (see ``reduction``). Default: ``None``
-        reduction (str, optional): ``'none'`` | ``'batchmean'`` | ``'sum'`` | ``'mean'``.
-            ``'none'``: no reduction, ``'batchmean'``: the sum divided by ``input.size(0)`` (the sum itself
-            for a 0-dim input), ``'sum'``: the sum, ``'mean'``: the sum divided by the number of elements
-            of the broadcast result. Anything else raises ``ValueError``. Default: ``'mean'``
-        log_target (bool, optional): Whether ``target`` is given in log space. Default: ``False``
+    The shared arguments (``size_average``, ``reduce``), shapes and result dtype: the module's docstring.
 
-    Shape:
-        - Input: ``(*)``, where ``*`` means any number of dimensions up to 8.
-        - Target: ``(*)``, same shape as the input (or broadcastable to it), up to 8 dimensions.
-        - Output: scalar. If ``reduction`` is ``'none'``, then ``(*)``, the broadcast shape.
+    Args:
+        input (Tensor): Log-probabilities.
+        target (Tensor): Probabilities, or log-probabilities if ``log_target`` is ``True``; broadcast with
+            ``input``.
+        reduction (str, optional): ``'none'`` | ``'batchmean'`` | ``'sum'`` | ``'mean'``. ``'batchmean'``: the
+            sum divided by ``input.size(0)`` (the sum itself for a 0-dim input); ``'mean'``: the sum divided
+            by the number of elements of the broadcast result. Anything else raises ``ValueError``.
+            Default: ``'mean'``
+        log_target (bool, optional): Whether ``target`` is given in log space. Default: ``False``
 
     .. warning::
         ``reduction='mean'`` does not return the true KL divergence; use ``reduction='batchmean'``, which
@@ -405,12 +332,7 @@ def kl_div(
         (not inside ``torch.compile``).
 
     Raises:
-        ValueError: ``reduction`` is not ``'none'``, ``'batchmean'``, ``'sum'`` or ``'mean'`` (as in
-            PyTorch).
-        TypeError: an operand is integral, bool or complex (PyTorch raises ``RuntimeError``), or float64 on
-            the NPU.
-        RuntimeError: an operand has more than 8 dimensions (PyTorch has no such limit), or the shapes do
-            not broadcast (as in PyTorch).
+        TypeError: an operand is integral or bool (PyTorch raises ``RuntimeError``).
 
     Example::
 
@@ -427,18 +349,8 @@ def kl_div(
                 [0.0000, 0.6931]])
     """
     if has_torch_function_variadic(input, target):
-        # A Tensor (torch 2.9's annotations type it Any).
-        overridden: Tensor = handle_torch_function(
-            kl_div,
-            (input, target),
-            input,
-            target,
-            size_average=size_average,
-            reduce=reduce,
-            reduction=reduction,
-            log_target=log_target,
-        )
-        return overridden
+        return _overridden(kl_div, (input, target), input, target, size_average=size_average, reduce=reduce,
+                           reduction=reduction, log_target=log_target)
     if size_average is not None or reduce is not None:
         reduction_enum = _reduction_enum(_legacy_reduction(size_average, reduce))
     else:
@@ -460,14 +372,8 @@ def kl_div(
     return reduced
 
 
-def mse_loss(
-    input: Tensor,
-    target: Tensor,
-    size_average: bool | None = None,
-    reduce: bool | None = None,
-    reduction: str = "mean",
-    weight: Tensor | None = None,
-) -> Tensor:
+def mse_loss(input: Tensor, target: Tensor, size_average: bool | None = None, reduce: bool | None = None,
+             reduction: str = "mean", weight: Tensor | None = None) -> Tensor:
     """Compute the mean squared error: the element-wise squared difference, optionally weighted and reduced.
 
     A drop-in for :func:`torch.nn.functional.mse_loss` whose kernels (forward and gradient) are
@@ -475,47 +381,18 @@ def mse_loss(
     together), the unreduced loss is, elementwise, ``l = d * d``, and its gradient w.r.t. ``input`` is
     ``2 * d`` times the incoming gradient; ``'mean'`` divides by the number of elements.
 
-    Args:
-        input (Tensor): Predicted values.
-        target (Tensor): Ground truth values; broadcast against ``input`` (a warning is issued when the
-            sizes differ, as in PyTorch).
-        size_average (bool, optional): Deprecated (see ``reduction``). Default: ``None``
-        reduce (bool, optional): Deprecated (see ``reduction``). Default: ``None``
-        reduction (str, optional): ``'none'`` | ``'mean'`` | ``'sum'``. Anything else raises ``ValueError``.
-            Default: ``'mean'``
-        weight (Tensor, optional): A weight per element, of ``input``'s size (else ``ValueError``, as in
-            PyTorch). The weighted loss is ``weight * d * d``; ``'mean'`` divides its sum by
-            ``weight.sum()``. Gradients flow to ``weight`` too. Default: ``None``
+    The shared arguments (``input``, ``target``, ``size_average``, ``reduce``, ``reduction``, ``weight``),
+    shapes and result dtype: the module's docstring.
 
-    The result dtype is PyTorch's: ``torch.promote_types(input.dtype, target.dtype)``, promoted with
-    ``weight``'s when one is given. An integer or bool operand is cast to the floating result dtype first.
+    Args:
+        weight (Tensor, optional): The weighted loss is ``weight * d * d``; ``'mean'`` divides its sum by
+            ``weight.sum()``. Default: ``None``
 
     Raises:
-        ValueError: ``reduction`` is not ``'none'``, ``'mean'`` or ``'sum'`` (as in PyTorch).
-        TypeError: both operands are integral or bool (PyTorch raises ``NotImplementedError``); an operand is
-            complex; an operand is float64 on the NPU.
-        RuntimeError: an operand has more than 8 dimensions (PyTorch has no such limit), or the shapes do
-            not broadcast (as in PyTorch).
+        TypeError: both operands are integral or bool (PyTorch raises ``NotImplementedError``).
     """
     if has_torch_function_variadic(input, target, weight):
-        # A Tensor (torch 2.9's annotations type it Any).
-        overridden: Tensor = handle_torch_function(
-            mse_loss,
-            (input, target, weight),
-            input,
-            target,
-            size_average=size_average,
-            reduce=reduce,
-            reduction=reduction,
-            weight=weight,
-        )
-        return overridden
-    _warn_if_sizes_differ(input, target)
-    if size_average is not None or reduce is not None:
-        reduction = _legacy_reduction(size_average, reduce)
-    input, target = _promote_like_functional(input, target, bool_ok=True, integral_result_ok=False)
-    if weight is None:
-        loss: Tensor = torch.ops.npu_loss.mse_loss(input, target, _reduction_enum(reduction))
-        return loss
-    unweighted: Tensor = torch.ops.npu_loss.mse_loss(input, target, _reduction_enum("none"))
-    return _weighted(unweighted, weight, input, reduction, divide_by_weight_sum=True)
+        return _overridden(mse_loss, (input, target, weight), input, target, size_average=size_average,
+                           reduce=reduce, reduction=reduction, weight=weight)
+    input, target, reduction, op_reduction = _prepare(input, target, size_average, reduce, reduction, weight)
+    return _weighted(torch.ops.npu_loss.mse_loss(input, target, op_reduction), weight, input, reduction, True)

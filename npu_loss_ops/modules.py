@@ -14,6 +14,16 @@ from . import functional
 __all__ = ["SmoothL1Loss", "HuberLoss", "L1Loss", "KLDivLoss", "MSELoss"]
 
 
+class _LossOfReduction(_Loss):
+    """A loss module whose only arguments are the reduction and the legacy pair (L1Loss, MSELoss): torch.nn's
+    constructor, typed."""
+
+    def __init__(
+        self, size_average: bool | None = None, reduce: bool | None = None, reduction: str = "mean"
+    ) -> None:
+        super().__init__(size_average, reduce, reduction)
+
+
 class SmoothL1Loss(_Loss):
     """Creates a criterion that uses a squared term if the absolute element-wise error falls below
     ``beta`` and an L1 term otherwise.
@@ -62,13 +72,8 @@ class SmoothL1Loss(_Loss):
 
     __constants__ = ["reduction"]
 
-    def __init__(
-        self,
-        size_average: bool | None = None,
-        reduce: bool | None = None,
-        reduction: str = "mean",
-        beta: float = 1.0,
-    ) -> None:
+    def __init__(self, size_average: bool | None = None, reduce: bool | None = None, reduction: str = "mean",
+                 beta: float = 1.0) -> None:
         super().__init__(size_average, reduce, reduction)
         self.beta = beta
 
@@ -118,7 +123,7 @@ class HuberLoss(_Loss):
         return functional.huber_loss(input, target, reduction=self.reduction, delta=self.delta)
 
 
-class L1Loss(_Loss):
+class L1Loss(_LossOfReduction):
     """Creates a criterion that measures the mean absolute error (MAE) between each element in the input
     and the target.
 
@@ -158,11 +163,6 @@ class L1Loss(_Loss):
     """
 
     __constants__ = ["reduction"]
-
-    def __init__(
-        self, size_average: bool | None = None, reduce: bool | None = None, reduction: str = "mean"
-    ) -> None:
-        super().__init__(size_average, reduce, reduction)
 
     def forward(self, input: Tensor, target: Tensor) -> Tensor:
         """Runs the forward pass."""
@@ -225,13 +225,8 @@ class KLDivLoss(_Loss):
 
     __constants__ = ["reduction"]
 
-    def __init__(
-        self,
-        size_average: bool | None = None,
-        reduce: bool | None = None,
-        reduction: str = "mean",
-        log_target: bool = False,
-    ) -> None:
+    def __init__(self, size_average: bool | None = None, reduce: bool | None = None, reduction: str = "mean",
+                 log_target: bool = False) -> None:
         super().__init__(size_average, reduce, reduction)
         self.log_target = log_target
 
@@ -240,7 +235,7 @@ class KLDivLoss(_Loss):
         return functional.kl_div(input, target, reduction=self.reduction, log_target=self.log_target)
 
 
-class MSELoss(_Loss):
+class MSELoss(_LossOfReduction):
     """Creates a criterion that measures the mean squared error (squared L2 norm) between each element in
     the input and the target.
 
@@ -255,11 +250,6 @@ class MSELoss(_Loss):
     """
 
     __constants__ = ["reduction"]
-
-    def __init__(
-        self, size_average: bool | None = None, reduce: bool | None = None, reduction: str = "mean"
-    ) -> None:
-        super().__init__(size_average, reduce, reduction)
 
     def forward(self, input: Tensor, target: Tensor) -> Tensor:
         """Runs the forward pass."""

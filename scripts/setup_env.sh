@@ -27,19 +27,15 @@
 #                                             that index cannot be reached, the configured one (as pypi)
 #                              pypi           whatever the configured index gives (from PyPI on x86-64
 #                                             Linux: the CUDA build and its nvidia-* packages, several GB)
+#   NPU_LOSS_OPS_TORCH_INDEX the index `cpu` installs from (default: PyTorch's CPU wheel index; e.g. a mirror)
 #
 # The one venv naming rule: <repo>/.venv, with "-npu" for the NPU venv, "-sanitize" for the sanitized build's
 # (scripts/run_sanitized.sh) and "-torch<release>" for a release other than the default (.venv, .venv-npu,
 # .venv-sanitize, .venv-torch2.9.1, .venv-npu-torch2.9.1).
 
 REPO_ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
-# The default release, read without Python (which may not be installed yet).
-DEFAULT_TORCH="$(sed -n 's/^DEFAULT_TORCH = "\(.*\)"$/\1/p' "$REPO_ROOT/build_config.py")"
-TORCH_VERSION="${NPU_LOSS_OPS_TORCH_VERSION:-$DEFAULT_TORCH}"
-if [[ "$TORCH_VERSION" == "$DEFAULT_TORCH" ]]; then _venv_suffix=""; else _venv_suffix="-torch$TORCH_VERSION"; fi
-VENV_DIR="$REPO_ROOT/.venv$_venv_suffix"
-NPU_VENV_DIR="$REPO_ROOT/.venv-npu$_venv_suffix"
-TORCH_CPU_INDEX="https://download.pytorch.org/whl/cpu"
+# PyTorch's CPU wheel index, or the mirror NPU_LOSS_OPS_TORCH_INDEX names.
+TORCH_CPU_INDEX="${NPU_LOSS_OPS_TORCH_INDEX:-https://download.pytorch.org/whl/cpu}"
 DEBIAN_PACKAGES="python3 python3-dev python3-venv g++"
 # What the installed package is built from: a change to any of them means a rebuild.
 BUILD_INPUTS=(csrc npu_loss_ops setup.py pyproject.toml build_config.py)
@@ -216,7 +212,7 @@ _install_torch() {
   esac
   _setup_log "running: ${cmd[*]}"
   PIP_DISABLE_PIP_VERSION_CHECK=1 "${cmd[@]}" ${CI:+--progress-bar off} || {
-    _setup_log "installing torch failed: is the index reachable? NPU_LOSS_OPS_TORCH_INDEX=<url> names a mirror of it, NPU_LOSS_OPS_TORCH=pypi uses the configured index"
+    _setup_log "installing torch failed: is the index reachable? NPU_LOSS_OPS_TORCH_INDEX=<url> names a mirror of $TORCH_CPU_INDEX, NPU_LOSS_OPS_TORCH=pypi uses the configured index"
     return 1
   }
   _setup_log "installed torch $(_installed_torch)"
@@ -355,3 +351,18 @@ setup_npu_env() {
   _build_npu_package || return 1
   _setup_log "NPU package ready in $((SECONDS - t1))s; environment ready in $((SECONDS - t0))s"
 }
+
+# The release to install and the venvs' names (the one naming rule above), from build_config.py: any python3
+# reads it, and where there is none yet, _ensure_prerequisites installs one first.
+_release_and_venvs() {
+  DEFAULT_TORCH="$(python3 "$REPO_ROOT/build_config.py" --torch-version)" || return 1
+  TORCH_VERSION="${NPU_LOSS_OPS_TORCH_VERSION:-$DEFAULT_TORCH}"
+  local suffix=""
+  [[ "$TORCH_VERSION" == "$DEFAULT_TORCH" ]] || suffix="-torch$TORCH_VERSION"
+  VENV_DIR="$REPO_ROOT/.venv$suffix"
+  NPU_VENV_DIR="$REPO_ROOT/.venv-npu$suffix"
+}
+if ! command -v python3 >/dev/null 2>&1; then
+  _ensure_prerequisites || return 1
+fi
+_release_and_venvs || return 1

@@ -12,6 +12,7 @@ from __future__ import annotations
 import collections
 import heapq
 import os
+import sys
 
 import pytest
 import torch
@@ -28,6 +29,9 @@ if "npu" in DEVICES:
         _torch_npu_error = f"import torch_npu failed: {type(exc).__name__}: {exc}"
 
 import npu_loss_ops  # noqa: E402
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "npu_emulator"))
+import emulator  # noqa: E402  (torch_npu's per-thread JIT-compile mode: pin_jit_compile_off)
 
 
 def _npu_problem() -> str | None:
@@ -48,23 +52,6 @@ def _npu_problem() -> str | None:
 NPU_PROBLEM = _npu_problem() if "npu" in DEVICES else None
 
 
-def pin_jit_compile_off() -> None:
-    """torch_npu keeps "JIT compile" per thread, and a thread that starts without it may derive it from the
-    chip ("on" for some), which sends ops down the aclop path. Pin it off in this thread and in the autograd
-    engine's NPU worker thread (long-lived: a backward through a tensor hook sets it there once)."""
-    torch.npu.set_compile_mode(jit_compile=False)
-
-    def pin(grad):
-        torch.npu.set_compile_mode(jit_compile=False)
-        return grad
-
-    x = torch.ones(2, device="npu", requires_grad=True)
-    y = x * 2
-    y.register_hook(pin)
-    y.sum().backward()
-    torch.npu.synchronize()
-
-
 def pytest_configure(config):
     # KL's 'mean' warning (PyTorch's own, reproduced by the API) is expected wherever 'mean' is tested.
     config.addinivalue_line("filterwarnings", "ignore:reduction. 'mean' divides the total loss:UserWarning")
@@ -72,7 +59,7 @@ def pytest_configure(config):
     global NPU_PROBLEM
     if "npu" in DEVICES and NPU_PROBLEM is None:
         try:
-            pin_jit_compile_off()
+            emulator.pin_jit_compile_off()
         except Exception as exc:  # noqa: BLE001  (reported by every NPU test)
             NPU_PROBLEM = f"a first NPU backward failed: {type(exc).__name__}: {exc}"
 

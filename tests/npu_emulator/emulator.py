@@ -9,6 +9,7 @@ Importable as a plain module by path; it imports nothing heavy at module level (
     trace() -> dict          counts of executed aclnn operators, rejected GetWorkspaceSize calls
                              ("<api>GetWorkspaceSize:<status>") and aclop fallbacks ("aclop:<optype>")
     trace_reset()            clears the counts
+    pin_jit_compile_off()    keeps torch_npu's ops on aclnn in this thread and the autograd engine's NPU worker
 """
 
 import ctypes
@@ -129,3 +130,23 @@ def trace_reset():
     """Clears the counts (after synchronizing the NPU)."""
     _sync()
     _trace_lib().npu_emu_trace_reset()
+
+
+def pin_jit_compile_off():
+    """torch_npu keeps "JIT compile" per thread, and a thread that starts without it may derive it from the
+    chip ("on" for 910 and 310P), which sends ops down the aclop path (the emulator has none of it, and the
+    failed call leaves torch_npu's task queue unusable). Pin it off in this thread and in the autograd
+    engine's NPU worker thread (long-lived: a backward through a tensor hook sets it there once)."""
+    import torch
+
+    torch.npu.set_compile_mode(jit_compile=False)
+
+    def pin(grad):
+        torch.npu.set_compile_mode(jit_compile=False)
+        return grad
+
+    x = torch.ones(2, device="npu", requires_grad=True)
+    y = x * 2
+    y.register_hook(pin)
+    y.sum().backward()
+    torch.npu.synchronize()

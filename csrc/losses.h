@@ -1,10 +1,12 @@
 // The declaration of every loss: the one source the package's tables are derived from, as PyTorch's
-// native_functions.yaml and derivatives.yaml are for ATen. One block per loss holds its facts: its ops and
-// their schemas, its scalar argument, what its backward op differentiates and how its "mean" divides, the
-// dtype and out= rules, which ATen overloads enable() routes to it, its autocast policy and its aclnn APIs.
-// What stays per loss is its math: the CPU functor (cpu/), the composite formula (composite/), the
-// derivative formulas (autograd/derivatives.cpp) and the NPU call (npu/). docs/adding_a_loss.md walks through a
-// new block.
+// native_functions.yaml and derivatives.yaml are for ATen. One block per loss holds its facts: its kind, its
+// ops and their schemas, its scalar arguments, what its backward op differentiates and how its "mean"
+// divides, the dtype and out= rules, which ATen overloads enable() routes to it, its autocast policy and its
+// aclnn APIs. What stays per loss is its math: the CPU functor (cpu/), the composite formula (composite/), the
+// derivative formulas (autograd/) and the NPU call (npu/). docs/adding_a_loss.md walks through a new block.
+//
+// Two kinds of loss share the vocabulary (LossKind): elementwise losses of self and target (the first five),
+// and losses over rows of logits, with a softmax inside each row (the distillation family).
 //
 // Plain C++ (no torch types): the chip paths and every layer include it.
 #pragma once
@@ -21,11 +23,18 @@ namespace npu_loss {
 
 // ---- the vocabulary of a declaration ----
 
-// The one scalar argument after `reduction`, if any: smooth L1's beta, Huber's delta, KL's log_target.
-enum class ScalarKind : uint8_t { None, Float, Bool };
+// What a declaration describes: its ops' arguments, and so what each layer derives from it.
+enum class LossKind : uint8_t {
+  Elementwise,  // self and target broadcast together, one value per element, reduced (SmoothL1Loss ... MseLoss)
+  Rows,         // rows of logits (the last dimension), a softmax inside each, rows that labels drop (RowArgs)
+};
 
-// What the checks require of a float scalar (NaN fails both rules).
-enum class ScalarRule : uint8_t { Any, NonNegative, Positive };
+// A scalar argument: an elementwise loss's one after `reduction`, if any (smooth L1's beta, Huber's delta,
+// KL's log_target), or one of a row loss's (RowArgs).
+enum class ScalarKind : uint8_t { None, Float, Bool, Int };
+
+// What the checks require of a float scalar (NaN fails every rule but Any).
+enum class ScalarRule : uint8_t { Any, NonNegative, Positive, UnitInterval };
 
 struct ScalarArg {
   ScalarKind kind = ScalarKind::None;
@@ -60,14 +69,28 @@ enum class OutDtype : uint8_t {
 };
 
 // The ATen overloads of the same name and schema that enable() routes to the loss's ops, as bits. torch has
-// no l1_loss or kl_div backward op (their autograd formulas are made of other ops).
-enum class AtenTwin : uint8_t { Forward = 1, Backward = 2, BackwardOut = 4, All = 7 };
+// no l1_loss or kl_div backward op (their autograd formulas are made of other ops), and no row loss.
+enum class AtenTwin : uint8_t { None = 0, Forward = 1, Backward = 2, BackwardOut = 4, All = 7 };
 
 constexpr bool has_twin(AtenTwin twins, AtenTwin twin) {
   return (static_cast<uint8_t>(twins) & static_cast<uint8_t>(twin)) != 0;
 }
 
-// A field a block leaves out takes the common case: ATen's loss of self with no scalar (as MSE is).
+// The arguments of a loss over rows (LossKind::Rows), in its forward's schema after the two tensors of logits,
+// (..., V) each: an optional integer tensor of their leading shape, whose entries equal to the index drop
+// their rows (the loss reads nothing else of it), the reduction, two float scalars, and the index:
+//   <forward>(Tensor <logits[0]>, Tensor <logits[1]>, Tensor? <labels>=None, int reduction=1,
+//             float <floats[0]>=..., float <floats[1]>=..., int <index>=...)
+// Its backward op takes grad_output first and, like its forward with gradients (LossDecl::with_grads),
+// `bool[2] output_mask` last: which of the two gradients to make.
+struct RowArgs {
+  const char* logits[2] = {};
+  const char* labels = nullptr;
+  ScalarArg floats[2] = {};
+  ScalarArg index = {};
+};
+
+// A field a block leaves out takes the common case: ATen's elementwise loss of self with no scalar (as MSE is).
 struct LossDecl {
   const char* forward;                      // the forward op, e.g. "smooth_l1_loss"
   const char* backward;                     // its backward op
@@ -80,8 +103,11 @@ struct LossDecl {
   OutDtype out_dtype = OutDtype::AnyFloating;
   AtenTwin aten_twin = AtenTwin::All;
   bool autocast_float32 = true;  // under torch.autocast the forward runs in float32 (torch's float32 op list)
-  const char* aclnn_forward;     // the aclnn APIs of the loss's own NPU kernels
-  const char* aclnn_backward;
+  const char* aclnn_forward = nullptr;  // the aclnn APIs of the loss's own NPU kernels
+  const char* aclnn_backward = nullptr;
+  LossKind kind = LossKind::Elementwise;
+  RowArgs rows = {};                  // a row loss's arguments
+  const char* with_grads = nullptr;   // a row loss's forward that also makes the gradients, in one pass
 };
 
 // Beside `decl`, each block has `forward_paths` and `backward_paths`: what serves each call of its forward
@@ -214,9 +240,35 @@ struct MseLoss {
   };
 };
 
+// The generalized Jensen-Shannon divergence of TRL 1.16's GKDTrainer.generalized_jsd_loss, between a
+// student's and a teacher's logits (docs/semantics.md, "Distillation"): beta 0 is KL(teacher || student),
+// beta 1 KL(student || teacher), and in between beta KL(teacher || m) + (1 - beta) KL(student || m) with the
+// mixture m. "mean" divides by the elements of the rows kept (the sum; 'batchmean' and num_items_in_batch are
+// the Python function's divisions of the sum). The result has the promoted dtype, each gradient its logits'.
+struct GeneralizedJsd {
+  static constexpr LossDecl decl{
+      .forward = "generalized_jsd_loss", .backward = "generalized_jsd_loss_backward", .out_overload = nullptr,
+      .out_arg = nullptr, .aten_twin = AtenTwin::None,
+      // Under torch.autocast the family runs in the logits' own dtype, accumulating in float32 inside: a
+      // float32 copy of the logits would be one more N x V tensor.
+      .autocast_float32 = false, .kind = LossKind::Rows,
+      .rows = {.logits = {"student_logits", "teacher_logits"},
+               .labels = "labels",
+               .floats = {{ScalarKind::Float, "beta", "0.5", false, ScalarRule::UnitInterval},
+                          {ScalarKind::Float, "temperature", "1.0", false, ScalarRule::Positive}},
+               .index = {ScalarKind::Int, "ignore_index", "-100"}},
+      .with_grads = "_generalized_jsd_loss_and_grads"};
+  static constexpr chips::PathRow forward_paths[] = {
+      {.chips = chips::kAll, .why = "the chunked composite of ATen ops on every chip"}};
+  static constexpr chips::PathRow backward_paths[] = {
+      {.chips = chips::kAll, .why = "the chunked composite of ATen ops on every chip"}};
+};
+
 // Every loss, in the order of the package's tables: X(Loss) for each, for the few places that must name each
 // type (explicit instantiations), and as a tuple for everything else.
-#define NPU_LOSS_FOR_EACH_LOSS(X) X(SmoothL1Loss) X(HuberLoss) X(L1Loss) X(KlDiv) X(MseLoss)
+#define NPU_LOSS_FOR_EACH_ELEMENTWISE_LOSS(X) X(SmoothL1Loss) X(HuberLoss) X(L1Loss) X(KlDiv) X(MseLoss)
+#define NPU_LOSS_FOR_EACH_ROW_LOSS(X) X(GeneralizedJsd)
+#define NPU_LOSS_FOR_EACH_LOSS(X) NPU_LOSS_FOR_EACH_ELEMENTWISE_LOSS(X) NPU_LOSS_FOR_EACH_ROW_LOSS(X)
 
 namespace detail {
 template <typename First, typename... Rest>
@@ -235,6 +287,24 @@ constexpr void for_each_loss(F&& f) {
   [&]<size_t... I>(std::index_sequence<I...>) {
     (f.template operator()<std::tuple_element_t<I, AllLosses>>(), ...);
   }(std::make_index_sequence<std::tuple_size_v<AllLosses>>{});
+}
+
+// The same for every loss of one kind.
+template <LossKind Kind, typename F>
+constexpr void for_each_loss_of(F&& f) {
+  for_each_loss([&]<typename Loss>() {
+    if constexpr (Loss::decl.kind == Kind) f.template operator()<Loss>();
+  });
+}
+
+template <typename F>
+constexpr void for_each_elementwise_loss(F&& f) {
+  for_each_loss_of<LossKind::Elementwise>(f);
+}
+
+template <typename F>
+constexpr void for_each_row_loss(F&& f) {
+  for_each_loss_of<LossKind::Rows>(f);
 }
 
 // A loss's position in AllLosses (the CPU kernels' tables are indexed by it).

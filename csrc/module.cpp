@@ -6,6 +6,7 @@
 #include <vector>
 
 #include "autograd/derivatives.h"
+#include "core/checks.h"
 #include "core/schema.h"
 #include "enable/aten_kernels.h"
 #include "cpu/isa.h"
@@ -84,11 +85,23 @@ pybind11::list losses() {
   for_each_loss([&]<typename Loss>() {
     const LossDecl& d = Loss::decl;
     pybind11::dict row;
+    row["kind"] = d.kind == LossKind::Rows ? "rows" : "elementwise";
     row["forward"] = d.forward;
     row["backward"] = d.backward;
+    row["schemas"] = schemas(d);
+    row["autocast_float32"] = d.autocast_float32;
+    if constexpr (Loss::decl.kind == LossKind::Rows) {
+      const RowArgs& r = d.rows;
+      row["with_grads"] = d.with_grads;
+      row["logits"] = std::vector<std::string>{r.logits[0], r.logits[1]};
+      row["labels"] = r.labels;
+      row["floats"] = std::vector<std::string>{r.floats[0].name, r.floats[1].name};
+      row["index"] = r.index.name;
+      rows.append(row);
+      return;
+    }
     row["out_overload"] = d.out_overload;
     row["out_arg"] = d.out_arg;
-    row["schemas"] = std::vector<std::string>{forward_schema(d), backward_schema(d), backward_out_schema(d)};
     row["scalar"] = d.scalar.kind == ScalarKind::None ? pybind11::object(pybind11::none())
                                                        : pybind11::object(pybind11::str(d.scalar.name));
     row["grad_of"] = d.grad_of == GradOf::Self ? "self" : "target";
@@ -97,11 +110,34 @@ pybind11::list losses() {
                                                         : "self_target_broadcast";
     row["grad_dtype"] = d.grad_dtype == GradDtype::Self ? "self" : d.grad_dtype == GradDtype::Target ? "target" : "promoted";
     row["out_dtype"] = d.out_dtype == OutDtype::AnyFloating ? "any_floating" : "equals_result";
-    row["autocast_float32"] = d.autocast_float32;
     row["aclnn"] = std::vector<std::string>{d.aclnn_forward, d.aclnn_backward};
     rows.append(row);
   });
   return rows;
+}
+
+// A row loss's checks on an op's arguments (core/checks.h, on SymInt sizes: the one rule source of the Python
+// fake kernels, npu_loss_ops/_fake.py), and the result's dtype. `op`: the forward's, the forward with
+// gradients', or the backward op's name; grad_output only for the backward op.
+std::string row_result_dtype(
+    const std::string& op, const std::optional<at::Tensor>& grad_output, const at::Tensor& student,
+    const at::Tensor& teacher, const std::optional<at::Tensor>& labels, int64_t reduction, double first,
+    double second) {
+  using namespace npu_loss;
+  std::optional<c10::ScalarType> dtype;
+  for_each_row_loss([&]<typename Loss>() {
+    const LossDecl& d = Loss::decl;
+    if (op == d.forward) {
+      dtype = row_forward_spec<c10::SymInt>(d, d.forward, student, teacher, labels, reduction, first, second).dtype;
+    } else if (op == d.with_grads) {
+      dtype = row_with_grads_spec<c10::SymInt>(d, student, teacher, labels, reduction, first, second).dtype;
+    } else if (op == d.backward) {
+      TORCH_CHECK(grad_output.has_value(), "_row_result_dtype: ", op, " takes grad_output");
+      dtype = row_backward_spec<c10::SymInt>(d, *grad_output, student, teacher, labels, reduction, first, second).dtype;
+    }
+  });
+  TORCH_CHECK_VALUE(dtype.has_value(), "_row_result_dtype: no row loss has an op named '", op, "'");
+  return std::string(c10::getDtypeNames(*dtype).first);
 }
 
 pybind11::dict build_info() {
@@ -147,5 +183,7 @@ PYBIND11_MODULE(_C, m) {
   m.def("_aten_route_accepts", &aten_route_accepts,
         "Whether enable()'s kernel would call the npu_loss op for these arguments (for tests).");
   m.def("_chip_paths", &chip_paths, "The chip paths of every op on the NPU, row by row (docs/npu_paths.md).");
+  m.def("_row_result_dtype", &row_result_dtype,
+        "A row loss's checks on an op's arguments and its result's dtype (for the fake kernels).");
   m.def("_npu_beta_class", &npu_beta_class, "The chip paths' class of a smooth L1 beta (for tests).");
 }

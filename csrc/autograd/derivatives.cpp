@@ -313,22 +313,26 @@ struct BackwardBlockOf<KlDiv> : BackwardBlock<KlDiv> {
 
 std::vector<std::string> differentiable_ops() {
   std::vector<std::string> names;
-  for_each_loss([&]<typename Loss>() {
+  for_each_elementwise_loss([&]<typename Loss>() {
     names.emplace_back(ForwardBlockOf<Loss>::kName);
     names.emplace_back(BackwardBlockOf<Loss>::kName);
+  });
+  // A row loss's three ops have their Autograd kernels in rows.cpp.
+  for_each_row_loss([&]<typename Loss>() {
+    for (const char* op : {Loss::decl.forward, Loss::decl.with_grads, Loss::decl.backward}) names.emplace_back(op);
   });
   return names;
 }
 
 TORCH_LIBRARY_IMPL(npu_loss, Autograd, m) {
-  for_each_loss([&]<typename Loss>() {
+  for_each_elementwise_loss([&]<typename Loss>() {
     m.impl(ForwardBlockOf<Loss>::kName, TORCH_FN(AutogradKernel<ForwardBlockOf<Loss>>::call));
     m.impl(BackwardBlockOf<Loss>::kName, TORCH_FN(AutogradKernel<BackwardBlockOf<Loss>>::call));
   });
 }
 
 TORCH_LIBRARY_IMPL(npu_loss, FuncTorchBatched, m) {
-  for_each_loss([&]<typename Loss>() {
+  for_each_elementwise_loss([&]<typename Loss>() {
     m.impl(ForwardBlockOf<Loss>::kName, &VmapKernel<ForwardBlockOf<Loss>>::call);
     m.impl(BackwardBlockOf<Loss>::kName, &VmapKernel<BackwardBlockOf<Loss>>::call);
   });

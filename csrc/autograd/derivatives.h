@@ -1,5 +1,5 @@
-// The ops that have a derivatives block (derivatives.cpp), for the test that every registered op has a
-// block in every per-op table (docs/adding_a_loss.md).
+// The ops that have a derivatives block (derivatives.cpp) or a row loss's Autograd kernel (rows.cpp), for the
+// test that every registered op has a block in every per-op table (docs/adding_a_loss.md).
 #pragma once
 
 #include <string>

@@ -164,7 +164,7 @@ at::Tensor Composite<Loss, std::tuple<S...>>::backward(
 }
 
 #define NPU_LOSS_INSTANTIATE(Loss) template struct Composite<Loss>;
-NPU_LOSS_FOR_EACH_LOSS(NPU_LOSS_INSTANTIATE)
+NPU_LOSS_FOR_EACH_ELEMENTWISE_LOSS(NPU_LOSS_INSTANTIATE)
 #undef NPU_LOSS_INSTANTIATE
 
 }  // namespace npu_loss

@@ -267,12 +267,19 @@ void check_common(const char* op, std::initializer_list<NamedTensor> tensors, in
 }
 
 void check_scalar(const char* op, const ScalarArg& arg, double value) {
-  // Written so that NaN fails both rules; +inf passes both (Huber's delta == inf is 0.5 * d^2 everywhere).
+  // Written so that NaN fails every rule; +inf passes the first two (Huber's delta == inf is 0.5 * d^2
+  // everywhere).
   if (arg.rule == ScalarRule::NonNegative) {
     TORCH_CHECK_VALUE(value >= 0, op, ": ", arg.name, " must be >= 0, got ", value);
   } else if (arg.rule == ScalarRule::Positive) {
     TORCH_CHECK_VALUE(value > 0, op, ": ", arg.name, " must be > 0, got ", value);
+  } else if (arg.rule == ScalarRule::UnitInterval) {
+    TORCH_CHECK_VALUE(value >= 0 && value <= 1, op, ": ", arg.name, " must be in [0, 1], got ", value);
   }
+}
+
+bool is_accepted_floating(const at::Tensor& t) {
+  return is_accepted_dtype(t.scalar_type(), float64_allowed(t));
 }
 
 template <typename Int>
@@ -395,6 +402,86 @@ void check_out(
   }
 }
 
+template <typename Int>
+BasicRowSpec<Int> row_forward_spec(
+    const LossDecl& d, const char* op, const at::Tensor& student, const at::Tensor& teacher,
+    const std::optional<at::Tensor>& labels, int64_t reduction, double first, double second) {
+  const RowArgs& r = d.rows;
+  const at::Tensor undefined;
+  const at::Tensor& l = labels.has_value() ? *labels : undefined;
+  check_defined(op, {{r.logits[0], &student}, {r.logits[1], &teacher}});
+  if (l.defined()) {
+    check_same_device(op, {{r.logits[0], &student}, {r.logits[1], &teacher}, {r.labels, &l}});
+  } else {
+    check_same_device(op, {{r.logits[0], &student}, {r.logits[1], &teacher}});
+  }
+  check_dtypes(op, {{r.logits[0], &student}, {r.logits[1], &teacher}});
+  if (l.defined()) {
+    TORCH_CHECK_TYPE(
+        c10::isIntegralType(l.scalar_type(), /*includeBool=*/false), op, ": ", r.labels,
+        " must have an integer dtype, got ", dtype_name(l.scalar_type()));
+  }
+  check_reduction(op, reduction);
+  check_scalar(op, r.floats[0], first);
+  check_scalar(op, r.floats[1], second);
+  check_dims(op, {{r.logits[0], &student}, {r.logits[1], &teacher}});
+  TORCH_CHECK(
+      student.dim() >= 1, op, ": ", r.logits[0], " must have at least one dimension (the vocabulary), got a 0-dim "
+      "tensor");
+  const auto shape = Geometry<Int>::sizes(student);
+  TORCH_CHECK(
+      shape == Geometry<Int>::sizes(teacher), op, ": ", r.logits[0], " and ", r.logits[1],
+      " must have the same shape (the same vocabulary too), got ", shape, " and ", Geometry<Int>::sizes(teacher));
+  const auto leading = shape.slice(0, shape.size() - 1);
+  if (l.defined()) {
+    TORCH_CHECK(
+        Geometry<Int>::sizes(l) == leading, op, ": ", r.labels, " must have the logits' leading shape ",
+        leading, ", got ", Geometry<Int>::sizes(l));
+  }
+  BasicRowSpec<Int> spec;
+  spec.dtype = result_type_of({{r.logits[0], &student}, {r.logits[1], &teacher}});
+  spec.logits_shape.assign(shape.begin(), shape.end());
+  spec.rows = numel_of(leading);
+  spec.vocab = shape.back();
+  spec.labels = l.defined();
+  return spec;
+}
+
+template <typename Int>
+BasicRowSpec<Int> row_with_grads_spec(
+    const LossDecl& d, const at::Tensor& student, const at::Tensor& teacher, const std::optional<at::Tensor>& labels,
+    int64_t reduction, double first, double second) {
+  auto spec = row_forward_spec<Int>(d, d.with_grads, student, teacher, labels, reduction, first, second);
+  TORCH_CHECK_VALUE(
+      reduction != kNone, d.with_grads, ": reduction must be 1 (mean) or 2 (sum), the gradients of a scalar; got 0 "
+      "(none)");
+  return spec;
+}
+
+template <typename Int>
+BasicRowSpec<Int> row_backward_spec(
+    const LossDecl& d, const at::Tensor& grad_output, const at::Tensor& student, const at::Tensor& teacher,
+    const std::optional<at::Tensor>& labels, int64_t reduction, double first, double second) {
+  const char* op = d.backward;
+  check_defined(op, {{"grad_output", &grad_output}});
+  auto spec = row_forward_spec<Int>(d, op, student, teacher, labels, reduction, first, second);
+  check_same_device(op, "grad_output", grad_output, {d.rows.logits[0], &student});
+  check_dtype(op, "grad_output", grad_output);
+  const auto g = Geometry<Int>::sizes(grad_output);
+  if (reduction != kNone) {
+    TORCH_CHECK(g.empty(), op, ": grad_output of a reduced loss must be 0-dim, got shape ", g);
+  } else if (spec.labels) {
+    TORCH_CHECK(
+        g.size() == 2 && g[1] == spec.vocab, op, ": grad_output of 'none' with labels must have the shape "
+        "[rows kept, ", spec.vocab, "], got ", g);
+  } else {
+    TORCH_CHECK(
+        g == c10::ArrayRef<Int>(spec.logits_shape), op, ": grad_output of 'none' must have the logits' shape ",
+        c10::ArrayRef<Int>(spec.logits_shape), ", got ", g);
+  }
+  return spec;
+}
+
 // Every rule in both size types: int64_t for the kernels, c10::SymInt for the Meta kernels.
 #define NPU_LOSS_INSTANTIATE_CHECKS(Int)                                                                  \
   template BasicResultSpec<Int> forward_spec<Int>(const char*, const at::Tensor&, const at::Tensor&, int64_t); \
@@ -403,7 +490,16 @@ void check_out(
   template void check_out<Int>(                                                                           \
       const char*, const char*, const at::Tensor&, const BasicResultSpec<Int>&, OutDtype,                 \
       std::initializer_list<NamedTensor>);                                                                \
-  template at::Tensor empty_result<Int>(const BasicResultSpec<Int>&, const at::TensorOptions&);
+  template at::Tensor empty_result<Int>(const BasicResultSpec<Int>&, const at::TensorOptions&);          \
+  template BasicRowSpec<Int> row_forward_spec<Int>(                                                       \
+      const LossDecl&, const char*, const at::Tensor&, const at::Tensor&, const std::optional<at::Tensor>&, \
+      int64_t, double, double);                                                                           \
+  template BasicRowSpec<Int> row_with_grads_spec<Int>(                                                    \
+      const LossDecl&, const at::Tensor&, const at::Tensor&, const std::optional<at::Tensor>&, int64_t, double, \
+      double);                                                                                            \
+  template BasicRowSpec<Int> row_backward_spec<Int>(                                                      \
+      const LossDecl&, const at::Tensor&, const at::Tensor&, const at::Tensor&,                           \
+      const std::optional<at::Tensor>&, int64_t, double, double);
 
 NPU_LOSS_INSTANTIATE_CHECKS(int64_t)
 NPU_LOSS_INSTANTIATE_CHECKS(c10::SymInt)

@@ -18,6 +18,7 @@
 #include <c10/util/SmallVector.h>
 
 #include <initializer_list>
+#include <optional>
 #include <string>
 #include <tuple>
 #include <utility>
@@ -81,6 +82,9 @@ void check_common(const char* op, std::initializer_list<NamedTensor> tensors, in
 void check_scalar(const char* op, const ScalarArg& arg, double value);
 inline void check_scalar(const char*, const ScalarArg&, bool) {}
 
+// The dtypes the checks accept for a loss's floating tensors on `t`'s device, for messages and fake kernels.
+bool is_accepted_floating(const at::Tensor& t);
+
 // A forward's result: broadcast(self, target) for "none", 0-dim otherwise, in at::result_type(self, target).
 template <typename Int>
 BasicResultSpec<Int> forward_spec(const char* op, const at::Tensor& self, const at::Tensor& target, int64_t reduction);
@@ -129,5 +133,46 @@ struct LossChecks<Loss, Int, std::tuple<S...>> {
     return spec;
   }
 };
+
+// ---- a row loss's checks (LossKind::Rows: losses.h's RowArgs) ----
+
+// What a row loss's op returns, from its checked arguments: the result's dtype (the promotion of the two
+// logits' dtypes; each gradient has its logits' dtype), the logits' shape (..., V), the number of rows (the
+// product of the leading dims) and V. With labels, 'none' keeps the rows whose label is not the index: a
+// count only the data tells.
+template <typename Int>
+struct BasicRowSpec {
+  c10::ScalarType dtype;
+  c10::SmallVector<Int, c10::kDimVectorStaticSize> logits_shape;
+  Int rows = 0;
+  Int vocab = 0;
+  bool labels = false;
+};
+
+using RowSpec = BasicRowSpec<int64_t>;
+using SymRowSpec = BasicRowSpec<c10::SymInt>;
+
+// The forward's checks (the forward with gradients has the same arguments): every tensor defined and on one
+// device; floating logits of one shape with at least one dimension (the vocabulary) and at most 8; labels of
+// an integer dtype and the logits' leading shape; the reduction; the two float scalars' rules.
+template <typename Int>
+BasicRowSpec<Int> row_forward_spec(
+    const LossDecl& d, const char* op, const at::Tensor& student, const at::Tensor& teacher,
+    const std::optional<at::Tensor>& labels, int64_t reduction, double first, double second);
+
+// The forward with gradients': the forward's, and a reduced result ("mean" or "sum": the gradients are those
+// of a scalar).
+template <typename Int>
+BasicRowSpec<Int> row_with_grads_spec(
+    const LossDecl& d, const at::Tensor& student, const at::Tensor& teacher, const std::optional<at::Tensor>& labels,
+    int64_t reduction, double first, double second);
+
+// The backward op's: the forward's, and grad_output, floating, on the same device, 0-dim for "mean" and
+// "sum", and for "none" of the values' shape: the logits' without labels, (K, V) with them (K, the rows kept,
+// is checked against the labels by the kernels, which read them).
+template <typename Int>
+BasicRowSpec<Int> row_backward_spec(
+    const LossDecl& d, const at::Tensor& grad_output, const at::Tensor& student, const at::Tensor& teacher,
+    const std::optional<at::Tensor>& labels, int64_t reduction, double first, double second);
 
 }  // namespace npu_loss

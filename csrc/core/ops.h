@@ -6,6 +6,8 @@
 #include <ATen/core/Tensor.h>
 #include <ATen/core/dispatch/Dispatcher.h>
 
+#include <array>
+#include <optional>
 #include <string>
 #include <tuple>
 
@@ -54,6 +56,37 @@ template <typename Loss>
 const c10::TypedOperatorHandle<typename Signatures<Loss>::BackwardOut>& backward_out() {
   static const auto op =
       find<typename Signatures<Loss>::BackwardOut>(Loss::decl.backward, Loss::decl.out_overload);
+  return op;
+}
+
+// A row loss's three ops (losses.h's RowArgs; core/schema.h): the forward, the forward with the gradients of
+// its reduced result, the backward op.
+struct RowSignatures {
+  using Forward = at::Tensor(
+      const at::Tensor&, const at::Tensor&, const std::optional<at::Tensor>&, int64_t, double, double, int64_t);
+  using WithGrads = std::tuple<at::Tensor, at::Tensor, at::Tensor>(
+      const at::Tensor&, const at::Tensor&, const std::optional<at::Tensor>&, int64_t, double, double, int64_t,
+      std::array<bool, 2>);
+  using Backward = std::tuple<at::Tensor, at::Tensor>(
+      const at::Tensor&, const at::Tensor&, const at::Tensor&, const std::optional<at::Tensor>&, int64_t, double,
+      double, int64_t, std::array<bool, 2>);
+};
+
+template <typename Loss>
+const c10::TypedOperatorHandle<RowSignatures::Forward>& row_forward() {
+  static const auto op = find<RowSignatures::Forward>(Loss::decl.forward);
+  return op;
+}
+
+template <typename Loss>
+const c10::TypedOperatorHandle<RowSignatures::WithGrads>& row_with_grads() {
+  static const auto op = find<RowSignatures::WithGrads>(Loss::decl.with_grads);
+  return op;
+}
+
+template <typename Loss>
+const c10::TypedOperatorHandle<RowSignatures::Backward>& row_backward() {
+  static const auto op = find<RowSignatures::Backward>(Loss::decl.backward);
   return op;
 }
 

@@ -1,11 +1,12 @@
-// The schemas of a loss's three ops, written from its declaration (losses.h). Names and argument order
-// follow ATen and torch_npu, so each op is a drop-in for its twin:
+// The schemas of a loss's three ops, written from its declaration (losses.h). An elementwise loss's names and
+// argument order follow ATen and torch_npu, so each op is a drop-in for its twin:
 //   <forward>(Tensor self, Tensor target, int reduction=1[, <scalar>=<default>]) -> Tensor
 //   <backward>(Tensor grad_output, Tensor self, Tensor target, int reduction[, <scalar>]) -> Tensor
 //   <backward>.<out_overload>(<backward's arguments>, *, Tensor(a!) <out_arg>) -> Tensor(a!)
 #pragma once
 
 #include <string>
+#include <vector>
 
 #include "../losses.h"
 
@@ -39,6 +40,41 @@ inline std::string backward_schema(const LossDecl& d) {
 inline std::string backward_out_schema(const LossDecl& d) {
   return std::string(d.backward) + "." + d.out_overload + "(" + detail::backward_params(d) + ", *, Tensor(a!) " +
       d.out_arg + ") -> Tensor(a!)";
+}
+
+// A row loss's ops (LossKind::Rows, losses.h's RowArgs):
+//   <forward>(Tensor <logits>, Tensor <logits>, Tensor? <labels>=None, int reduction=1, float <float>=<default>,
+//             float <float>=<default>, int <index>=<default>) -> Tensor
+//   <backward>(Tensor grad_output, <the forward's arguments, no defaults>, bool[2] output_mask) -> (Tensor, Tensor)
+//   <with_grads>(<the forward's arguments, no defaults>, bool[2] output_mask) -> (Tensor, Tensor, Tensor)
+namespace detail {
+inline std::string row_params(const RowArgs& r, bool defaults) {
+  const auto value = [&](const ScalarArg& s) { return defaults ? std::string("=") + s.default_value : std::string(); };
+  return std::string("Tensor ") + r.logits[0] + ", Tensor " + r.logits[1] + ", Tensor? " + r.labels +
+      (defaults ? "=None" : "") + ", int reduction" + (defaults ? "=1" : "") + ", float " + r.floats[0].name +
+      value(r.floats[0]) + ", float " + r.floats[1].name + value(r.floats[1]) + ", int " + r.index.name +
+      value(r.index);
+}
+}  // namespace detail
+
+inline std::string row_forward_schema(const LossDecl& d) {
+  return std::string(d.forward) + "(" + detail::row_params(d.rows, true) + ") -> Tensor";
+}
+
+inline std::string row_backward_schema(const LossDecl& d) {
+  return std::string(d.backward) + "(Tensor grad_output, " + detail::row_params(d.rows, false) +
+      ", bool[2] output_mask) -> (Tensor, Tensor)";
+}
+
+inline std::string row_with_grads_schema(const LossDecl& d) {
+  return std::string(d.with_grads) + "(" + detail::row_params(d.rows, false) +
+      ", bool[2] output_mask) -> (Tensor, Tensor, Tensor)";
+}
+
+// Every schema of a loss, by its kind.
+inline std::vector<std::string> schemas(const LossDecl& d) {
+  if (d.kind == LossKind::Rows) return {row_forward_schema(d), row_backward_schema(d), row_with_grads_schema(d)};
+  return {forward_schema(d), backward_schema(d), backward_out_schema(d)};
 }
 
 }  // namespace npu_loss

@@ -430,12 +430,11 @@ struct Math<::npu_loss::KlDiv, IoT> {
   }
 };
 
-// Calls fn(forward functor, gradient functor) for the call's loss.
+// Calls fn(forward functor, gradient functor) for the call's loss (an elementwise one: loss_index<Loss>()).
 template <class IoT, class Fn>
 NPU_LOSS_SIMD_INLINE void with_loss(const LossParams& p, const Fn& fn) {
-  int i = 0;
-  for_each_loss([&]<typename Loss>() {
-    if (p.loss == i++) Math<Loss, IoT>::with(p, fn);
+  for_each_elementwise_loss([&]<typename Loss>() {
+    if (p.loss == loss_index<Loss>()) Math<Loss, IoT>::with(p, fn);
   });
 }
 

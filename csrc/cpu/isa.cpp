@@ -76,6 +76,19 @@ Isa selected_isa() {
   return isa;
 }
 
+const RowKernels& row_kernels_for(Isa isa) {
+  switch (isa) {
+#ifdef NPU_LOSS_HAVE_X86_KERNELS
+    case Isa::Avx512:
+      return avx512::kRowKernels;
+    case Isa::Avx2:
+      return avx2::kRowKernels;
+#endif
+    default:
+      return baseline::kRowKernels;
+  }
+}
+
 const DenseKernels& kernels_for(Isa isa) {
   switch (isa) {
 #ifdef NPU_LOSS_HAVE_X86_KERNELS

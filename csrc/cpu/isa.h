@@ -6,7 +6,10 @@
 // here: the vector translation units must not include torch headers.
 #pragma once
 
+#include <cmath>
 #include <cstdint>
+#include <limits>
+#include <type_traits>
 
 #include "../losses.h"
 
@@ -67,16 +70,67 @@ struct DenseKernels {
   void (*log_bf16)(const float* x, float* out, int64_t n);
 };
 
+// The bytes of one element of a storage type.
+constexpr int64_t dtype_size(DType dtype) {
+  return dtype == DType::Double ? 8 : (dtype == DType::Float || dtype == DType::FloatOfBFloat16) ? 4 : 2;
+}
+
+// One call of the distillation family's row kernel (row_kernels.h): rows of V logits, the student's and the
+// teacher's. Offsets and steps count elements; what the call does not want is null.
+struct JsdRows {
+  DType student_dtype, teacher_dtype;
+  DType result_dtype;                    // of the values ('none') and of grad_output
+  const void* student;
+  const void* teacher;
+  const int64_t* student_offsets;        // row r starts at student + student_offsets[r]
+  const int64_t* teacher_offsets;
+  int64_t student_step, teacher_step;    // from one element of a row to the next
+  int64_t vocab;
+  const int64_t* kept;                   // row r's index among the rows kept, -1 where its label drops it (null: all)
+  double beta, inv_temperature;
+  double* row_sums;                      // kept row k's sum of values at row_sums[k]
+  void* values;                          // kept row k's values at values + k * vocab
+  void* grad_student;                    // row r's gradient at + r * vocab, in the logits' dtype; 0 for a dropped row
+  void* grad_teacher;
+  const void* grad_output;               // kept row k's weights at + k * vocab (the backward of 'none'); null: one
+  double grad_scale;                     // every weight's factor
+};
+
+// Whether a call's operands share one storage type and its rows are contiguous: the kernel then reads and
+// writes them as they are; else it converts each row in scratch memory.
+inline bool jsd_direct(const JsdRows& c) {
+  return c.student_dtype == c.teacher_dtype && c.result_dtype == c.student_dtype && c.student_step == 1 &&
+      c.teacher_step == 1;
+}
+
+// Whether a call computes in double (a float64 operand).
+inline bool jsd_in_float64(const JsdRows& c) {
+  return c.student_dtype == DType::Double || c.teacher_dtype == DType::Double;
+}
+
+// The scratch bytes a thread's kernel call needs: six rows of the compute type and one gathered row.
+inline int64_t jsd_scratch_bytes(const JsdRows& c) {
+  return jsd_direct(c) ? 0 : 7 * c.vocab * (jsd_in_float64(c) ? 8 : 4);
+}
+
+// Kernels over rows [begin, end) of a call, with the calling thread's scratch memory.
+struct RowKernels {
+  void (*jsd)(const JsdRows& call, int64_t begin, int64_t end, void* scratch);
+};
+
 namespace baseline {
 extern const DenseKernels kKernels;
+extern const RowKernels kRowKernels;
 }
 #if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__)
 #define NPU_LOSS_HAVE_X86_KERNELS 1
 namespace avx2 {
 extern const DenseKernels kKernels;
+extern const RowKernels kRowKernels;
 }
 namespace avx512 {
 extern const DenseKernels kKernels;
+extern const RowKernels kRowKernels;
 }
 #endif
 
@@ -95,9 +149,16 @@ Isa selected_isa();
 Isa parse_isa(const char* name, const char* source);
 const DenseKernels& kernels_for(Isa isa);
 
-// The selected instruction set's table.
+const RowKernels& row_kernels_for(Isa isa);
+
+// The selected instruction set's tables.
 inline const DenseKernels& dense_kernels() {
   static const DenseKernels& k = kernels_for(selected_isa());
+  return k;
+}
+
+inline const RowKernels& row_kernels() {
+  static const RowKernels& k = row_kernels_for(selected_isa());
   return k;
 }
 

@@ -114,7 +114,7 @@ struct CpuKernels<Loss, std::tuple<S...>> {
 }  // namespace
 
 TORCH_LIBRARY_IMPL(npu_loss, CPU, m) {
-  for_each_loss([&]<typename Loss>() {
+  for_each_elementwise_loss([&]<typename Loss>() {
     impl_loss<Loss, &CpuKernels<Loss>::forward, &CpuKernels<Loss>::backward_into>(m);
   });
 }

@@ -106,7 +106,7 @@ void add_routes(std::vector<Route>& routes) {
 const std::vector<Route>& all_routes() {
   static const std::vector<Route> routes = [] {
     std::vector<Route> r;
-    for_each_loss([&]<typename Loss>() { add_routes<Loss>(r); });
+    for_each_elementwise_loss([&]<typename Loss>() { add_routes<Loss>(r); });
     return r;
   }();
   return routes;

@@ -83,6 +83,15 @@ struct call_matches<aclnnStatus(Params...), type_list<Passed...>> {
       check(std::make_index_sequence<(sizeof...(Passed) + 2 == sizeof...(Params)) ? sizeof...(Passed) : 0>{});
 };
 
+// A loss's one scalar as the aclnn prototypes take it: beta as float (the ops' float scalars are doubles),
+// log_target as bool.
+inline float aclnn_scalar(double value) {
+  return static_cast<float>(value);
+}
+inline bool aclnn_scalar(bool value) {
+  return value;
+}
+
 }  // namespace npu_loss::npu
 
 #define NPU_LOSS_EXEC_ACLNN(aclnn_api, ...)                                                                  \
@@ -95,29 +104,25 @@ struct call_matches<aclnnStatus(Params...), type_list<Passed...>> {
     EXEC_NPU_CMD_EXT(aclnn_api, __VA_ARGS__);                                                                \
   } while (false)
 
-// A scalar as the aclnn prototypes take it: beta as float (the ops' float scalars are doubles), log_target as
-// bool.
-inline float aclnn_scalar(double value) {
-  return static_cast<float>(value);
-}
-inline bool aclnn_scalar(bool value) {
-  return value;
-}
-
 // The forward and backward calls (AclnnKernels, npu_common.h) of a loss whose row's API is its own, with
 // nothing around it: `forward_api(self, target, reduction, scalars..., out)` and `backward_api(grad_output,
-// self, target, reduction, scalars..., grad_input)`, the scalars as the prototypes take them.
+// self, target, reduction, scalars..., grad_input)`, the loss's scalars as the prototype takes them.
 #define NPU_LOSS_PLAIN_FORWARD(forward_api)                                                                  \
   template <typename... S>                                                                                   \
   static void forward(                                                                                       \
       const ::npu_loss::chips::Path&, const ::npu_loss::ResultSpec&, at::Tensor& out, at::Tensor self,       \
       at::Tensor target, int64_t reduction, S... s) {                                                        \
-    NPU_LOSS_EXEC_ACLNN(forward_api, self, target, reduction, ::npu_loss::npu::aclnn_scalar(s)..., out);     \
+    /* the macro takes lvalues: the scalars as the prototype's types, each a parameter of its own */         \
+    [&](auto... scalar) {                                                                                    \
+      NPU_LOSS_EXEC_ACLNN(forward_api, self, target, reduction, scalar..., out);                             \
+    }(::npu_loss::npu::aclnn_scalar(s)...);                                                                  \
   }
 #define NPU_LOSS_PLAIN_BACKWARD(backward_api)                                                                \
   template <typename... S>                                                                                   \
   static void backward(                                                                                      \
       const ::npu_loss::chips::Path&, const ::npu_loss::ResultSpec&, at::Tensor& out, at::Tensor grad_output, \
       at::Tensor self, at::Tensor target, int64_t reduction, S... s) {                                       \
-    NPU_LOSS_EXEC_ACLNN(backward_api, grad_output, self, target, reduction, ::npu_loss::npu::aclnn_scalar(s)..., out); \
+    [&](auto... scalar) {                                                                                    \
+      NPU_LOSS_EXEC_ACLNN(backward_api, grad_output, self, target, reduction, scalar..., out);               \
+    }(::npu_loss::npu::aclnn_scalar(s)...);                                                                  \
   }

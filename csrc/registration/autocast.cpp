@@ -29,7 +29,7 @@ struct AutocastLoss<device, key, Loss, std::tuple<S...>> {
 
 template <c10::DeviceType device, c10::DispatchKey key>
 void register_autocast(torch::Library& m) {
-  for_each_loss([&]<typename Loss>() {
+  for_each_elementwise_loss([&]<typename Loss>() {
     if constexpr (Loss::decl.autocast_float32) m.impl(Loss::decl.forward, &AutocastLoss<device, key, Loss>::call);
   });
 }

@@ -1,6 +1,7 @@
 // The composite fallback's registrations, for every loss: CompositeExplicitAutograd kernels for its ops
-// (the math of composite/math.cpp, plus the out= overload writing it into out), and the Functionalize kernel
-// of its out= overload. _C only; _C_npu calls the math directly where a chip falls back.
+// (the math of composite/math.cpp, plus the out= overload writing it into out, or a row loss's of
+// composite/rows.cpp), and the Functionalize kernel of an elementwise loss's out= overload. _C only; _C_npu
+// calls the math directly where a chip falls back.
 #include <ATen/ATen.h>
 #include <torch/library.h>
 
@@ -8,6 +9,7 @@
 #include "../core/checks.h"
 #include "../core/ops.h"
 #include "../composite/math.h"
+#include "../composite/rows.h"
 
 namespace npu_loss {
 namespace {
@@ -41,19 +43,54 @@ struct CompositeOut {
   }
 };
 
+// A row loss's composite kernels: its checks (core/checks.h), then its ATen-op math in chunks of rows
+// (composite/rows.h). The NPU runs them too, until it has kernels of its own.
+template <typename Loss>
+struct RowCompositeKernels {
+  static constexpr const LossDecl& d = Loss::decl;
+
+  static at::Tensor forward(
+      const at::Tensor& student, const at::Tensor& teacher, const std::optional<at::Tensor>& labels,
+      int64_t reduction, double first, double second, int64_t index) {
+    row_forward_spec<int64_t>(d, d.forward, student, teacher, labels, reduction, first, second);
+    return composite::forward(Loss{}, {student, teacher, labels, reduction, first, second, index});
+  }
+
+  static std::tuple<at::Tensor, at::Tensor, at::Tensor> with_grads(
+      const at::Tensor& student, const at::Tensor& teacher, const std::optional<at::Tensor>& labels,
+      int64_t reduction, double first, double second, int64_t index, std::array<bool, 2> mask) {
+    row_with_grads_spec<int64_t>(d, student, teacher, labels, reduction, first, second);
+    return composite::with_grads(Loss{}, {student, teacher, labels, reduction, first, second, index}, mask);
+  }
+
+  static std::tuple<at::Tensor, at::Tensor> backward(
+      const at::Tensor& grad_output, const at::Tensor& student, const at::Tensor& teacher,
+      const std::optional<at::Tensor>& labels, int64_t reduction, double first, double second, int64_t index,
+      std::array<bool, 2> mask) {
+    row_backward_spec<int64_t>(d, grad_output, student, teacher, labels, reduction, first, second);
+    return composite::backward(Loss{}, {student, teacher, labels, reduction, first, second, index}, grad_output, mask);
+  }
+};
+
 }  // namespace
 
 // The composite's math is its own functional kernel (it runs the checks itself); the out= overload runs the
 // out= checks and copies the math's result into out.
 TORCH_LIBRARY_IMPL(npu_loss, CompositeExplicitAutograd, m) {
-  for_each_loss([&]<typename Loss>() {
+  for_each_elementwise_loss([&]<typename Loss>() {
     using Out = BackendKernels<Loss, &WithScalars<CompositeOut, Loss>::into>;
     impl_ops<Loss, &Composite<Loss>::forward, &Composite<Loss>::backward, &Out::out>(m);
+  });
+  for_each_row_loss([&]<typename Loss>() {
+    using Kernels = RowCompositeKernels<Loss>;
+    m.impl(Loss::decl.forward, &Kernels::forward);
+    m.impl(Loss::decl.with_grads, &Kernels::with_grads);
+    m.impl(Loss::decl.backward, &Kernels::backward);
   });
 }
 
 TORCH_LIBRARY_IMPL(npu_loss, Functionalize, m) {
-  for_each_loss([&]<typename Loss>() {
+  for_each_elementwise_loss([&]<typename Loss>() {
     m.impl(out_overload_name(Loss::decl).c_str(), &WithScalars<CompositeOut, Loss>::functionalize);
   });
 }

@@ -41,7 +41,7 @@ struct MetaKernels {
 }  // namespace
 
 TORCH_LIBRARY_IMPL(npu_loss, Meta, m) {
-  for_each_loss([&]<typename Loss>() {
+  for_each_elementwise_loss([&]<typename Loss>() {
     using Kernels = WithScalars<MetaKernels, Loss>;
     impl_ops<Loss, &Kernels::forward, &Kernels::backward, &Kernels::backward_out>(m);
   });

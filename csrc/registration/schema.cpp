@@ -6,8 +6,6 @@
 
 TORCH_LIBRARY(npu_loss, m) {
   npu_loss::for_each_loss([&]<typename Loss>() {
-    m.def(npu_loss::forward_schema(Loss::decl).c_str());
-    m.def(npu_loss::backward_schema(Loss::decl).c_str());
-    m.def(npu_loss::backward_out_schema(Loss::decl).c_str());
+    for (const auto& schema : npu_loss::schemas(Loss::decl)) m.def(schema.c_str());
   });
 }

@@ -1,0 +1,350 @@
+// Autograd and vmap for the row losses (losses.h's LossKind::Rows: the distillation family).
+//
+// A reduced loss ("mean", "sum") has its gradients made in the forward, chunk by chunk, by the op that also
+// makes the loss (the declaration's with_grads): the node keeps them, and its backward scales them by
+// grad_output, in place, handing each to autograd without a copy (with retain_graph=True it scales a copy,
+// so that a second backward finds them intact). Where autograd will need no gradient the forward makes none.
+// 'none' keeps its inputs and calls the backward op. A backward that must itself be differentiable
+// (create_graph=True) computes the gradients with the ATen-op composite's formulas instead, which autograd
+// differentiates again: double backward goes through the composite. Forward-mode AD: a reduced loss's tangent is the gradients' dot product with the
+// tangents; 'none''s is the composite's. vmap runs the composite (composite/rows.h), batched op by op, and so
+// do the ops below the node where nested transforms differentiate them.
+// docs/semantics.md, "Distillation", has the memory this costs; docs/usage.md the limits.
+#include <ATen/ATen.h>
+#include <torch/csrc/autograd/engine.h>
+#include <torch/csrc/autograd/function.h>
+#include <torch/csrc/autograd/functions/utils.h>
+#include <torch/csrc/autograd/saved_variable.h>
+#include <torch/library.h>
+
+#include <array>
+#include <optional>
+
+#include "../compat/torch_compat.h"
+#include "../composite/rows.h"
+#include "../core/ops.h"
+#include "../core/reduction.h"
+#include "node.h"
+
+namespace npu_loss::autograd {
+namespace {
+
+using torch::autograd::SavedVariable;
+
+// The node of a row loss's forward op.
+template <typename Loss>
+struct RowLossNode final : public torch::autograd::TraceableFunction {
+  SavedVariable student, teacher, labels;
+  bool has_labels = false;
+  // The gradients the forward made (a reduced loss), or nothing ('none').
+  SavedVariable grad_student, grad_teacher;
+  bool made_in_forward = false;
+  int64_t reduction = 0;
+  double first = 0, second = 0;
+  int64_t index = 0;
+
+  std::string name() const override {
+    static const std::string name = node_name(Loss::decl.forward);
+    return name;
+  }
+
+  void release_variables() override {
+    std::lock_guard<std::mutex> lock(mutex_);
+    for (SavedVariable* s : {&student, &teacher, &labels, &grad_student, &grad_teacher}) s->reset_data();
+  }
+
+  variable_list apply(variable_list&& grads) override {
+    std::lock_guard<std::mutex> lock(mutex_);
+    const std::array<bool, 2> need{task_should_compute_output(0), task_should_compute_output(1)};
+    Saved values = unpack();
+    // The gradients made in the forward are scaled in place and handed over (autograd can then keep one as
+    // the leaf's .grad without a copy), unless the graph is kept for another backward.
+    const bool consume = made_in_forward && !torch::autograd::get_current_graph_task_keep_graph();
+    if (consume) {
+      grad_student.reset_data();
+      grad_teacher.reset_data();
+    }
+    return functional(grads, need, values, scalars(), consume);
+  }
+
+  // Compiled autograd: the saved tensors are lifted into the graph, which calls `functional` through
+  // from_ivalues. The gradients made in the forward are the graph's inputs there: they are scaled into new
+  // tensors (one more N x V each than eager), never in place.
+  void compiled_args(torch::dynamo::autograd::CompiledNodeArgs& args) const override {
+    for (const SavedVariable* s : {&student, &teacher, &labels, &grad_student, &grad_teacher}) args.collect(*s, false);
+    args.collect(has_labels);
+    args.collect(made_in_forward);
+    args.collect(reduction);
+    args.collect(first);
+    args.collect(second);
+    args.collect(index);
+  }
+
+  variable_list apply_with_saved(
+      const variable_list& grads, torch::dynamo::autograd::SwapSavedVariables& swap) override {
+    const std::array<SavedVariable*, 5> all{&student, &teacher, &labels, &grad_student, &grad_teacher};
+    for (SavedVariable* s : all) swap.before(*s);
+    detail::PackedArgs packed;
+    packed.pack(std::vector<bool>{task_should_compute_output(0), task_should_compute_output(1)});
+    for (SavedVariable* s : all) {
+      const at::Tensor t = s->unpack();
+      packed.pack(t.defined() ? std::optional<at::Tensor>(t) : std::nullopt);
+    }
+    const Scalars sc = scalars();
+    packed.pack(sc.has_labels);
+    packed.pack(sc.made_in_forward);
+    packed.pack(sc.reduction);
+    packed.pack(sc.first);
+    packed.pack(sc.second);
+    packed.pack(sc.index);
+    static bool bound = false;
+    auto result = detail::proxy_into_compiled_graph(*this, swap, bound, &from_ivalues, packed_schema(), packed, grads);
+    for (SavedVariable* s : all) swap.after(*s);
+    return result;
+  }
+
+ private:
+  struct Saved {
+    at::Tensor student, teacher, labels, grad_student, grad_teacher;
+  };
+  struct Scalars {
+    bool has_labels, made_in_forward;
+    int64_t reduction;
+    double first, second;
+    int64_t index;
+  };
+
+  Saved unpack() const {
+    return {student.unpack(), teacher.unpack(), labels.unpack(), grad_student.unpack(), grad_teacher.unpack()};
+  }
+  Scalars scalars() const { return {has_labels, made_in_forward, reduction, first, second, index}; }
+
+  // The backward eager `apply` and compiled autograd share. `consume`: the saved gradients may be scaled in
+  // place.
+  static variable_list functional(
+      const variable_list& grads, std::array<bool, 2> need, Saved& v, const Scalars& sc, bool consume) {
+    variable_list out(2);
+    const at::Tensor& g = grads[0];
+    if (!g.defined() || !(need[0] || need[1])) return out;
+    const std::optional<at::Tensor> l = sc.has_labels ? std::optional<at::Tensor>(v.labels) : std::nullopt;
+    const composite::RowCall call{v.student, v.teacher, l, sc.reduction, sc.first, sc.second, sc.index};
+    if (c10::GradMode::is_enabled()) {
+      // create_graph=True: the gradients as ATen-op functions of the inputs and grad_output (the composite),
+      // which autograd and the functorch transforms differentiate again.
+      auto [gs, gt] = composite::backward_differentiable(Loss{}, call, g, need);
+      if (need[0]) out[0] = gs;
+      if (need[1]) out[1] = gt;
+      return out;
+    }
+    if (sc.made_in_forward) {
+      for (size_t i = 0; i < 2; ++i) {
+        if (!need[i]) continue;
+        at::Tensor& gradient = i == 0 ? v.grad_student : v.grad_teacher;
+        out[i] = consume ? gradient.mul_(g) : gradient * g;
+      }
+      return out;
+    }
+    auto [gs, gt] = ops::row_backward<Loss>().call(
+        g, v.student, v.teacher, l, sc.reduction, sc.first, sc.second, sc.index, need);
+    if (need[0]) out[0] = gs;
+    if (need[1]) out[1] = gt;
+    return out;
+  }
+
+  static std::vector<at::TypePtr> packed_schema() {
+    using detail::IValuePacker;
+    std::vector<at::TypePtr> schema{IValuePacker<std::vector<bool>>::packed_type()};
+    for (int i = 0; i < 5; ++i) schema.push_back(IValuePacker<std::optional<at::Tensor>>::packed_type());
+    for (int i = 0; i < 2; ++i) schema.push_back(IValuePacker<bool>::packed_type());
+    schema.push_back(IValuePacker<int64_t>::packed_type());
+    for (int i = 0; i < 2; ++i) schema.push_back(IValuePacker<double>::packed_type());
+    schema.push_back(IValuePacker<int64_t>::packed_type());
+    return schema;
+  }
+
+  static variable_list from_ivalues(const variable_list& grads, const std::vector<c10::IValue>& args) {
+    detail::PackedArgs packed(args);
+    const auto needs = packed.unpack<std::vector<bool>>();
+    Saved v;
+    for (at::Tensor* t : {&v.student, &v.teacher, &v.labels, &v.grad_student, &v.grad_teacher}) {
+      *t = packed.unpack<std::optional<at::Tensor>>().value_or(at::Tensor());
+    }
+    Scalars sc{};
+    sc.has_labels = packed.unpack<bool>();
+    sc.made_in_forward = packed.unpack<bool>();
+    sc.reduction = packed.unpack<int64_t>();
+    sc.first = packed.unpack<double>();
+    sc.second = packed.unpack<double>();
+    sc.index = packed.unpack<int64_t>();
+    return functional(grads, {needs[0], needs[1]}, v, sc, false);
+  }
+};
+
+// The Autograd-key kernel of a row loss's forward op.
+template <typename Loss>
+struct RowAutograd {
+  static at::Tensor forward(
+      c10::DispatchKeySet ks, const at::Tensor& student, const at::Tensor& teacher,
+      const std::optional<at::Tensor>& labels, int64_t reduction, double first, double second, int64_t index) {
+    const c10::DispatchKeySet below = ks & c10::after_autograd_keyset;
+    // An undefined tensor skips autograd, so that the kernel's checks report it by name.
+    const bool defined = student.defined() && teacher.defined();
+    const bool grad_mode = c10::GradMode::is_enabled();
+    const std::array<bool, 2> need{defined && grad_mode && student.requires_grad(),
+                                   defined && grad_mode && teacher.requires_grad()};
+    if (!defined) {
+      at::AutoDispatchBelowADInplaceOrView guard;
+      return ops::row_forward<Loss>().redispatch(below, student, teacher, labels, reduction, first, second, index);
+    }
+    const Dual s_dual(student), t_dual(teacher);
+    const bool forward_ad = s_dual.has_tangent() || t_dual.has_tangent();
+    at::Tensor result, gs, gt;
+    {
+      at::AutoDispatchBelowADInplaceOrView guard;
+      if (reduction != kNone && (need[0] || need[1] || forward_ad)) {
+        const std::array<bool, 2> mask{need[0] || s_dual.has_tangent(), need[1] || t_dual.has_tangent()};
+        std::tie(result, gs, gt) = ops::row_with_grads<Loss>().redispatch(
+            below, student, teacher, labels, reduction, first, second, index, mask);
+      } else {
+        result = ops::row_forward<Loss>().redispatch(below, student, teacher, labels, reduction, first, second, index);
+      }
+    }
+    if (need[0] || need[1]) {
+      auto node = compat::make_node<RowLossNode<Loss>>();
+      node->set_next_edges(torch::autograd::collect_next_edges(student, teacher));
+      node->student = SavedVariable(student, false);
+      node->teacher = SavedVariable(teacher, false);
+      node->has_labels = labels.has_value() && labels->defined();
+      if (node->has_labels) node->labels = SavedVariable(*labels, false);
+      node->reduction = reduction;
+      node->first = first;
+      node->second = second;
+      node->index = index;
+      if (reduction != kNone) {
+        node->made_in_forward = true;
+        if (need[0]) node->grad_student = SavedVariable(gs, false);
+        if (need[1]) node->grad_teacher = SavedVariable(gt, false);
+      }
+      torch::autograd::set_history(result, node);
+    }
+    if (forward_ad) {
+      result._set_fw_grad(
+          tangent(s_dual, t_dual, labels, reduction, first, second, index, gs, gt, result), kLevel, false);
+    }
+    return result;
+  }
+
+  // The result's tangent: for a reduced loss the gradients' dot product with the inputs' tangents; for 'none'
+  // the composite's own (forward-mode AD through its ATen ops).
+  static at::Tensor tangent(
+      const Dual& s, const Dual& t, const std::optional<at::Tensor>& labels, int64_t reduction, double first,
+      double second, int64_t index, const at::Tensor& gs, const at::Tensor& gt, const at::Tensor& result) {
+    if (reduction == kNone) {
+      c10::AutoGradMode no_grad(false);
+      const at::Tensor student = s.has_tangent() ? at::_make_dual(s.p, s.t, kLevel) : s.p;
+      const at::Tensor teacher = t.has_tangent() ? at::_make_dual(t.p, t.t, kLevel) : t.p;
+      const at::Tensor dual = composite::forward_differentiable(
+          Loss{}, {student, teacher, labels, reduction, first, second, index});
+      const at::Tensor value = dual._fw_grad(kLevel);
+      return value.defined() ? value.to(result.scalar_type()) : at::zeros_like(result);
+    }
+    // Summed in float32 at least (float64 stays float64), rounded once to the result's dtype.
+    const at::ScalarType acc = at::promote_types(result.scalar_type(), at::kFloat);
+    at::Tensor value = at::zeros({}, result.options().dtype(acc));
+    if (s.has_tangent()) value = value + (gs.to(acc) * s.t.to(acc)).sum();
+    if (t.has_tangent()) value = value + (gt.to(acc) * t.t.to(acc)).sum();
+    return value.to(result.scalar_type());
+  }
+};
+
+// Whether a call needs autograd or forward-mode AD of its own: an input that requires grad (in grad mode) or
+// carries a tangent.
+bool differentiated(std::initializer_list<const at::Tensor*> tensors) {
+  for (const at::Tensor* t : tensors) {
+    if (!t->defined()) continue;
+    if ((c10::GradMode::is_enabled() && t->requires_grad()) || t->_fw_grad(kLevel).defined()) return true;
+  }
+  return false;
+}
+
+// The Autograd-key kernels of the two ops the forward's node calls below autograd (the forward with gradients,
+// the backward op): called where their own results are differentiated (nested transforms: hessian,
+// jacfwd(jacrev), a direct call), they run the composite, whose ATen ops autograd records; else the kernels.
+template <typename Loss>
+struct RowOpsBelow {
+  static std::tuple<at::Tensor, at::Tensor, at::Tensor> with_grads(
+      c10::DispatchKeySet ks, const at::Tensor& student, const at::Tensor& teacher,
+      const std::optional<at::Tensor>& labels, int64_t reduction, double first, double second, int64_t index,
+      std::array<bool, 2> mask) {
+    if (!differentiated({&student, &teacher})) {
+      at::AutoDispatchBelowADInplaceOrView guard;
+      return ops::row_with_grads<Loss>().redispatch(
+          ks & c10::after_autograd_keyset, student, teacher, labels, reduction, first, second, index, mask);
+    }
+    const composite::RowCall call{student, teacher, labels, reduction, first, second, index};
+    const at::Tensor loss = composite::forward_differentiable(Loss{}, call);
+    auto [gs, gt] = composite::backward_differentiable(Loss{}, call, at::ones({}, loss.options()), mask);
+    return {loss, gs, gt};
+  }
+
+  static std::tuple<at::Tensor, at::Tensor> backward(
+      c10::DispatchKeySet ks, const at::Tensor& grad_output, const at::Tensor& student, const at::Tensor& teacher,
+      const std::optional<at::Tensor>& labels, int64_t reduction, double first, double second, int64_t index,
+      std::array<bool, 2> mask) {
+    if (!differentiated({&grad_output, &student, &teacher})) {
+      at::AutoDispatchBelowADInplaceOrView guard;
+      return ops::row_backward<Loss>().redispatch(
+          ks & c10::after_autograd_keyset, grad_output, student, teacher, labels, reduction, first, second, index,
+          mask);
+    }
+    return composite::backward_differentiable(
+        Loss{}, {student, teacher, labels, reduction, first, second, index}, grad_output, mask);
+  }
+};
+
+// vmap: the composite, whose ATen ops batch one by one (the forward op, and the two ops autograd calls below it).
+template <typename Loss>
+struct RowVmap {
+  static at::Tensor forward(
+      const at::Tensor& student, const at::Tensor& teacher, const std::optional<at::Tensor>& labels,
+      int64_t reduction, double first, double second, int64_t index) {
+    return composite::forward_differentiable(Loss{}, {student, teacher, labels, reduction, first, second, index});
+  }
+
+  static std::tuple<at::Tensor, at::Tensor, at::Tensor> with_grads(
+      const at::Tensor& student, const at::Tensor& teacher, const std::optional<at::Tensor>& labels,
+      int64_t reduction, double first, double second, int64_t index, std::array<bool, 2> mask) {
+    const composite::RowCall call{student, teacher, labels, reduction, first, second, index};
+    const at::Tensor loss = composite::forward_differentiable(Loss{}, call);
+    auto [gs, gt] = composite::backward_differentiable(Loss{}, call, at::ones({}, loss.options()), mask);
+    return {loss, gs, gt};
+  }
+
+  static std::tuple<at::Tensor, at::Tensor> backward(
+      const at::Tensor& grad_output, const at::Tensor& student, const at::Tensor& teacher,
+      const std::optional<at::Tensor>& labels, int64_t reduction, double first, double second, int64_t index,
+      std::array<bool, 2> mask) {
+    return composite::backward_differentiable(
+        Loss{}, {student, teacher, labels, reduction, first, second, index}, grad_output, mask);
+  }
+};
+
+}  // namespace
+
+TORCH_LIBRARY_IMPL(npu_loss, Autograd, m) {
+  for_each_row_loss([&]<typename Loss>() {
+    m.impl(Loss::decl.forward, TORCH_FN(RowAutograd<Loss>::forward));
+    m.impl(Loss::decl.with_grads, TORCH_FN(RowOpsBelow<Loss>::with_grads));
+    m.impl(Loss::decl.backward, TORCH_FN(RowOpsBelow<Loss>::backward));
+  });
+}
+
+TORCH_LIBRARY_IMPL(npu_loss, FuncTorchBatched, m) {
+  for_each_row_loss([&]<typename Loss>() {
+    m.impl(Loss::decl.forward, &RowVmap<Loss>::forward);
+    m.impl(Loss::decl.with_grads, &RowVmap<Loss>::with_grads);
+    m.impl(Loss::decl.backward, &RowVmap<Loss>::backward);
+  });
+}
+
+}  // namespace npu_loss::autograd

@@ -1,0 +1,382 @@
+// The row losses' kernels (losses.h's LossKind::Rows: the distillation family), written once on simd.h's
+// vector type and compiled per instruction set beside dense_kernels.h, whose storage types (Io) and tails
+// they share. A row is V logits of the student and V of the teacher; one thread makes a whole row, so a
+// row's results never depend on how the rows are split among threads, and each of a row's sums runs in one
+// written-out order: each vector's lanes added in reduce_add's order, then into double, the vectors in
+// order (docs/cpu_kernels.md, "Rows").
+//
+// Per row, over its logits (docs/semantics.md, "Distillation", has the formulas):
+//   1. per side, the maximum of z / T, then the sum of exp(z / T - maximum): the log-softmax's two parts;
+//   2. s = log_softmax(student / T), t = log_softmax(teacher / T), p = exp(s), q = exp(t): the row's values
+//      f, summed or written ('none'), and the sums of a_s = g * df/ds and a_t = g * df/dt (g: each element's
+//      gradient weight);
+//   3. the gradients w.r.t. the logits, (a_s - p * sum(a_s)) / T and (a_t - q * sum(a_t)) / T.
+// Pass 3 computes again what pass 2 did rather than keep it: a row of V = 151,936 logits of both sides is
+// already 1.2 MB in float32. The mixture m = logsumexp(s + log(1 - beta), t + log(beta)) is never formed: the
+// values need only s - m = -log(1 - beta) - softplus(-d) and t - m = -log(beta) - softplus(d), with
+// d = s - t + log(1 - beta) - log(beta), exact where p and q underflow (log-probabilities below -87).
+//
+// Like dense_kernels.h, no code here may be shared with other translation units: it includes no header
+// beyond those isa.h includes before the instruction-set pragma, and uses no library template (the scratch
+// rows come from the caller).
+#pragma once
+
+#include <cstring>
+
+#include "dense_kernels.h"
+
+namespace npu_loss::cpu::NPU_LOSS_ISA {
+namespace {
+
+
+constexpr double kInfinity = std::numeric_limits<double>::infinity();
+
+template <class V>
+NPU_LOSS_SIMD_INLINE V vmax(V a, V b) {
+  return select(a > b, a, b);
+}
+
+#ifdef NPU_LOSS_ISA_BASELINE
+NPU_LOSS_SIMD_INLINE double reduce_add(D a) { return a.v; }
+NPU_LOSS_SIMD_INLINE D vlog(D x) { return {std::log(x.v)}; }
+NPU_LOSS_SIMD_INLINE D abs_of(D x) { return {std::fabs(x.v)}; }
+#endif
+NPU_LOSS_SIMD_INLINE F vlog(F x) { return log(x); }
+NPU_LOSS_SIMD_INLINE F abs_of(F x) { return abs(x); }
+
+// A vector whose lanes holding a row's elements k < n are true (a row's tail). Made through the storage
+// type, as the tail's elements are: bfloat16 vectors keep their lanes in load_bf16's order (simd.h).
+template <class IoT>
+NPU_LOSS_SIMD_INLINE auto first_lanes(int64_t n) {
+  using V = typename IoT::V;
+  typename IoT::T buffer[IoT::kLanes];
+  IoT::store(buffer, cst<V>(1));
+  std::memset(buffer + n, 0, (IoT::kLanes - n) * sizeof(buffer[0]));
+  return IoT::load(buffer) > cst<V>(0);
+}
+
+// The vector of elements i .. i + W of a row of n, or of its tail, zero-padded.
+template <class IoT>
+NPU_LOSS_SIMD_INLINE typename IoT::V load_at(const typename IoT::T* p, int64_t i, int64_t n) {
+  if (i + IoT::kLanes <= n) return IoT::load(p + i);
+  return Tail<IoT>(p, i, n - i).load();
+}
+
+// Stores elements i .. min(i + W, n) of a row.
+template <class IoT>
+NPU_LOSS_SIMD_INLINE void store_at(typename IoT::T* p, int64_t i, int64_t n, typename IoT::V v) {
+  if (i + IoT::kLanes <= n) return IoT::store(p + i, v);
+  typename IoT::T buffer[IoT::kLanes];
+  IoT::store(buffer, v);
+  std::memcpy(p + i, buffer, (n - i) * sizeof(typename IoT::T));
+}
+
+// A row sum: each vector's lanes added in reduce_add's order, then into double, the vectors in order.
+template <class V>
+struct RowSum {
+  V lanes;
+  double total = 0;
+  // Written out: an implicit constructor would not be built for this file's instruction set.
+  NPU_LOSS_SIMD_INLINE RowSum() : lanes(cst<V>(0)) {}
+  NPU_LOSS_SIMD_INLINE void add(V v) { lanes = lanes + v; }
+  NPU_LOSS_SIMD_INLINE void end_block() {
+    total += static_cast<double>(reduce_add(lanes));
+    lanes = cst<V>(0);
+  }
+};
+
+// log(sum(exp(x))) of x = z * inv_t over a row of n, as its two parts: the row's maximum M (one of its x), and
+// log(sum(exp(x - M))), each term at most 1, no running rescale. log_softmax is then (x - M) - log_sum: exact
+// where x is near M, with no rounding of M + log_sum. -inf elements add nothing (a row of -inf only has
+// M = -inf); a NaN or +inf element makes M NaN, as torch's log_softmax.
+struct RowStats {
+  double max, log_sum;
+};
+
+template <class IoT>
+RowStats row_logsumexp(const typename IoT::T* p, int64_t n, double inv_t_d) {
+  using V = typename IoT::V;
+  using Acc = decltype(reduce_add(V{}));
+  constexpr int W = IoT::kLanes;
+  const V inv_t = cst<V>(inv_t_d), neg_inf = cst<V>(-kInfinity), zero = cst<V>(0);
+  const auto element = [&](int64_t i) {
+    const V x = load_at<IoT>(p, i, n) * inv_t;
+    return i + W <= n ? x : select(first_lanes<IoT>(n - i), x, neg_inf);
+  };
+  V m = neg_inf, nan = zero;
+  for (int64_t i = 0; i < n; i += W) {
+    const V x = element(i);
+    m = vmax(m, x);
+    nan = nan + select(x == x, zero, cst<V>(1));
+  }
+  Acc lanes[W];
+  std::memcpy(lanes, &m, sizeof(lanes));
+  double top = -kInfinity;
+  for (int k = 0; k < W; ++k) top = lanes[k] > top ? lanes[k] : top;
+  if (reduce_add(nan) != 0 || top == kInfinity) return {std::numeric_limits<double>::quiet_NaN(), 0};
+  if (top == -kInfinity) return {top, 0};
+  const V vtop = cst<V>(top);
+  RowSum<V> sum;
+  for (int64_t i = 0; i < n; i += W) {
+    sum.add(exp(element(i) - vtop));  // exp(-inf) = 0 for -inf elements and padding
+    sum.end_block();
+  }
+  return {top, std::log(sum.total)};
+}
+
+// The three forms of the loss: beta == 0, beta == 1, and the mixture in between.
+enum class JsdForm { TeacherKl, StudentKl, Mixture };
+
+// One element's terms from its log-probabilities: its value f and its derivatives w.r.t. s and t.
+template <class V>
+struct JsdTerms {
+  V p, q, f, ds, dt;
+};
+
+template <class V>
+struct JsdMath {
+  JsdForm form;
+  V beta, one_minus_beta, log_beta, log_one_minus_beta, log_ratio;
+
+  explicit JsdMath(double b)
+      : form(b == 0 ? JsdForm::TeacherKl : b == 1 ? JsdForm::StudentKl : JsdForm::Mixture),
+        beta(cst<V>(b)),
+        one_minus_beta(cst<V>(1 - b)),
+        log_beta(cst<V>(b > 0 ? std::log(b) : 0.0)),
+        log_one_minus_beta(cst<V>(b < 1 ? std::log1p(-b) : 0.0)),
+        log_ratio(cst<V>(b > 0 && b < 1 ? std::log1p(-b) - std::log(b) : 0.0)) {}
+
+  NPU_LOSS_SIMD_INLINE JsdTerms<V> terms(V s, V t) const {
+    JsdTerms<V> r;
+    r.p = exp(s);
+    r.q = exp(t);
+    if (form == JsdForm::TeacherKl) {  // exp(t) * (t - s)
+      r.f = r.q * (t - s);
+      r.ds = cst<V>(0) - r.q;
+      r.dt = r.f + r.q;
+    } else if (form == JsdForm::StudentKl) {  // exp(s) * (s - t)
+      r.f = r.p * (s - t);
+      r.ds = r.f + r.p;
+      r.dt = cst<V>(0) - r.p;
+    } else {
+      // d = (s + log(1 - beta)) - (t + log(beta)); softplus(d) = max(d, 0) + log(1 + exp(-|d|)), and
+      // softplus(-d) = softplus(d) - d.
+      const V d = (s - t) + log_ratio;
+      const V tail = vlog(cst<V>(1) + exp(cst<V>(0) - abs_of(d)));
+      const V softplus_d = vmax(d, cst<V>(0)) + tail;
+      const V softplus_neg_d = vmax(cst<V>(0) - d, cst<V>(0)) + tail;
+      const V s_minus_m = cst<V>(0) - log_one_minus_beta - softplus_neg_d;
+      const V t_minus_m = cst<V>(0) - log_beta - softplus_d;
+      r.ds = one_minus_beta * r.p * s_minus_m;
+      r.dt = beta * r.q * t_minus_m;
+      r.f = r.ds + r.dt;
+    }
+    return r;
+  }
+};
+
+// One row, with the storage type IoT for every operand (the direct case: one dtype, contiguous rows).
+template <class IoT>
+struct JsdRow {
+  using T = typename IoT::T;
+  using V = typename IoT::V;
+  static constexpr int W = IoT::kLanes;
+
+  const JsdMath<V>& math;
+  double inv_t;
+  int64_t n;
+
+  // Pass 2 (and 3 when the gradients are wanted): returns nothing, fills what the pointers ask for.
+  void run(const T* zs, const T* zt, const T* g, double g_scale, double* row_sum, T* values, T* grad_s,
+           T* grad_t) const {
+    const RowStats stats_s = row_logsumexp<IoT>(zs, n, inv_t), stats_t = row_logsumexp<IoT>(zt, n, inv_t);
+    const V vinv_t = cst<V>(inv_t), scale = cst<V>(g_scale);
+    const V max_s = cst<V>(stats_s.max), log_sum_s = cst<V>(stats_s.log_sum);
+    const V max_t = cst<V>(stats_t.max), log_sum_t = cst<V>(stats_t.log_sum);
+    const bool grads = grad_s != nullptr || grad_t != nullptr;
+    RowSum<V> sum_f, sum_as, sum_at;
+    const auto element = [&](int64_t i) {
+      const V s = (load_at<IoT>(zs, i, n) * vinv_t - max_s) - log_sum_s;
+      const V t = (load_at<IoT>(zt, i, n) * vinv_t - max_t) - log_sum_t;
+      return math.terms(s, t);
+    };
+    const auto weight = [&](int64_t i) { return g ? load_at<IoT>(g, i, n) * scale : scale; };
+    for (int64_t i = 0; i < n; i += W) {
+      JsdTerms<V> e = element(i);
+      if (i + W > n) {  // the tail's padding lanes add nothing
+        const auto valid = first_lanes<IoT>(n - i);
+        e.f = select(valid, e.f, cst<V>(0));
+        e.ds = select(valid, e.ds, cst<V>(0));
+        e.dt = select(valid, e.dt, cst<V>(0));
+      }
+      if (values) store_at<IoT>(values, i, n, e.f);
+      sum_f.add(e.f);
+      sum_f.end_block();
+      if (grads) {
+        const V w = weight(i);
+        sum_as.add(w * e.ds);
+        sum_as.end_block();
+        sum_at.add(w * e.dt);
+        sum_at.end_block();
+      }
+    }
+    if (row_sum) *row_sum = sum_f.total;
+    if (!grads) return;
+    const V total_as = cst<V>(sum_as.total), total_at = cst<V>(sum_at.total);
+    for (int64_t i = 0; i < n; i += W) {
+      const JsdTerms<V> e = element(i);
+      const V w = weight(i);
+      if (grad_s) store_at<IoT>(grad_s, i, n, (w * e.ds - e.p * total_as) * vinv_t);
+      if (grad_t) store_at<IoT>(grad_t, i, n, (w * e.dt - e.q * total_at) * vinv_t);
+    }
+  }
+};
+
+// Rows [begin, end) of a call whose operands share one storage type and whose rows are contiguous.
+template <class IoT>
+void jsd_rows_direct(const JsdRows& c, int64_t begin, int64_t end) {
+  using T = typename IoT::T;
+  const JsdMath<typename IoT::V> math(c.beta);
+  const JsdRow<IoT> row{math, c.inv_temperature, c.vocab};
+  const T* zs = static_cast<const T*>(c.student);
+  const T* zt = static_cast<const T*>(c.teacher);
+  const int64_t v = c.vocab;
+  for (int64_t r = begin; r < end; ++r) {
+    T* gs = c.grad_student ? static_cast<T*>(c.grad_student) + r * v : nullptr;
+    T* gt = c.grad_teacher ? static_cast<T*>(c.grad_teacher) + r * v : nullptr;
+    const int64_t k = c.kept ? c.kept[r] : r;
+    if (k < 0) {  // a dropped row: no value, no gradient
+      if (gs) std::memset(gs, 0, v * sizeof(T));
+      if (gt) std::memset(gt, 0, v * sizeof(T));
+      continue;
+    }
+    row.run(zs + c.student_offsets[r], zt + c.teacher_offsets[r],
+            c.grad_output ? static_cast<const T*>(c.grad_output) + k * v : nullptr, c.grad_scale,
+            c.row_sums ? c.row_sums + k : nullptr, c.values ? static_cast<T*>(c.values) + k * v : nullptr, gs, gt);
+  }
+}
+
+}  // namespace
+}  // namespace npu_loss::cpu::NPU_LOSS_ISA
+
+namespace npu_loss::cpu::NPU_LOSS_ISA {
+namespace {
+
+// bfloat16 <-> float one element at a time, in a row's own order (a bfloat16 vector's lanes are not: simd.h);
+// the loops vectorize. The rounding is store_bf16's: to nearest even on the bits.
+NPU_LOSS_SIMD_INLINE float bf16_value(uint16_t b) {
+  const uint32_t w = static_cast<uint32_t>(b) << 16;
+  float f;
+  std::memcpy(&f, &w, sizeof(f));
+  return f;
+}
+NPU_LOSS_SIMD_INLINE uint16_t bf16_of(float f) {
+  uint32_t b;
+  std::memcpy(&b, &f, sizeof(b));
+  return static_cast<uint16_t>((b + 0x7FFFu + ((b >> 16) & 1u)) >> 16);
+}
+
+template <class IoT>
+constexpr bool kBf16Storage = IoT::kBf16Values && !std::is_same_v<typename IoT::T, float>;
+
+// Elements [0, n) of a row of storage type `dtype` (every `step`-th element from `src`, gathered through
+// `gather` when step != 1) into `dst` as the compute type's values (IoAcc: float, or double for float64).
+template <class IoAcc>
+void read_row(DType dtype, const void* src, int64_t step, void* gather, typename IoAcc::T* dst, int64_t n) {
+  using A = typename IoAcc::T;
+  with_io(dtype, [&](auto io) {
+    using IoT = decltype(io);
+    using T = typename IoT::T;
+    const T* p = static_cast<const T*>(src);
+    if (step != 1) {
+      T* g = static_cast<T*>(gather);
+      for (int64_t i = 0; i < n; ++i) g[i] = p[i * step];
+      p = g;
+    }
+    if constexpr (kBf16Storage<IoT>) {
+      for (int64_t i = 0; i < n; ++i) dst[i] = static_cast<A>(bf16_value(p[i]));
+    } else if constexpr (std::is_same_v<typename IoT::V, typename IoAcc::V>) {
+      for (int64_t i = 0; i < n; i += IoT::kLanes) store_at<IoAcc>(dst, i, n, load_at<IoT>(p, i, n));
+    } else {  // float or float16 data into double (the baseline's float64 calls): exact
+      for (int64_t i = 0; i < n; ++i) dst[i] = static_cast<A>(load_at<IoT>(p, i, i + 1).v);
+    }
+  });
+}
+
+// A row of the compute type into `dst`, of storage type `dtype`.
+template <class IoAcc>
+void write_row(const typename IoAcc::T* src, DType dtype, void* dst, int64_t n) {
+  with_io(dtype, [&](auto io) {
+    using IoT = decltype(io);
+    using T = typename IoT::T;
+    T* p = static_cast<T*>(dst);
+    if constexpr (kBf16Storage<IoT>) {
+      // From double (the baseline's float64 calls) through float: two roundings, as torch's .to(bfloat16)
+      // of a float64 tensor makes.
+      for (int64_t i = 0; i < n; ++i) p[i] = bf16_of(static_cast<float>(src[i]));
+    } else if constexpr (std::is_same_v<typename IoT::V, typename IoAcc::V>) {
+      for (int64_t i = 0; i < n; i += IoT::kLanes) store_at<IoT>(p, i, n, load_at<IoAcc>(src, i, n));
+    } else {  // double results into float or float16 (the baseline's float64 calls with another dtype)
+      for (int64_t i = 0; i < n; ++i) {
+        T one[IoT::kLanes];
+        IoT::store(one, cst<typename IoT::V>(static_cast<double>(src[i])));
+        p[i] = one[0];
+      }
+    }
+  });
+}
+
+// Rows [begin, end) of any other call (logits of different dtypes, or rows with gaps): each row read into the
+// compute type in `scratch` (jsd_scratch_bytes), computed as above, and every result written in its own dtype.
+template <class IoAcc>
+void jsd_converted(const JsdRows& c, int64_t begin, int64_t end, void* scratch) {
+  using A = typename IoAcc::T;
+  const int64_t v = c.vocab;
+  const JsdMath<typename IoAcc::V> math(c.beta);
+  const JsdRow<IoAcc> row{math, c.inv_temperature, v};
+  A* rows = static_cast<A*>(scratch);
+  A *zs = rows, *zt = rows + v, *g = rows + 2 * v, *values = rows + 3 * v, *gs = rows + 4 * v, *gt = rows + 5 * v;
+  void* gather = rows + 6 * v;
+  const auto at = [&](const void* base, DType dtype, int64_t row) {
+    return static_cast<char*>(const_cast<void*>(base)) + row * v * dtype_size(dtype);
+  };
+  for (int64_t r = begin; r < end; ++r) {
+    const int64_t k = c.kept ? c.kept[r] : r;
+    if (k < 0) {
+      if (c.grad_student) std::memset(at(c.grad_student, c.student_dtype, r), 0, v * dtype_size(c.student_dtype));
+      if (c.grad_teacher) std::memset(at(c.grad_teacher, c.teacher_dtype, r), 0, v * dtype_size(c.teacher_dtype));
+      continue;
+    }
+    read_row<IoAcc>(c.student_dtype, at(c.student, c.student_dtype, 0) + c.student_offsets[r] * dtype_size(c.student_dtype),
+                    c.student_step, gather, zs, v);
+    read_row<IoAcc>(c.teacher_dtype, at(c.teacher, c.teacher_dtype, 0) + c.teacher_offsets[r] * dtype_size(c.teacher_dtype),
+                    c.teacher_step, gather, zt, v);
+    if (c.grad_output) read_row<IoAcc>(c.result_dtype, at(c.grad_output, c.result_dtype, k), 1, gather, g, v);
+    row.run(zs, zt, c.grad_output ? g : nullptr, c.grad_scale, c.row_sums ? c.row_sums + k : nullptr,
+            c.values ? values : nullptr, c.grad_student ? gs : nullptr, c.grad_teacher ? gt : nullptr);
+    if (c.values) write_row<IoAcc>(values, c.result_dtype, at(c.values, c.result_dtype, k), v);
+    if (c.grad_student) write_row<IoAcc>(gs, c.student_dtype, at(c.grad_student, c.student_dtype, r), v);
+    if (c.grad_teacher) write_row<IoAcc>(gt, c.teacher_dtype, at(c.grad_teacher, c.teacher_dtype, r), v);
+  }
+}
+
+void jsd(const JsdRows& c, int64_t begin, int64_t end, void* scratch) {
+#ifndef NPU_LOSS_ISA_BASELINE
+  if (jsd_in_float64(c)) return baseline::kRowKernels.jsd(c, begin, end, scratch);
+#endif
+  if (jsd_direct(c)) {
+    with_io(c.student_dtype, [&](auto io) { jsd_rows_direct<decltype(io)>(c, begin, end); });
+    return;
+  }
+#ifdef NPU_LOSS_ISA_BASELINE
+  if (jsd_in_float64(c)) return jsd_converted<Io<DType::Double>>(c, begin, end, scratch);
+#endif
+  jsd_converted<Io<DType::Float>>(c, begin, end, scratch);
+}
+
+}  // namespace
+}  // namespace npu_loss::cpu::NPU_LOSS_ISA
+
+namespace npu_loss::cpu::NPU_LOSS_ISA {
+const RowKernels kRowKernels = {&jsd};
+}  // namespace npu_loss::cpu::NPU_LOSS_ISA

@@ -47,7 +47,7 @@ if TYPE_CHECKING:
     from torch.distributed.tensor._op_schema import OpSchema, OpStrategy
     from torch.distributed.tensor.placement_types import Placement
 
-__all__ = ["LossRow", "LOSSES", "install", "register"]
+__all__ = ["LossRow", "LOSSES", "RowLossOps", "ROW_LOSSES", "any_dtensor", "install", "register"]
 
 _DTENSOR_MODULE = "torch.distributed.tensor"
 _NONE, _MEAN = 0, 1  # the ops' reduction enum (at::Reduction)
@@ -72,7 +72,7 @@ class LossRow:
 
 
 def _rows() -> tuple[LossRow, ...]:
-    """One row per loss, read from its declaration (csrc/losses.h, through ``_C._losses()``)."""
+    """One row per elementwise loss, read from its declaration (csrc/losses.h, through ``_C._losses()``)."""
     from . import _C  # type: ignore[attr-defined]  # compiled: no Python source to check
 
     return tuple(
@@ -84,6 +84,7 @@ def _rows() -> tuple[LossRow, ...]:
             "target" if d["grad_of"] == "target" else "broadcast",
         )
         for d in _C._losses()
+        if d["kind"] == "elementwise"
     )
 
 
@@ -277,8 +278,87 @@ def _register_op_strategy() -> _Register:
     raise ImportError("torch.distributed.tensor has no register_op_strategy")
 
 
+# ---- the row losses (csrc/losses.h's LossKind::Rows: the distillation family) ----------------------------------
+#
+# Their ops read rows of logits (..., V). A rule shards one leading (token) dimension of both logits and of
+# the labels alike, or replicates all: each rank then computes its own rows. The result is Partial("sum") for
+# "sum", and Shard for 'none' without labels and for the gradients. Where a count that depends on every
+# rank's rows divides ("mean", whose count of kept rows differs from rank to rank; 'none' with labels, whose
+# row count does), only replication is offered, which DTensor reaches by gathering the logits: the Python
+# function divides the sum itself ('batchmean' and 'mean' as sum / count, a DTensor division), so that its
+# rows stay sharded. Logits sharded on the vocabulary dimension are refused with a clear error: each rank would
+# need the whole row's softmax.
+
+
+@dataclass(frozen=True)
+class RowLossOps:
+    """The ops of one row loss, from its declaration."""
+
+    forward: str
+    with_grads: str
+    backward: str
+    logits: tuple[str, str]
+
+
+def _row_losses() -> tuple[RowLossOps, ...]:
+    from . import _C  # type: ignore[attr-defined]  # compiled: no Python source to check
+
+    return tuple(
+        RowLossOps(d["forward"], d["with_grads"], d["backward"], (d["logits"][0], d["logits"][1]))
+        for d in _C._losses()
+        if d["kind"] == "rows"
+    )
+
+
+ROW_LOSSES: tuple[RowLossOps, ...] = _row_losses()
+
+
+def _row_strategy(row: RowLossOps, which: str) -> Callable[[OpSchema], OpStrategy]:
+    """The rules of a row loss's op: which is "forward", "with_grads" or "backward"."""
+
+    def strategy(op_schema: OpSchema) -> OpStrategy:
+        from torch.distributed.tensor._ops.utils import expand_to_full_mesh_op_strategy
+        from torch.distributed.tensor.placement_types import Partial, Replicate, Shard
+
+        args = op_schema.args_schema
+        first = 1 if which == "backward" else 0  # grad_output comes before the logits
+        logits_shape = op_schema.args_strategy[first].shape
+        labels = args[first + 2] is not None
+        reduction = args[first + 3] if len(args) > first + 3 else _MEAN
+        mask: Sequence[bool] = cast("Sequence[bool]", args[-1]) if which != "forward" else ()
+        vocab_dim = len(logits_shape) - 1
+        for name, k in zip(row.logits, (first, first + 1)):
+            for placement in _placements(args[k]):
+                if isinstance(placement, Shard) and placement.dim % len(logits_shape) == vocab_dim:
+                    raise ValueError(
+                        f"{row.forward}: {name} is sharded on the vocabulary dimension ({placement}); shard a "
+                        "token dimension of the logits (and of labels) instead, or replicate them")
+        tensors = 2 + labels + (which == "backward")
+        outputs = {"forward": 1, "with_grads": 3, "backward": 2}[which]
+        rules: list[list[Placement | None]] = [[Replicate()] * (outputs + tensors)]
+        per_rank_count = reduction == _MEAN or (reduction == _NONE and labels)
+        for i in range(vocab_dim):
+            if per_rank_count or logits_shape[i] <= 1:
+                continue
+            inputs: list[Placement | None] = [Shard(i), Shard(i)]
+            if labels:
+                inputs.append(Shard(i))
+            if which == "backward":
+                inputs.insert(0, Shard(i) if reduction == _NONE else Replicate())
+            loss: Placement = Shard(i) if reduction == _NONE else Partial("sum")
+            grads: list[Placement | None] = [Shard(i) if wanted else Replicate() for wanted in mask]
+            result: list[Placement | None] = [loss] if which != "backward" else []
+            if which != "forward":
+                result += grads
+            rules.append(result + inputs)
+        return expand_to_full_mesh_op_strategy(op_schema.get_mesh_from_args(), op_schema, rules, input_index=outputs)
+
+    return strategy
+
+
 def register() -> None:
-    """Registers the rules of every op in `LOSSES` with DTensor (imports torch.distributed.tensor)."""
+    """Registers the rules of every op in `LOSSES` and `ROW_LOSSES` with DTensor (imports
+    torch.distributed.tensor)."""
     from torch.distributed.tensor._op_schema import RuntimeSchemaInfo
 
     register_op_strategy = _register_op_strategy()
@@ -288,6 +368,12 @@ def register() -> None:
             # reduction and the scalars after it, and the out= tensor's placement.
             schema_info = RuntimeSchemaInfo(op.tensors, [op.out] if op.out is not None else None)
             register_op_strategy(overload, schema_info)(_strategy(op))
+    for row_loss in ROW_LOSSES:
+        for which, name, first_scalar in (("forward", row_loss.forward, 2), ("with_grads", row_loss.with_grads, 2),
+                                          ("backward", row_loss.backward, 3)):
+            # The labels (possibly None) and every argument after them are part of the cache key.
+            register_op_strategy(getattr(torch.ops.npu_loss, name).default,
+                                 RuntimeSchemaInfo(first_scalar))(_row_strategy(row_loss, which))
 
 
 def _register_or_warn() -> None:
@@ -340,6 +426,12 @@ class _RegisterOnImport(importlib.abc.MetaPathFinder):
                     spec.loader = _ThenRegister(spec.loader)
                 return spec
         return None
+
+
+def any_dtensor(*tensors: object) -> bool:
+    """Whether any argument is a DTensor (never imports torch.distributed.tensor: without it, none can be)."""
+    module = sys.modules.get(_DTENSOR_MODULE)
+    return module is not None and any(isinstance(t, module.DTensor) for t in tensors)
 
 
 def install() -> None:

@@ -3,7 +3,9 @@
 Each function takes the same arguments as its ``torch.nn.functional`` twin (reduction strings, the legacy
 ``size_average``/``reduce`` pair, KL's ``'batchmean'``), gives the same results and warnings, and calls
 the matching ``torch.ops.npu_loss`` op, so its gradient runs on the package's kernels (the CANN ``aclnn``
-kernels on an Ascend NPU, native kernels on the CPU). Every function compiles with ``torch.jit.script``.
+kernels on an Ascend NPU, native kernels on the CPU). Every elementwise loss compiles with
+``torch.jit.script``; :func:`generalized_jsd_loss` is TRL's function, whose ``num_items_in_batch`` takes a
+number or a tensor, and is not scripted.
 
 What the elementwise losses share, as their twins in ``torch.nn.functional`` do (each function's docstring
 says what is its own):
@@ -33,9 +35,10 @@ from torch._jit_internal import is_scripting as _is_scripting
 from torch.nn import _reduction as _Reduction
 from torch.overrides import handle_torch_function, has_torch_function_variadic
 
+from . import _dtensor
 from ._reduction import get_enum as _reduction_enum
 
-__all__ = ["smooth_l1_loss", "huber_loss", "l1_loss", "kl_div", "mse_loss"]
+__all__ = ["smooth_l1_loss", "huber_loss", "l1_loss", "kl_div", "mse_loss", "generalized_jsd_loss"]
 
 
 def _legacy_reduction(size_average: bool | None, reduce: bool | None) -> str:
@@ -396,3 +399,119 @@ def mse_loss(input: Tensor, target: Tensor, size_average: bool | None = None, re
                            reduce=reduce, reduction=reduction, weight=weight)
     input, target, reduction, op_reduction = _prepare(input, target, size_average, reduce, reduction, weight)
     return _weighted(torch.ops.npu_loss.mse_loss(input, target, op_reduction), weight, input, reduction, True)
+
+
+# ---- distillation over logits --------------------------------------------------------------------------------
+
+_JSD_REDUCTIONS = ("batchmean", "sum", "mean", "none")
+
+
+def _check_num_items(num_items_in_batch: int | float | Tensor) -> None:
+    """TRL divides by num_items_in_batch unchecked; a count of at most 0 is a ValueError here (a tensor is read
+    with a synchronisation, as TRL's own `.to(device)` is; not inside torch.compile)."""
+    if isinstance(num_items_in_batch, Tensor):
+        if torch.compiler.is_compiling():
+            return
+        if num_items_in_batch.numel() != 1 or num_items_in_batch.is_complex():
+            raise ValueError(
+                "generalized_jsd_loss: num_items_in_batch must be a number or a one-element real tensor, got a "
+                f"tensor of shape {tuple(num_items_in_batch.shape)} and dtype {num_items_in_batch.dtype}")
+        value = num_items_in_batch.item()
+    elif isinstance(num_items_in_batch, bool) or not isinstance(num_items_in_batch, (int, float)):
+        raise ValueError(f"generalized_jsd_loss: num_items_in_batch must be a number or a tensor, got "
+                         f"{type(num_items_in_batch).__name__}")
+    else:
+        value = num_items_in_batch
+    if not value > 0:
+        raise ValueError(f"generalized_jsd_loss: num_items_in_batch must be > 0, got {value}")
+
+
+def generalized_jsd_loss(
+    student_logits: Tensor,
+    teacher_logits: Tensor,
+    labels: Tensor | None = None,
+    beta: float = 0.5,
+    temperature: float = 1.0,
+    reduction: str = "batchmean",
+    num_items_in_batch: int | float | Tensor | None = None,
+    *,
+    ignore_index: int = -100,
+) -> Tensor:
+    """The generalized Jensen-Shannon divergence of the GKD paper between the student's and the teacher's
+    distributions over a vocabulary, row by row: TRL's ``GKDTrainer.generalized_jsd_loss`` (trl 1.16), to the
+    letter, with its signature plus the keyword ``ignore_index``. ``GKDTrainer.generalized_jsd_loss =
+    staticmethod(npu_loss_ops.generalized_jsd_loss)`` switches a trainer to it.
+
+    With ``s = log_softmax(student_logits / temperature)`` and ``t = log_softmax(teacher_logits / temperature)``
+    over the last dimension, elementwise::
+
+        beta == 0:  KL(teacher || student) = exp(t) * (t - s)
+        beta == 1:  KL(student || teacher) = exp(s) * (s - t)
+        otherwise:  m = logsumexp(s + log(1 - beta), t + log(beta))
+                    beta * exp(t) * (t - m) + (1 - beta) * exp(s) * (s - m)
+
+    Rows whose label equals ``ignore_index`` are left out (the loss reads nothing else of ``labels``: a label
+    outside ``[0, V)`` only keeps its row). The op computes the gradients in the forward, chunk by chunk, when
+    autograd will need them: the student's, and the teacher's whenever ``teacher_logits`` requires grad
+    (docs/semantics.md, "Distillation", has the memory this costs).
+
+    Args:
+        student_logits (Tensor): ``(..., V)``, float32, bfloat16, float16 (and float64 off the NPU); views
+            such as ``logits[:, :-1]`` are read as they are.
+        teacher_logits (Tensor): the same shape; its dtype may differ (the result takes the promoted dtype).
+        labels (Tensor, optional): integer, of the leading shape ``(...)``. Default: ``None`` (every row kept)
+        beta (float): in ``[0, 1]``; anything else is a ``ValueError`` (TRL does not check). Default: ``0.5``
+        temperature (float): ``> 0``; anything else is a ``ValueError`` (TRL does not check). Default: ``1.0``
+        reduction (str): ``'batchmean'`` (the sum over the kept rows divided by their number, at least 1, or
+            without labels by ``max(student_logits.size(0), 1)``, as TRL does: the first dimension, not B*T),
+            ``'sum'``, ``'mean'`` (over the elements of the kept rows: NaN when none is kept) or ``'none'``
+            (the elementwise ``(K, V)`` values of the K kept rows; without labels the logits' shape).
+            Anything else is a ``ValueError``. Default: ``'batchmean'``
+        num_items_in_batch (int, float or Tensor, optional): when given, the result is the sum divided by it,
+            whatever ``reduction`` says (a count of at most 0 is a ``ValueError``). Default: ``None``
+        ignore_index (int): the label of the rows left out. Default: ``-100``
+
+    Raises:
+        ValueError: ``beta``, ``temperature``, ``reduction`` or ``num_items_in_batch`` as above.
+        TypeError: a logits dtype outside the list, or ``labels`` not of an integer dtype.
+        RuntimeError: the logits' shapes differ (vocabularies of different sizes included), ``labels``' shape
+            is not their leading shape, or the tensors are on different devices.
+    """
+    if has_torch_function_variadic(student_logits, teacher_logits, labels):
+        return _overridden(generalized_jsd_loss, (student_logits, teacher_logits, labels), student_logits,
+                           teacher_logits, labels, beta=beta, temperature=temperature, reduction=reduction,
+                           num_items_in_batch=num_items_in_batch, ignore_index=ignore_index)
+    if reduction not in _JSD_REDUCTIONS:
+        raise ValueError(f"generalized_jsd_loss: reduction must be one of {', '.join(map(repr, _JSD_REDUCTIONS))}, "
+                         f"got {reduction!r}")
+    op = torch.ops.npu_loss.generalized_jsd_loss
+    if num_items_in_batch is not None:
+        _check_num_items(num_items_in_batch)
+        total: Tensor = op(student_logits, teacher_logits, labels, 2, beta, temperature, ignore_index)
+        if isinstance(num_items_in_batch, Tensor):
+            num_items_in_batch = num_items_in_batch.to(total.device)
+        return total / num_items_in_batch
+    if reduction == "none" and labels is not None and _dtensor.any_dtensor(student_logits, teacher_logits, labels):
+        # DTensor makes every result's shape before the call, and this one's row count only the data tells.
+        raise ValueError(
+            "generalized_jsd_loss: reduction='none' with labels is not supported for DTensor logits (the number "
+            "of rows kept depends on the labels' values); pass labels=None and multiply the (..., V) result by "
+            "(labels != ignore_index).unsqueeze(-1)")
+    if reduction == "sum" or reduction == "none":
+        loss: Tensor = op(student_logits, teacher_logits, labels, _reduction_enum(reduction), beta, temperature,
+                          ignore_index)
+        return loss
+    # 'batchmean' and 'mean' divide the sum by a count of the kept rows (a tensor op, so that sharded logits
+    # divide by the whole count, docs/usage.md, "Distributed training").
+    total = op(student_logits, teacher_logits, labels, 2, beta, temperature, ignore_index)
+    if reduction == "batchmean":
+        if labels is None:
+            return total / max(student_logits.size(0), 1)
+        # At least 1, as TRL's clamp_min(1): no row kept gives 0, not 0 / 0.
+        return total / (labels != ignore_index).sum().clamp_min(1)
+    # 'mean': over the elements of the kept rows. None kept is NaN, as TRL's jsd.mean() of nothing, with zero
+    # gradients, as TRL's: the division by 0 is not differentiated (its branch of `where` is not taken).
+    if labels is None:
+        return total / student_logits.numel()
+    count = (labels != ignore_index).sum() * student_logits.size(-1)
+    return torch.where(count > 0, total / count.clamp_min(1), torch.full_like(total, float("nan")))

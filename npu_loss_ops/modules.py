@@ -1,17 +1,18 @@
 """torch.nn-style loss modules backed by the ``torch.ops.npu_loss`` ops.
 
-Drop-ins for :class:`torch.nn.SmoothL1Loss`, :class:`torch.nn.HuberLoss`, :class:`torch.nn.L1Loss` and
-:class:`torch.nn.KLDivLoss`:
-same constructor arguments, attributes and legacy ``size_average``/``reduce`` handling (they subclass
-torch's ``_Loss``), with ``forward`` calling :mod:`npu_loss_ops.functional`. They compile with
-``torch.jit.script``, alone or inside a model.
+Drop-ins for :class:`torch.nn.SmoothL1Loss`, :class:`torch.nn.HuberLoss`, :class:`torch.nn.L1Loss`,
+:class:`torch.nn.KLDivLoss` and :class:`torch.nn.MSELoss`: same constructor arguments, attributes and legacy
+``size_average``/``reduce`` handling (they subclass torch's ``_Loss``), with ``forward`` calling
+:mod:`npu_loss_ops.functional`. They compile with ``torch.jit.script``, alone or inside a model.
+:class:`JSDLoss` is the distillation loss :func:`npu_loss_ops.functional.generalized_jsd_loss` as a module.
 """
 from torch import Tensor
+from torch.nn import Module
 from torch.nn.modules.loss import _Loss
 
 from . import functional
 
-__all__ = ["SmoothL1Loss", "HuberLoss", "L1Loss", "KLDivLoss", "MSELoss"]
+__all__ = ["SmoothL1Loss", "HuberLoss", "L1Loss", "KLDivLoss", "MSELoss", "JSDLoss"]
 
 
 class _LossOfReduction(_Loss):
@@ -254,3 +255,48 @@ class MSELoss(_LossOfReduction):
     def forward(self, input: Tensor, target: Tensor) -> Tensor:
         """Runs the forward pass."""
         return functional.mse_loss(input, target, reduction=self.reduction)
+
+
+class JSDLoss(Module):
+    """The generalized Jensen-Shannon divergence between a student's and a teacher's logits:
+    :func:`npu_loss_ops.functional.generalized_jsd_loss` (TRL's ``GKDTrainer.generalized_jsd_loss``) as a
+    module.
+
+    Args:
+        beta (float): in ``[0, 1]``; 0 is KL(teacher || student), 1 KL(student || teacher). Default: ``0.5``
+        temperature (float): ``> 0``. Default: ``1.0``
+        ignore_index (int): the label of the rows left out. Default: ``-100``
+        reduction (str): ``'batchmean'``, ``'sum'``, ``'mean'`` or ``'none'``. Default: ``'batchmean'``
+
+    Raises:
+        ValueError: at construction, for a ``beta`` outside ``[0, 1]``, a ``temperature`` that is not ``> 0`` or
+            an unknown ``reduction``.
+
+    Called as ``loss(student_logits, teacher_logits, labels=None, num_items_in_batch=None)``.
+    """
+
+    def __init__(self, beta: float = 0.5, temperature: float = 1.0, ignore_index: int = -100,
+                 reduction: str = "batchmean") -> None:
+        super().__init__()
+        if not 0.0 <= beta <= 1.0:
+            raise ValueError(f"JSDLoss: beta must be in [0, 1], got {beta}")
+        if not temperature > 0.0:
+            raise ValueError(f"JSDLoss: temperature must be > 0, got {temperature}")
+        if reduction not in functional._JSD_REDUCTIONS:
+            raise ValueError(f"JSDLoss: reduction must be one of {', '.join(map(repr, functional._JSD_REDUCTIONS))}, "
+                             f"got {reduction!r}")
+        self.beta = beta
+        self.temperature = temperature
+        self.ignore_index = ignore_index
+        self.reduction = reduction
+
+    def forward(self, student_logits: Tensor, teacher_logits: Tensor, labels: Tensor | None = None,
+                num_items_in_batch: int | float | Tensor | None = None) -> Tensor:
+        """The loss of the student's logits against the teacher's."""
+        return functional.generalized_jsd_loss(
+            student_logits, teacher_logits, labels, self.beta, self.temperature, self.reduction, num_items_in_batch,
+            ignore_index=self.ignore_index)
+
+    def extra_repr(self) -> str:
+        return (f"beta={self.beta}, temperature={self.temperature}, ignore_index={self.ignore_index}, "
+                f"reduction={self.reduction!r}")

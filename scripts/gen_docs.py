@@ -28,10 +28,11 @@ def _use_in_place_build() -> None:
         sys.path.insert(0, ROOT)
 
 
-def _losses() -> list[dict]:
+def _losses(kind: str | None = None) -> list[dict]:
+    """Every loss's declaration (or every one of a kind: "elementwise", "rows")."""
     from npu_loss_ops import _C
 
-    return list(_C._losses())
+    return [d for d in _C._losses() if kind is None or d["kind"] == kind]
 
 
 def _grouped(rows: list[tuple[str, str]]) -> list[tuple[list[str], str]]:
@@ -62,7 +63,7 @@ MEAN_COUNT = {
 def mean_divisors() -> str:
     """docs/semantics.md, "Divisors of "mean"": each backward op's divisor, and the forwards'."""
     out = "| op | \"mean\" divides by |\n|---|---|\n"
-    for ops, value in _grouped([(d["backward"], MEAN_COUNT[d["mean_count"]]) for d in _losses()]):
+    for ops, value in _grouped([(d["backward"], MEAN_COUNT[d["mean_count"]]) for d in _losses("elementwise")]):
         out += f"| {_ops_cell(ops)} | {value} |\n"
     return out + "| forwards | the element count of the broadcast result (an empty mean is NaN) |\n"
 
@@ -80,7 +81,8 @@ def result_shapes() -> str:
     """docs/semantics.md, "Shapes and dtypes of results": the forwards', then each backward op's."""
     out = ("| op | shape | dtype |\n|---|---|---|\n"
            "| forwards | `broadcast(self, target)` for none, 0-dim otherwise | `at::result_type(self, target)` |\n")
-    rows = [(d["backward"], f"{RESULT_SHAPE[d['grad_of']]} | {RESULT_DTYPE[d['grad_dtype']]}") for d in _losses()]
+    rows = [(d["backward"], f"{RESULT_SHAPE[d['grad_of']]} | {RESULT_DTYPE[d['grad_dtype']]}")
+            for d in _losses("elementwise")]
     for ops, value in _grouped(rows):
         out += f"| {_ops_cell(ops)} | {value} |\n"
     return out
@@ -90,13 +92,16 @@ def path_tables() -> str:
     """docs/npu_paths.md, "Which chips run which path": one table per op."""
     from npu_loss_ops import _C
 
-    out_overload = {d["backward"]: d["out_overload"] for d in _losses()}
+    # The ops that share a table: an out= overload its functional op's, a row loss's forward with gradients its
+    # forward's.
+    shared = {d["backward"]: f"`.{d['out_overload']}`" for d in _losses("elementwise")}
+    shared |= {d["forward"]: f"`{d['with_grads']}`" for d in _losses("rows")}
     blocks: list[str] = []
     op = None
     for row in _C._chip_paths():
         if row["op"] != op:
             op = row["op"]
-            suffix = f" (+ `.{out_overload[op]}`)" if op in out_overload else ""
+            suffix = f" (+ {shared[op]})" if op in shared else ""
             blocks.append(f"\n### `{op}`{suffix}\n| chip | dtypes | beta | log_target | runs | fixes | why |\n"
                           "|---|---|---|---|---|---|---|\n")
         cells = [row[c] for c in COLUMNS]

@@ -445,3 +445,69 @@ def smooth_l1_tbe_divisor(device: str, beta: float, *tensors: torch.Tensor) -> f
     if not npu_loss_ops._C_npu.aclnn_api_available("aclnnSmoothL1LossBackward"):
         return None
     return float(torch.tensor(beta, dtype=torch.float32) + torch.tensor(TBE_BETA_BIAS, dtype=torch.float32))
+
+
+# ---------------------------------------------------------------------------------------------------
+# The generalized JSD (the distillation family), from TRL 1.16's GKDTrainer.generalized_jsd_loss
+
+
+def trl_generalized_jsd_loss(student_logits, teacher_logits, labels=None, beta=0.5, temperature=1.0,
+                             reduction="batchmean", num_items_in_batch=None, ignore_index=-100):
+    """TRL 1.16's function (trl/experimental/gkd/gkd_trainer.py), restated line by line, with `ignore_index`
+    in place of its -100. Run in float64 it is the reference; in another dtype, TRL's own numbers."""
+    student_logits = student_logits / temperature
+    teacher_logits = teacher_logits / temperature
+    student_log_probs = F.log_softmax(student_logits, dim=-1)
+    teacher_log_probs = F.log_softmax(teacher_logits, dim=-1)
+    if beta == 0:
+        jsd = F.kl_div(student_log_probs, teacher_log_probs, reduction="none", log_target=True)
+    elif beta == 1:
+        jsd = F.kl_div(teacher_log_probs, student_log_probs, reduction="none", log_target=True)
+    else:
+        beta_t = torch.tensor(beta, dtype=student_log_probs.dtype, device=student_log_probs.device)
+        mixture_log_probs = torch.logsumexp(
+            torch.stack([student_log_probs + torch.log1p(-beta_t), teacher_log_probs + torch.log(beta_t)]), dim=0)
+        kl_teacher = F.kl_div(mixture_log_probs, teacher_log_probs, reduction="none", log_target=True)
+        kl_student = F.kl_div(mixture_log_probs, student_log_probs, reduction="none", log_target=True)
+        jsd = beta_t * kl_teacher + (1 - beta_t) * kl_student
+    if labels is not None:
+        mask = labels != ignore_index
+        jsd = jsd[mask]
+    if num_items_in_batch is not None:
+        jsd_sum = jsd.sum()
+        if isinstance(num_items_in_batch, torch.Tensor):
+            num_items_in_batch = num_items_in_batch.to(jsd_sum.device)
+        return jsd_sum / num_items_in_batch
+    if reduction == "batchmean":
+        denom = mask.sum().clamp_min(1) if labels is not None else max(jsd.size(0), 1)
+        return jsd.sum() / denom
+    if reduction == "sum":
+        return jsd.sum()
+    if reduction == "mean":
+        return jsd.mean()
+    return jsd
+
+
+def jsd_magnitudes(student_logits, teacher_logits, labels, beta, temperature, ignore_index=-100):
+    """The scale of each element's float32 rounding errors in the generalized JSD, in float64, for
+    assert_close's magnitude: each term of the value with |log-probability| + 1 factors in place of the
+    differences that cancel (the value: elementwise; each gradient: its term plus p (or q) times the sum of
+    its row's terms, divided by T). Rows that labels drop are 0."""
+    s = F.log_softmax(student_logits.double() / temperature, dim=-1)
+    t = F.log_softmax(teacher_logits.double() / temperature, dim=-1)
+    p, q = s.exp(), t.exp()
+    if beta == 0:
+        ds = dt = q * ((t - s).abs() + 1) * (t.abs() + s.abs() + 1)
+    elif beta == 1:
+        ds = dt = p * ((s - t).abs() + 1) * (s.abs() + t.abs() + 1)
+    else:
+        m = torch.logsumexp(torch.stack([s + math.log1p(-beta), t + math.log(beta)]), dim=0)
+        ds = (1 - beta) * p * ((s - m).abs() + 1) * (s.abs() + 1)
+        dt = beta * q * ((t - m).abs() + 1) * (t.abs() + 1)
+    value = ds + dt
+    if labels is not None:
+        keep = (labels != ignore_index).unsqueeze(-1).double()
+        value, ds, dt = value * keep, ds * keep, dt * keep
+    grad_s = (ds + p * ds.sum(-1, keepdim=True)) / temperature
+    grad_t = (dt + q * dt.sum(-1, keepdim=True)) / temperature
+    return value, grad_s, grad_t

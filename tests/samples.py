@@ -29,9 +29,10 @@ import torch
 from npu_loss_ops import _C
 from npu_loss_ops._reduction import REDUCTION_ENUMS
 
-# The losses and their ops, read from their declarations (csrc/losses.h, through _C._losses()), so a new loss
-# reaches every test that iterates over LOSSES; test_registration checks the declared schemas against ATen's.
-_DECLS = {d["forward"]: d for d in _C._losses()}
+# The elementwise losses and their ops, read from their declarations (csrc/losses.h, through _C._losses()), so a
+# new loss reaches every test that iterates over LOSSES; test_registration checks the declared schemas against
+# ATen's. The row losses (the distillation family) have their own tests (test_distillation.py).
+_DECLS = {d["forward"]: d for d in _C._losses() if d["kind"] == "elementwise"}
 LOSSES = tuple(_DECLS)
 BACKWARD_OP = {loss: d["backward"] for loss, d in _DECLS.items()}
 # The out= overload's name (ATen's: "grad_input" for smooth L1, L1 and MSE, "out" for Huber) ...

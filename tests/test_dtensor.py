@@ -1,4 +1,4 @@
-"""DTensor: every npu_loss op and out= overload, with its arguments placed Shard(0), Shard(1), Replicate,
+"""DTensor: every npu_loss op and out= overload, the row losses' included, with its arguments placed Shard(0), Shard(1), Replicate,
 Partial or a mix, broadcast or not, on a 1-D and a 2-D mesh of two gloo processes (loopback), gives what one
 process gives on the whole tensors: the
 forward values (through the Python API, KL's 'batchmean' included), the gradients w.r.t. self and target
@@ -110,7 +110,36 @@ def _cases() -> list[Case]:
     return cases
 
 
-CASES = _cases()
+# The row losses (generalized JSD): logits (4, 6, 11), the labels of (4, 6) placed as the student's leading
+# dimensions are (some ignored, so that the ranks' counts of kept rows differ). Token dimensions 0 and 1 sharded,
+# replicated, or one side sharded and the other not; every reduction, labels or not, num_items_in_batch;
+# the backward op called directly. Refused with a ValueError: the vocabulary dimension sharded, and 'none' with
+# labels through the Python API (its row count is in the labels' values, and DTensor needs every result's
+# shape before the call).
+ROW_SHAPE = (4, 6, 11)
+ROW_PAIRS = [("S0", "S0"), ("S1", "S1"), ("S0", "R"), ("R", "R"), ("S1/S0", "R/S0")]
+JSD_REDUCTIONS = ("batchmean", "sum", "mean", "none")
+
+
+def _row_cases() -> list[Case]:
+    cases = []
+    for reduction in JSD_REDUCTIONS:
+        for s, t in ROW_PAIRS:
+            for labels in ("", "-labels"):
+                name = f"jsd{labels}-{reduction}-student{s}-teacher{t}"
+                cases.append(Case(f"loss-{name}", "loss", f"jsd{labels}", reduction, s, t, ROW_SHAPE, ROW_SHAPE))
+                if reduction != "batchmean":
+                    cases.append(Case(f"backward-{name}", "backward", f"jsd{labels}", reduction, s, t, ROW_SHAPE,
+                                      ROW_SHAPE))
+    cases.append(Case("loss-jsd-labels-num_items-studentS0-teacherS0", "loss", "jsd-labels-num_items",
+                      "batchmean", "S0", "S0", ROW_SHAPE, ROW_SHAPE))
+    cases.append(Case("loss-jsd-vocabulary-studentS2-teacherS2", "loss", "jsd", "batchmean", "S2", "S2",
+                      ROW_SHAPE, ROW_SHAPE))
+    return cases
+
+
+CASES = _cases() + _row_cases()
+JSD_REFUSED = "loss-jsd-vocabulary-studentS2-teacherS2"
 
 
 def _inputs(case: Case) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
@@ -129,6 +158,42 @@ def _inputs(case: Case) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     return x, t, w
 
 
+def _run_rows(case: Case, distribute) -> dict[str, object]:
+    """A row-loss case: generalized JSD through the Python API and autograd, or its backward op directly."""
+    g = torch.Generator().manual_seed(CASES.index(case))
+    student = torch.randn(ROW_SHAPE, generator=g) * 2
+    teacher = torch.randn(ROW_SHAPE, generator=g) * 2
+    labels = torch.randint(0, ROW_SHAPE[-1], ROW_SHAPE[:-1], generator=g)
+    labels[0, :4] = -100
+    labels[3, 5] = -100
+    # The labels are placed as the student's leading dimensions are.
+    label_placement = case.self_placement if "S2" not in case.self_placement else "R"
+    labels_d = distribute(labels, label_placement) if "labels" in case.loss else None
+    num_items = 7 if "num_items" in case.loss else None
+    sd, td = distribute(student, case.self_placement), distribute(teacher, case.target_placement)
+    results: dict[str, object] = {}
+    if case.kind == "loss":
+        sd, td = sd.requires_grad_(), td.requires_grad_()
+        value = npu_loss_ops.generalized_jsd_loss(sd, td, labels_d, 0.3, 2.0, case.reduction, num_items)
+        # For "none", a gradient that differs from element to element.
+        replicate = "/".join(["R"] * (case.self_placement.count("/") + 1))
+        weight = distribute(torch.arange(1.0, ROW_SHAPE[-1] + 1), replicate)
+        (value * weight if case.reduction == "none" else value).sum().backward()
+        results.update(value=value, grad_self=sd.grad, grad_target=td.grad)
+    else:
+        grad_output = torch.tensor(1.5)
+        if case.reduction == "none":  # the shape the forward gives, whole on every rank
+            grad_output = torch.linspace(-1, 2, 4 * 6 * 11).reshape(ROW_SHAPE)
+            if labels_d is not None:
+                grad_output = grad_output.reshape(-1, 11)[: int((labels != -100).sum())]
+        replicate = "/".join(["R"] * (case.self_placement.count("/") + 1))
+        reduction = {"none": 0, "mean": 1, "sum": 2}[case.reduction]
+        gs, gt = ops.generalized_jsd_loss_backward(
+            distribute(grad_output, replicate), sd, td, labels_d, reduction, 0.3, 2.0, -100, [True, True])
+        results.update(value=gs, grad_target=gt)
+    return results
+
+
 def _placements(name: str) -> list:
     from torch.distributed.tensor import Partial, Replicate, Shard
 
@@ -139,6 +204,17 @@ def _placements(name: str) -> list:
 def _run(case: Case, distribute) -> dict[str, object]:
     """Runs a case; `distribute(tensor, placement name)` makes its DTensor arguments (the identity with
     tensors for one process). Returns its results as plain tensors, and the result's placements."""
+    if case.loss.startswith("jsd"):
+        results = _run_rows(case, distribute)
+    else:
+        results = _run_elementwise(case, distribute)
+    placements = getattr(results["value"], "placements", None)
+    full = {k: v.full_tensor() if hasattr(v, "full_tensor") else v for k, v in results.items()}
+    full["placements"] = str(placements)
+    return full
+
+
+def _run_elementwise(case: Case, distribute) -> dict[str, object]:
     x, t, w = _inputs(case)
     fn, kwargs, scalars = LOSSES[case.loss]
     reduction = REDUCTIONS.get(case.reduction, 2)
@@ -167,10 +243,7 @@ def _run(case: Case, distribute) -> dict[str, object]:
             out = distribute(torch.full_like(like, float("nan")), out_placement)
             results["value"] = getattr(op, out_overload)(*args, **{out_name: out})
             results["out"] = out
-    placements = getattr(results["value"], "placements", None)
-    full = {k: v.full_tensor() if hasattr(v, "full_tensor") else v for k, v in results.items()}
-    full["placements"] = str(placements)
-    return full
+    return results
 
 
 def _worker(rank: int, result_dir: str) -> None:
@@ -279,6 +352,16 @@ def _close(got, expected, what):
 @pytest.mark.parametrize("case", CASES, ids=[c.id for c in CASES])
 def test_equals_one_process(case, dtensor_results):
     got = dtensor_results[case.id]
+    if case.id == JSD_REFUSED:
+        # Each rank would need the whole row's softmax: refused, naming the tensor.
+        assert "ValueError" in got.get("error", "") and "student_logits is sharded on the vocabulary" in got[
+            "error"], got
+        return
+    if case.id.startswith("loss-jsd-labels-none"):
+        # DTensor makes the result's shape before the call; the count of kept rows is in the labels' values.
+        assert "ValueError: generalized_jsd_loss: reduction='none' with labels is not supported for DTensor" in got.get(
+            "error", ""), got
+        return
     refused = case.kind == "out" and case.out_placement != "R" and case.reduction == "mean"
     if refused:
         # The local call's mean divides by a shard's count, and DTensor never redistributes an out= tensor.
@@ -312,6 +395,14 @@ PLACEMENTS = {
     "loss-mse-sum-selfS0-targetS0": "(Partial(sum),)",
     "backward-mse-sum-selfS0-targetS0": "(Shard(dim=0),)",
     "backward-mse-mean-selfS0-targetS0": "(Replicate(),)",  # divides by self.numel(), as smooth L1's
+    # The row losses: each rank's rows; the counts of kept rows are the Python API's own DTensor ops.
+    "loss-jsd-sum-studentS0-teacherS0": "(Partial(sum),)",
+    "loss-jsd-labels-sum-studentS1-teacherS1": "(Partial(sum),)",
+    "loss-jsd-none-studentS1-teacherS1": "(Shard(dim=1),)",
+    # grad_output's K kept rows: which belong to a rank only the labels' values tell
+    "backward-jsd-labels-none-studentS0-teacherS0": "(Replicate(),)",
+    "backward-jsd-labels-sum-studentS0-teacherS0": "(Shard(dim=0),)",
+    "backward-jsd-mean-studentS0-teacherS0": "(Replicate(),)",  # each rank's count of rows differs
 }
 
 

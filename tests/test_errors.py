@@ -536,12 +536,16 @@ def test_every_overload_has_every_rule():
 
 
 def test_the_matrix_covers_every_declared_op():
-    """The matrix's overloads are every declared loss's three ops (`_C._losses()`, csrc/losses.h), which are
-    every registered op and overload."""
+    """The matrix's overloads are every declared elementwise loss's three ops (`_C._losses()`, csrc/losses.h);
+    the declared ops are every registered op and overload."""
     registered = {name.removeprefix("npu_loss::") for name in torch._C._dispatch_get_all_op_names()
                   if name.startswith("npu_loss::")}
     declared = {schema.split("(")[0] for row in npu_loss_ops._C._losses() for schema in row["schemas"]}
-    assert sorted(declared) == sorted(OVERLOADS) == sorted(registered)
+    elementwise = {schema.split("(")[0] for row in npu_loss_ops._C._losses() for schema in row["schemas"]
+                   if row["kind"] == "elementwise"}
+    assert sorted(declared) == sorted(registered)
+    # The row losses' errors are test_distillation.py's.
+    assert sorted(elementwise) == sorted(OVERLOADS)
 
 
 WORKER = os.path.join(os.path.dirname(os.path.abspath(__file__)), "_matrix_worker.py")

@@ -1,6 +1,6 @@
-"""The op library is docs/semantics.md's ("The ops"): the fifteen schemas exactly (names, argument order, defaults, keyword-only and
-alias annotations), a kernel for CPU and the composite fallback, a fake (Meta) kernel, autograd for the
-ten functional ops, Functionalize kernels for the five out= overloads."""
+"""The op library is docs/semantics.md's ("The ops"): the eighteen schemas exactly (names, argument order,
+defaults, keyword-only and alias annotations), a kernel for CPU and the composite fallback, a fake (Meta)
+kernel, autograd for the thirteen functional ops, Functionalize kernels for the five out= overloads."""
 import pytest
 import torch
 
@@ -22,6 +22,9 @@ SCHEMAS = [
     "npu_loss::mse_loss(Tensor self, Tensor target, int reduction=1) -> Tensor",
     "npu_loss::mse_loss_backward(Tensor grad_output, Tensor self, Tensor target, int reduction) -> Tensor",
     "npu_loss::mse_loss_backward.grad_input(Tensor grad_output, Tensor self, Tensor target, int reduction, *, Tensor(a!) grad_input) -> Tensor(a!)",
+    "npu_loss::generalized_jsd_loss(Tensor student_logits, Tensor teacher_logits, Tensor? labels=None, int reduction=1, float beta=0.5, float temperature=1., int ignore_index=-100) -> Tensor",
+    "npu_loss::generalized_jsd_loss_backward(Tensor grad_output, Tensor student_logits, Tensor teacher_logits, Tensor? labels, int reduction, float beta, float temperature, int ignore_index, bool[2] output_mask) -> (Tensor, Tensor)",
+    "npu_loss::_generalized_jsd_loss_and_grads(Tensor student_logits, Tensor teacher_logits, Tensor? labels, int reduction, float beta, float temperature, int ignore_index, bool[2] output_mask) -> (Tensor, Tensor, Tensor)",
 ]
 
 
@@ -94,16 +97,32 @@ def test_a_wheel_runs_under_the_builds_of_its_release_that_share_the_abi(built, 
             npu_loss_ops._check_torch_version(built, installed)
 
 
+def _row_loss_ops() -> set[str]:
+    """The ops of the row losses (csrc/losses.h's LossKind::Rows), as 'npu_loss::name'."""
+    from npu_loss_ops import _C
+
+    return {f"npu_loss::{d[k]}" for d in _C._losses() if d["kind"] == "rows" for k in ("forward", "with_grads", "backward")}
+
+
 def test_fake_tensors_run_the_cpp_meta_kernels_on_symbolic_sizes():
-    """No op has a Python fake kernel: FakeTensorMode runs the C++ Meta kernels (csrc/registration/meta.cpp,
-    the checks on SymInt sizes), on symbolic sizes too (a ShapeEnv, as torch.compile(dynamic=True) and
-    torch.export use): each result keeps the symbolic batch size."""
+    """No elementwise op has a Python fake kernel: FakeTensorMode runs the C++ Meta kernels
+    (csrc/registration/meta.cpp, the checks on SymInt sizes), on symbolic sizes too (a ShapeEnv, as
+    torch.compile(dynamic=True) and torch.export use): each result keeps the symbolic batch size. The row
+    losses' ops have the package's Python fake kernels (npu_loss_ops/_fake.py: 'none' with labels has an
+    unbacked size), which keep the symbolic sizes alike."""
     from torch._library.simple_registry import singleton
     from torch._subclasses.fake_tensor import FakeTensor, FakeTensorMode
     from torch.fx.experimental.symbolic_shapes import DimDynamic, ShapeEnv, StatelessSymbolicContext
 
+    rows = _row_loss_ops()
+    assert len(rows) == 3, rows
     for schema in SCHEMAS:
-        assert singleton.find(schema.split("(")[0]).fake_impl.kernel is None, schema
+        qualname = schema.split("(")[0]
+        kernel = singleton.find(qualname).fake_impl.kernel
+        if qualname in rows:
+            assert kernel is not None and kernel.source.split(":")[0].endswith("npu_loss_ops/_fake.py"), (schema, kernel)
+        else:
+            assert kernel is None, schema
     mode = FakeTensorMode(shape_env=ShapeEnv())
     dynamic_batch = StatelessSymbolicContext(dynamic_sizes=[DimDynamic.DYNAMIC, DimDynamic.STATIC])
     x = mode.from_tensor(torch.randn(6, 4), symbolic_context=dynamic_batch)
@@ -130,6 +149,11 @@ def test_fake_tensors_run_the_cpp_meta_kernels_on_symbolic_sizes():
             "mse_loss": ops.mse_loss(x, t, 0),
             "mse_loss_backward": ops.mse_loss_backward(g, x, t, 0),
             "mse_loss_backward.grad_input": ops.mse_loss_backward.grad_input(g, x, t, 0, grad_input=torch.empty_like(x)),
+            "generalized_jsd_loss": ops.generalized_jsd_loss(x, t, None, 0, 0.5, 1.0, -100),
+            "generalized_jsd_loss_backward": ops.generalized_jsd_loss_backward(
+                g, x, t, None, 0, 0.5, 1.0, -100, [True, True])[1],
+            "_generalized_jsd_loss_and_grads": ops._generalized_jsd_loss_and_grads(
+                x, t, None, 2, 0.5, 1.0, -100, [True, True])[2],
         }
         mean = ops.l1_loss(x, t, 1)
     assert len(results) == len(SCHEMAS)
@@ -157,18 +181,29 @@ def _functional(ops: set[str]) -> set[str]:
 
 def _sample_ops() -> set[str]:
     import samples
+    import test_distillation
 
     return (
         set(samples.LOSSES)
         | {samples.BACKWARD_OP[loss] for loss in samples.LOSSES}
         | {f"{samples.BACKWARD_OP[loss]}.{samples.OUT_OVERLOAD[loss]}" for loss in samples.LOSSES}
+        | set(test_distillation.OPS)
     )
 
 
 def _dtensor_ops() -> set[str]:
-    from npu_loss_ops._dtensor import LOSSES
+    from npu_loss_ops._dtensor import LOSSES, ROW_LOSSES
 
-    return {name for row in LOSSES for name in (row.forward, row.backward, f"{row.backward}.{row.backward_out}")}
+    return {name for row in LOSSES for name in (row.forward, row.backward, f"{row.backward}.{row.backward_out}")} | {
+        name for row in ROW_LOSSES for name in (row.forward, row.with_grads, row.backward)}
+
+
+def _chip_path_ops() -> set[str]:
+    """The ops with chip-path rows; a row loss's forward with gradients takes its forward's."""
+    from npu_loss_ops import _C
+
+    ops = {row["op"] for row in _C._chip_paths()}
+    return ops | {d["with_grads"] for d in _C._losses() if d["kind"] == "rows" and d["forward"] in ops}
 
 
 def _per_op_tables() -> dict[str, set[str]]:
@@ -181,14 +216,14 @@ def _per_op_tables() -> dict[str, set[str]]:
             schema.split("(")[0] for row in _C._losses() for schema in row["schemas"]
         },
         "derivatives blocks (csrc/autograd/derivatives.cpp)": set(_C._differentiable_ops()),
-        "NPU path rows (csrc/losses.h)": {row["op"] for row in _C._chip_paths()},
-        "sample families (tests/samples.py)": _sample_ops(),
+        "NPU path rows (csrc/losses.h)": _chip_path_ops(),
+        "sample families (tests/samples.py, tests/test_distillation.py)": _sample_ops(),
         "DTensor rows (npu_loss_ops/_dtensor.py)": _dtensor_ops(),
     }
 
 
 def test_the_tables_name_only_registered_ops():
-    """The registry is read, not assumed: the fifteen ops are there, and no table names an op that is not."""
+    """The registry is read, not assumed: the eighteen ops are there, and no table names an op that is not."""
     registered = _registered_ops()
     assert {s.split("(")[0].removeprefix("npu_loss::") for s in SCHEMAS} <= registered
     for table, ops in _per_op_tables().items():

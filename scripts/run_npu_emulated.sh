@@ -2,7 +2,7 @@
 # Run the NPU kernels for real without an NPU: the unmodified torch_npu 2.13.0 over the host-emulated CANN
 # in tests/npu_emulator/, once per emulated chip family, each in its own process.
 #
-#   bash scripts/run_npu_emulated.sh                 # all six families, then the older-CANN run and the example
+#   bash scripts/run_npu_emulated.sh                 # all six families, then the older-CANN run and the examples
 #   bash scripts/run_npu_emulated.sh 910B 950        # only these families
 #   NPU_EMU_PYTEST_ARGS="-x -k backward" bash scripts/run_npu_emulated.sh 910B
 #
@@ -11,7 +11,8 @@
 # API each op ran on that chip; then benchmarks/npu_launches.py, which counts the aclnn launches of every
 # loss x dtype x reduction and fails if any row launches more than benchmarks/results/npu_launches.json
 # (to update that table after a deliberate change: see benchmarks/README.md, "NPU launches"). Then one run over an emulated older CANN that lacks the loss APIs
-# (every op must take the composite path, without an error), and examples/train.py on the emulated NPU.
+# (every op must take the composite path, without an error), and examples/train.py and examples/distill.py on
+# the emulated NPU.
 set -euo pipefail
 # shellcheck source=setup_env.sh
 source "$(dirname "${BASH_SOURCE[0]}")/setup_env.sh"
@@ -120,6 +121,7 @@ if (($# == 0)); then
   run "older-cann-910B" 910B without-loss-apis \
     python -m pytest "$REPO_ROOT/tests/test_npu_paths.py" -q -p no:cacheprovider "${PYTEST_ARGS[@]}"
   run "example-train-910B" 910B "" python "$REPO_ROOT/examples/train.py" --device npu
+  run "example-distill-910B" 910B "" python "$REPO_ROOT/examples/distill.py" --device npu --steps 5 --vocab 2048
 fi
 
 echo "emulated NPU runs (logs in $LOG_DIR):"

@@ -282,7 +282,7 @@ def _register_op_strategy() -> _Register:
 #
 # Their ops read rows of logits (..., V). A rule shards one leading (token) dimension of both logits and of
 # the labels alike, or replicates all: each rank then computes its own rows. The result is Partial("sum") for
-# "sum", and Shard for 'none' without labels and for the gradients. Where a count that depends on every
+# "sum", and Shard for 'none' without labels, for the gradients and for the row scales. Where a count that depends on every
 # rank's rows divides ("mean", whose count of kept rows differs from rank to rank; 'none' with labels, whose
 # row count does), only replication is offered, which DTensor reaches by gathering the logits: the Python
 # function divides the sum itself ('batchmean' and 'mean' as sum / count, a DTensor division), so that its
@@ -334,7 +334,7 @@ def _row_strategy(row: RowLossOps, which: str) -> Callable[[OpSchema], OpStrateg
                         f"{row.forward}: {name} is sharded on the vocabulary dimension ({placement}); shard a "
                         "token dimension of the logits (and of labels) instead, or replicate them")
         tensors = 2 + labels + (which == "backward")
-        outputs = {"forward": 1, "with_grads": 3, "backward": 2}[which]
+        outputs = {"forward": 1, "with_grads": 4, "backward": 2}[which]
         rules: list[list[Placement | None]] = [[Replicate()] * (outputs + tensors)]
         per_rank_count = reduction == _MEAN or (reduction == _NONE and labels)
         for i in range(vocab_dim):
@@ -350,6 +350,8 @@ def _row_strategy(row: RowLossOps, which: str) -> Callable[[OpSchema], OpStrateg
             result: list[Placement | None] = [loss] if which != "backward" else []
             if which != "forward":
                 result += grads
+            if which == "with_grads":
+                result.append(Shard(i))  # the row scales: one per row, of the leading shape
             rules.append(result + inputs)
         return expand_to_full_mesh_op_strategy(op_schema.get_mesh_from_args(), op_schema, rules, input_index=outputs)
 

@@ -10,6 +10,7 @@ are checked by the same rules with the same messages.
 """
 from __future__ import annotations
 
+import math
 from typing import Any
 
 import torch
@@ -41,7 +42,7 @@ def _register_row_loss(row: dict[str, Any]) -> None:
     def forward_fake(*args: Any, **kwargs: Any) -> torch.Tensor:
         return forward_shape(*_positional(forward, args, kwargs))
 
-    def with_grads_fake(*args: Any, **kwargs: Any) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    def with_grads_fake(*args: Any, **kwargs: Any) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
         return with_grads_shape(*_positional(with_grads, args, kwargs))
 
     def backward_fake(*args: Any, **kwargs: Any) -> tuple[torch.Tensor, torch.Tensor]:
@@ -54,16 +55,20 @@ def _register_row_loss(row: dict[str, Any]) -> None:
             return student.new_empty((), dtype=dtype)
         if labels is None:
             return student.new_empty(student.shape, dtype=dtype)
-        kept = torch.library.get_ctx().new_dynamic_size()
+        rows = math.prod(student.shape[:-1])
+        # At most every row (a bound Dynamo's later guards can use, where the row count is known).
+        ctx = torch.library.get_ctx()
+        kept = ctx.new_dynamic_size(max=rows) if isinstance(rows, int) else ctx.new_dynamic_size()
         return student.new_empty((kept, student.shape[-1]), dtype=dtype)
 
     def with_grads_shape(student: torch.Tensor, teacher: torch.Tensor, labels: torch.Tensor | None, reduction: int,
                          first: float, second: float, index: int,
-                         output_mask: list[bool]) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+                         output_mask: list[bool]) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
         dtype = getattr(torch, _C._row_result_dtype(with_grads, None, student, teacher, labels, reduction, first,
                                                     second))
+        # The value, the gradients the mask asks for, and the row scales (float32, of the leading shape).
         return (student.new_empty((), dtype=dtype), _empty_gradient(student, output_mask[0]),
-                _empty_gradient(teacher, output_mask[1]))
+                _empty_gradient(teacher, output_mask[1]), student.new_empty(student.shape[:-1], dtype=torch.float32))
 
     def backward_shape(grad_output: torch.Tensor, student: torch.Tensor, teacher: torch.Tensor,
                        labels: torch.Tensor | None, reduction: int, first: float, second: float, index: int,

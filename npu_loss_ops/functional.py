@@ -4,8 +4,8 @@ Each function takes the same arguments as its ``torch.nn.functional`` twin (redu
 ``size_average``/``reduce`` pair, KL's ``'batchmean'``), gives the same results and warnings, and calls
 the matching ``torch.ops.npu_loss`` op, so its gradient runs on the package's kernels (the CANN ``aclnn``
 kernels on an Ascend NPU, native kernels on the CPU). Every elementwise loss compiles with
-``torch.jit.script``; :func:`generalized_jsd_loss` is TRL's function, whose ``num_items_in_batch`` takes a
-number or a tensor, and is not scripted.
+``torch.jit.script``; :func:`generalized_jsd_loss` is TRL's function plus a keyword-only ``ignore_index``,
+which TorchScript cannot compile (its op can be scripted).
 
 What the elementwise losses share, as their twins in ``torch.nn.functional`` do (each function's docstring
 says what is its own):
@@ -24,6 +24,7 @@ says what is its own):
   operand the twin accepts is cast to the floating result dtype first.
 - A complex operand, or a float64 one on the NPU, is a ``TypeError``.
 """
+import numbers
 import warnings
 from typing import Any, Callable
 
@@ -407,8 +408,9 @@ _JSD_REDUCTIONS = ("batchmean", "sum", "mean", "none")
 
 
 def _check_num_items(num_items_in_batch: int | float | Tensor) -> None:
-    """TRL divides by num_items_in_batch unchecked; a count of at most 0 is a ValueError here (a tensor is read
-    with a synchronisation, as TRL's own `.to(device)` is; not inside torch.compile)."""
+    """TRL divides by num_items_in_batch unchecked; here a number or a CPU tensor of at most 0 is a ValueError.
+    A tensor on another device (the Trainer's count across devices) is checked for its shape only: reading its
+    value would wait for the device every step. Not inside torch.compile."""
     if isinstance(num_items_in_batch, Tensor):
         if torch.compiler.is_compiling():
             return
@@ -416,8 +418,10 @@ def _check_num_items(num_items_in_batch: int | float | Tensor) -> None:
             raise ValueError(
                 "generalized_jsd_loss: num_items_in_batch must be a number or a one-element real tensor, got a "
                 f"tensor of shape {tuple(num_items_in_batch.shape)} and dtype {num_items_in_batch.dtype}")
+        if num_items_in_batch.device.type != "cpu":
+            return
         value = num_items_in_batch.item()
-    elif isinstance(num_items_in_batch, bool) or not isinstance(num_items_in_batch, (int, float)):
+    elif isinstance(num_items_in_batch, bool) or not isinstance(num_items_in_batch, numbers.Real):
         raise ValueError(f"generalized_jsd_loss: num_items_in_batch must be a number or a tensor, got "
                          f"{type(num_items_in_batch).__name__}")
     else:
@@ -468,7 +472,8 @@ def generalized_jsd_loss(
             (the elementwise ``(K, V)`` values of the K kept rows; without labels the logits' shape).
             Anything else is a ``ValueError``. Default: ``'batchmean'``
         num_items_in_batch (int, float or Tensor, optional): when given, the result is the sum divided by it,
-            whatever ``reduction`` says (a count of at most 0 is a ``ValueError``). Default: ``None``
+            whatever ``reduction`` says (a number or CPU tensor of at most 0 is a ``ValueError``; a tensor on
+            another device is not read, which would wait for it). Default: ``None``
         ignore_index (int): the label of the rows left out. Default: ``-100``
 
     Raises:

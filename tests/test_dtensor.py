@@ -402,7 +402,7 @@ PLACEMENTS = {
     # grad_output's K kept rows: which belong to a rank only the labels' values tell
     "backward-jsd-labels-none-studentS0-teacherS0": "(Replicate(),)",
     "backward-jsd-labels-sum-studentS0-teacherS0": "(Shard(dim=0),)",
-    "backward-jsd-mean-studentS0-teacherS0": "(Replicate(),)",  # each rank's count of rows differs
+    "backward-jsd-mean-studentS0-teacherS0": "(Replicate(),)",  # a rank's call would divide by its own N * V
 }
 
 

@@ -24,7 +24,7 @@ SCHEMAS = [
     "npu_loss::mse_loss_backward.grad_input(Tensor grad_output, Tensor self, Tensor target, int reduction, *, Tensor(a!) grad_input) -> Tensor(a!)",
     "npu_loss::generalized_jsd_loss(Tensor student_logits, Tensor teacher_logits, Tensor? labels=None, int reduction=1, float beta=0.5, float temperature=1., int ignore_index=-100) -> Tensor",
     "npu_loss::generalized_jsd_loss_backward(Tensor grad_output, Tensor student_logits, Tensor teacher_logits, Tensor? labels, int reduction, float beta, float temperature, int ignore_index, bool[2] output_mask) -> (Tensor, Tensor)",
-    "npu_loss::_generalized_jsd_loss_and_grads(Tensor student_logits, Tensor teacher_logits, Tensor? labels, int reduction, float beta, float temperature, int ignore_index, bool[2] output_mask) -> (Tensor, Tensor, Tensor)",
+    "npu_loss::_generalized_jsd_loss_and_grads(Tensor student_logits, Tensor teacher_logits, Tensor? labels, int reduction, float beta, float temperature, int ignore_index, bool[2] output_mask) -> (Tensor, Tensor, Tensor, Tensor)",
 ]
 
 

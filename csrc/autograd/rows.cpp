@@ -31,16 +31,17 @@ namespace {
 
 using torch::autograd::SavedVariable;
 
-// The node of a row loss's forward op.
+// The node of a row loss's forward op. It keeps the logits (references, as any node keeps its inputs: double
+// backward and 'none' need them) and, for a reduced loss, the gradients the forward made with their row scales.
 template <typename Loss>
 struct RowLossNode final : public torch::autograd::TraceableFunction {
   SavedVariable student, teacher, labels;
   bool has_labels = false;
-  // The gradients the forward made (a reduced loss), or nothing ('none').
-  SavedVariable grad_student, grad_teacher;
+  // The gradients the forward made (a reduced loss), or nothing ('none'); the row scales of float16 ones.
+  SavedVariable grad_student, grad_teacher, row_scale;
   bool made_in_forward = false;
   int64_t reduction = 0;
-  double first = 0, second = 0;
+  double first = 0, second = 0;  // the declaration's two float scalars (RowArgs::floats)
   int64_t index = 0;
 
   std::string name() const override {
@@ -50,13 +51,17 @@ struct RowLossNode final : public torch::autograd::TraceableFunction {
 
   void release_variables() override {
     std::lock_guard<std::mutex> lock(mutex_);
-    for (SavedVariable* s : {&student, &teacher, &labels, &grad_student, &grad_teacher}) s->reset_data();
+    for (SavedVariable* s : saved()) s->reset_data();
   }
 
   variable_list apply(variable_list&& grads) override {
     std::lock_guard<std::mutex> lock(mutex_);
     const std::array<bool, 2> need{task_should_compute_output(0), task_should_compute_output(1)};
-    Saved values = unpack();
+    // The logits only where a formula reads them (double backward, 'none'): the gradients made in the forward
+    // need nothing else, so an in-place change of the logits after the forward does not matter to them.
+    const bool reads_logits = !made_in_forward || c10::GradMode::is_enabled();
+    Saved values{reads_logits ? student.unpack() : at::Tensor(), reads_logits ? teacher.unpack() : at::Tensor(),
+                 labels.unpack(), grad_student.unpack(), grad_teacher.unpack(), row_scale.unpack()};
     // The gradients made in the forward are scaled in place and handed over (autograd can then keep one as
     // the leaf's .grad without a copy), unless the graph is kept for another backward.
     const bool consume = made_in_forward && !torch::autograd::get_current_graph_task_keep_graph();
@@ -71,7 +76,7 @@ struct RowLossNode final : public torch::autograd::TraceableFunction {
   // from_ivalues. The gradients made in the forward are the graph's inputs there: they are scaled into new
   // tensors (one more N x V each than eager), never in place.
   void compiled_args(torch::dynamo::autograd::CompiledNodeArgs& args) const override {
-    for (const SavedVariable* s : {&student, &teacher, &labels, &grad_student, &grad_teacher}) args.collect(*s, false);
+    for (const SavedVariable* s : saved()) args.collect(*s, false);
     args.collect(has_labels);
     args.collect(made_in_forward);
     args.collect(reduction);
@@ -82,7 +87,7 @@ struct RowLossNode final : public torch::autograd::TraceableFunction {
 
   variable_list apply_with_saved(
       const variable_list& grads, torch::dynamo::autograd::SwapSavedVariables& swap) override {
-    const std::array<SavedVariable*, 5> all{&student, &teacher, &labels, &grad_student, &grad_teacher};
+    const auto all = saved();
     for (SavedVariable* s : all) swap.before(*s);
     detail::PackedArgs packed;
     packed.pack(std::vector<bool>{task_should_compute_output(0), task_should_compute_output(1)});
@@ -104,8 +109,9 @@ struct RowLossNode final : public torch::autograd::TraceableFunction {
   }
 
  private:
+  static constexpr int kSaved = 6;
   struct Saved {
-    at::Tensor student, teacher, labels, grad_student, grad_teacher;
+    at::Tensor student, teacher, labels, grad_student, grad_teacher, row_scale;
   };
   struct Scalars {
     bool has_labels, made_in_forward;
@@ -114,8 +120,11 @@ struct RowLossNode final : public torch::autograd::TraceableFunction {
     int64_t index;
   };
 
-  Saved unpack() const {
-    return {student.unpack(), teacher.unpack(), labels.unpack(), grad_student.unpack(), grad_teacher.unpack()};
+  std::array<SavedVariable*, kSaved> saved() {
+    return {&student, &teacher, &labels, &grad_student, &grad_teacher, &row_scale};
+  }
+  std::array<const SavedVariable*, kSaved> saved() const {
+    return {&student, &teacher, &labels, &grad_student, &grad_teacher, &row_scale};
   }
   Scalars scalars() const { return {has_labels, made_in_forward, reduction, first, second, index}; }
 
@@ -127,7 +136,7 @@ struct RowLossNode final : public torch::autograd::TraceableFunction {
     const at::Tensor& g = grads[0];
     if (!g.defined() || !(need[0] || need[1])) return out;
     const std::optional<at::Tensor> l = sc.has_labels ? std::optional<at::Tensor>(v.labels) : std::nullopt;
-    const composite::RowCall call{v.student, v.teacher, l, sc.reduction, sc.first, sc.second, sc.index};
+    const RowCall call{v.student, v.teacher, l, sc.reduction, sc.first, sc.second, sc.index};
     if (c10::GradMode::is_enabled()) {
       // create_graph=True: the gradients as ATen-op functions of the inputs and grad_output (the composite),
       // which autograd and the functorch transforms differentiate again.
@@ -137,10 +146,12 @@ struct RowLossNode final : public torch::autograd::TraceableFunction {
       return out;
     }
     if (sc.made_in_forward) {
+      // grad_output times each row's scale (float16: checks.h, scales_rows), rounded once into the gradient.
+      const at::Tensor factor = v.row_scale.defined() ? g * v.row_scale.unsqueeze(-1) : g;
       for (size_t i = 0; i < 2; ++i) {
         if (!need[i]) continue;
         at::Tensor& gradient = i == 0 ? v.grad_student : v.grad_teacher;
-        out[i] = consume ? gradient.mul_(g) : gradient * g;
+        out[i] = consume ? gradient.mul_(factor) : gradient * factor;
       }
       return out;
     }
@@ -154,7 +165,7 @@ struct RowLossNode final : public torch::autograd::TraceableFunction {
   static std::vector<at::TypePtr> packed_schema() {
     using detail::IValuePacker;
     std::vector<at::TypePtr> schema{IValuePacker<std::vector<bool>>::packed_type()};
-    for (int i = 0; i < 5; ++i) schema.push_back(IValuePacker<std::optional<at::Tensor>>::packed_type());
+    for (int i = 0; i < kSaved; ++i) schema.push_back(IValuePacker<std::optional<at::Tensor>>::packed_type());
     for (int i = 0; i < 2; ++i) schema.push_back(IValuePacker<bool>::packed_type());
     schema.push_back(IValuePacker<int64_t>::packed_type());
     for (int i = 0; i < 2; ++i) schema.push_back(IValuePacker<double>::packed_type());
@@ -166,7 +177,7 @@ struct RowLossNode final : public torch::autograd::TraceableFunction {
     detail::PackedArgs packed(args);
     const auto needs = packed.unpack<std::vector<bool>>();
     Saved v;
-    for (at::Tensor* t : {&v.student, &v.teacher, &v.labels, &v.grad_student, &v.grad_teacher}) {
+    for (at::Tensor* t : {&v.student, &v.teacher, &v.labels, &v.grad_student, &v.grad_teacher, &v.row_scale}) {
       *t = packed.unpack<std::optional<at::Tensor>>().value_or(at::Tensor());
     }
     Scalars sc{};
@@ -198,13 +209,15 @@ struct RowAutograd {
     }
     const Dual s_dual(student), t_dual(teacher);
     const bool forward_ad = s_dual.has_tangent() || t_dual.has_tangent();
-    at::Tensor result, gs, gt;
+    at::Tensor result, gs, gt, row_scale;
+    bool scaled = false;
     {
       at::AutoDispatchBelowADInplaceOrView guard;
       if (reduction != kNone && (need[0] || need[1] || forward_ad)) {
         const std::array<bool, 2> mask{need[0] || s_dual.has_tangent(), need[1] || t_dual.has_tangent()};
-        std::tie(result, gs, gt) = ops::row_with_grads<Loss>().redispatch(
+        std::tie(result, gs, gt, row_scale) = ops::row_with_grads<Loss>().redispatch(
             below, student, teacher, labels, reduction, first, second, index, mask);
+        scaled = scales_rows(student, teacher, mask);
       } else {
         result = ops::row_forward<Loss>().redispatch(below, student, teacher, labels, reduction, first, second, index);
       }
@@ -224,10 +237,16 @@ struct RowAutograd {
         node->made_in_forward = true;
         if (need[0]) node->grad_student = SavedVariable(gs, false);
         if (need[1]) node->grad_teacher = SavedVariable(gt, false);
+        if (scaled) node->row_scale = SavedVariable(row_scale, false);
       }
       torch::autograd::set_history(result, node);
     }
     if (forward_ad) {
+      if (scaled) {  // the gradients as they are, for the dot product
+        const at::Tensor factor = row_scale.unsqueeze(-1);
+        if (gs.numel() > 0) gs = gs * factor;
+        if (gt.numel() > 0) gt = gt * factor;
+      }
       result._set_fw_grad(
           tangent(s_dual, t_dual, labels, reduction, first, second, index, gs, gt, result), kLevel, false);
     }
@@ -272,7 +291,7 @@ bool differentiated(std::initializer_list<const at::Tensor*> tensors) {
 // jacfwd(jacrev), a direct call), they run the composite, whose ATen ops autograd records; else the kernels.
 template <typename Loss>
 struct RowOpsBelow {
-  static std::tuple<at::Tensor, at::Tensor, at::Tensor> with_grads(
+  static std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> with_grads(
       c10::DispatchKeySet ks, const at::Tensor& student, const at::Tensor& teacher,
       const std::optional<at::Tensor>& labels, int64_t reduction, double first, double second, int64_t index,
       std::array<bool, 2> mask) {
@@ -281,10 +300,7 @@ struct RowOpsBelow {
       return ops::row_with_grads<Loss>().redispatch(
           ks & c10::after_autograd_keyset, student, teacher, labels, reduction, first, second, index, mask);
     }
-    const composite::RowCall call{student, teacher, labels, reduction, first, second, index};
-    const at::Tensor loss = composite::forward_differentiable(Loss{}, call);
-    auto [gs, gt] = composite::backward_differentiable(Loss{}, call, at::ones({}, loss.options()), mask);
-    return {loss, gs, gt};
+    return composite::with_grads_differentiable(Loss{}, {student, teacher, labels, reduction, first, second, index}, mask);
   }
 
   static std::tuple<at::Tensor, at::Tensor> backward(
@@ -311,13 +327,10 @@ struct RowVmap {
     return composite::forward_differentiable(Loss{}, {student, teacher, labels, reduction, first, second, index});
   }
 
-  static std::tuple<at::Tensor, at::Tensor, at::Tensor> with_grads(
+  static std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> with_grads(
       const at::Tensor& student, const at::Tensor& teacher, const std::optional<at::Tensor>& labels,
       int64_t reduction, double first, double second, int64_t index, std::array<bool, 2> mask) {
-    const composite::RowCall call{student, teacher, labels, reduction, first, second, index};
-    const at::Tensor loss = composite::forward_differentiable(Loss{}, call);
-    auto [gs, gt] = composite::backward_differentiable(Loss{}, call, at::ones({}, loss.options()), mask);
-    return {loss, gs, gt};
+    return composite::with_grads_differentiable(Loss{}, {student, teacher, labels, reduction, first, second, index}, mask);
   }
 
   static std::tuple<at::Tensor, at::Tensor> backward(

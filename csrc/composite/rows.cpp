@@ -6,10 +6,15 @@
 
 #include <ATen/ATen.h>
 
+#include <c10/util/accumulate.h>
+
 #include <algorithm>
 #include <cmath>
+#include <limits>
+#include <optional>
 #include <vector>
 
+#include "../core/checks.h"
 #include "../core/reduction.h"
 
 namespace npu_loss::composite {
@@ -95,48 +100,9 @@ void row_blocks(const at::Tensor& a, const at::Tensor& b, std::vector<std::pair<
   for (int64_t i = 0; i < a.size(0); ++i) row_blocks(a.select(0, i), b.select(0, i), out);
 }
 
-// Calls fn(zs, zt, keep, first_row) for every chunk of rows: the chunk's logits in the compute dtype (copies of
-// the chunk alone), the rows' keep mask (undefined without labels), the chunk's first row.
-template <typename Fn>
-void for_each_chunk(const RowCall& c, const at::Tensor& keep, const Fn& fn) {
-  std::vector<std::pair<at::Tensor, at::Tensor>> blocks;
-  row_blocks(c.student, c.teacher, blocks);
-  const int64_t vocab = c.student.size(-1);
-  const int64_t rows = vocab == 0 ? c.student.numel() : c.student.numel() / vocab;
-  const int64_t chunk = chunk_rows(rows, vocab, std::max(c.student.element_size(), c.teacher.element_size()));
-  const auto dtype = compute_dtype(c.student, c.teacher);
-  int64_t first = 0;
-  for (const auto& [zs, zt] : blocks) {
-    for (int64_t start = 0; start < zs.size(0); start += chunk) {
-      const int64_t n = std::min(chunk, zs.size(0) - start);
-      fn(zs.narrow(0, start, n).to(dtype), zt.narrow(0, start, n).to(dtype),
-         keep.defined() ? keep.narrow(0, first + start, n) : keep, first + start);
-    }
-    first += zs.size(0);
-  }
-}
-
-// The rows kept: labels != ignore_index over the flattened leading dims, or undefined without labels.
-at::Tensor keep_mask(const RowCall& c) {
-  if (!c.labels.has_value() || !c.labels->defined()) return {};
-  return c.labels->reshape(-1) != c.ignore_index;
-}
-
-// The count "mean" divides by: the elements of the rows kept.
-at::Tensor mean_count(const RowCall& c, const at::Tensor& keep, const at::TensorOptions& options) {
-  const int64_t vocab = c.student.size(-1);
-  if (!keep.defined()) return at::scalar_tensor(static_cast<double>(c.student.numel()), options);
-  return keep.sum().to(options.dtype()) * static_cast<double>(vocab);
-}
-
-// A row weight of the chunk's rows: `scale` (a 0-dim tensor or a number) where kept, 0 where dropped.
-at::Tensor row_weights(const at::Tensor& keep, const at::Tensor& scale, int64_t rows, const at::TensorOptions& options) {
-  const at::Tensor ones = keep.defined() ? keep.to(options.dtype()) : at::ones({rows}, options);
-  return (ones * scale).unsqueeze(-1);
-}
-
-}  // namespace
-
+// The rows of a chunk: a byte budget for the chunk's float32 temporaries (kTemporaries rows of V each), an
+// eighth of one N x V tensor of the logits' dtype and at most 256 MiB, and at least one row (so for N below
+// about 20 * 4 * 8 / itemsize rows, one row's temporaries, more than the eighth).
 int64_t chunk_rows(int64_t rows, int64_t vocab, int64_t itemsize) {
   // float32 (rows, V) tensors alive at once in a chunk's formulas: the mixture with both gradients holds about
   // 16 (the chunk's logits, s, t, p, q, d and its softplus parts, the terms, the gradients' products); 20 leaves
@@ -147,123 +113,248 @@ int64_t chunk_rows(int64_t rows, int64_t vocab, int64_t itemsize) {
   return std::max<int64_t>(1, budget / (kTemporaries * std::max<int64_t>(vocab, 1) * 4));
 }
 
-at::Tensor forward(GeneralizedJsd, const RowCall& c) {
-  const auto result = result_dtype(c);
-  const at::Tensor keep = keep_mask(c);
-  const auto options = c.student.options().dtype(compute_dtype(c.student, c.teacher));
+// A row mask's where: x's rows where `keep` (a (rows,) bool tensor) is true, 0 elsewhere; x itself without a
+// mask. A dropped row is zeroed, never multiplied by 0: a NaN or an infinity there must not reach a sum.
+at::Tensor masked(const at::Tensor& x, const at::Tensor& keep) {
+  return keep.defined() ? at::where(keep.unsqueeze(-1), x, 0) : x;
+}
+
+// Calls fn(zs, zt, keep, first_row) for every chunk of rows: the chunk's logits in the compute dtype (copies of
+// the chunk alone, the dropped rows zeroed: their logits reach no formula), the rows' keep mask (undefined
+// without labels), the chunk's first row. Never called for empty logits.
+template <typename Fn>
+void for_each_chunk(const RowCall& c, const at::Tensor& keep, const Fn& fn) {
+  std::vector<std::pair<at::Tensor, at::Tensor>> blocks;
+  row_blocks(c.student, c.teacher, blocks);
   const int64_t vocab = c.student.size(-1);
+  const int64_t chunk = chunk_rows(c.student.numel() / vocab, vocab,
+                                   std::max(c.student.element_size(), c.teacher.element_size()));
+  const auto dtype = compute_dtype(c.student, c.teacher);
+  int64_t first = 0;
+  for (const auto& [zs, zt] : blocks) {
+    for (int64_t start = 0; start < zs.size(0); start += chunk) {
+      const int64_t n = std::min(chunk, zs.size(0) - start);
+      const at::Tensor k = keep.defined() ? keep.narrow(0, first + start, n) : keep;
+      // One copy of each side alive at a time: the unmasked one is released as the masked one replaces it.
+      at::Tensor s = zs.narrow(0, start, n).to(dtype);
+      s = masked(s, k);
+      at::Tensor t = zt.narrow(0, start, n).to(dtype);
+      t = masked(t, k);
+      fn(s, t, k, first + start);
+    }
+    first += zs.size(0);
+  }
+}
+
+// The rows kept: labels != ignore_index over the flattened leading dims, compared as int64 (as the CPU kernels
+// compare them: an unsigned label never wraps onto a negative index), or undefined without labels.
+at::Tensor keep_mask(const std::optional<at::Tensor>& labels, int64_t ignore_index) {
+  if (!labels.has_value() || !labels->defined()) return {};
+  return labels->reshape(-1).to(at::kLong) != ignore_index;
+}
+
+// The count of the rows kept before each row, from one copy of the mask to the host: where 'none' puts each
+// chunk's kept rows.
+struct KeptRows {
+  std::vector<int64_t> before;  // before[r]: the rows kept among rows [0, r); before.back(), all of them
+
+  explicit KeptRows(const at::Tensor& keep) : before(keep.numel() + 1, 0) {
+    const at::Tensor host = keep.to(at::kCPU, at::kBool).contiguous();
+    const bool* p = host.const_data_ptr<bool>();
+    for (int64_t r = 0; r < keep.numel(); ++r) before[r + 1] = before[r] + (p[r] ? 1 : 0);
+  }
+  int64_t total() const { return before.back(); }
+  int64_t between(int64_t first, int64_t end) const { return before[end] - before[first]; }
+};
+
+// The count "mean" divides by: the elements of the rows kept.
+at::Tensor mean_count(const RowCall& c, const at::Tensor& keep, const at::TensorOptions& options) {
+  const int64_t vocab = c.student.size(-1);
+  if (!keep.defined()) return at::scalar_tensor(static_cast<double>(c.student.numel()), options);
+  return keep.sum().to(options.dtype()) * static_cast<double>(vocab);
+}
+
+// The leading shape of (..., V) logits: the shape of the row scales.
+c10::IntArrayRef leading_shape(const at::Tensor& logits) {
+  return logits.sizes().slice(0, logits.dim() - 1);
+}
+
+// A gradient the mask asks for, of its logits' shape and dtype, or the empty tensor the ops return instead.
+at::Tensor gradient_or_empty(const at::Tensor& logits, bool wanted) {
+  return wanted ? at::empty(logits.sizes(), logits.options()) : at::empty({0}, logits.options());
+}
+
+// Rows [first, first + n) of a (..., V) result viewed as (rows, V).
+at::Tensor rows_of(const at::Tensor& t, int64_t first, int64_t n) {
+  return t.view({-1, t.size(-1)}).narrow(0, first, n);
+}
+
+// The forward's result for empty logits (no row, or V = 0): 'none' empty, 'sum' 0, 'mean' NaN.
+at::Tensor empty_forward(const RowCall& c, const at::Tensor& keep) {
+  const auto options = c.student.options().dtype(result_dtype(c));
   if (c.reduction == kNone) {
-    at::Tensor values;
-    std::vector<at::Tensor> kept;
-    if (!keep.defined()) values = at::empty(c.student.sizes(), c.student.options().dtype(result));
+    return keep.defined() ? at::empty({keep.sum().item<int64_t>(), c.student.size(-1)}, options)
+                          : at::empty(c.student.sizes(), options);
+  }
+  return at::full({}, c.reduction == kSum ? 0.0 : std::numeric_limits<double>::quiet_NaN(), options);
+}
+
+// row_power of the CPU kernels (cpu/row_kernels.h) on a tensor of the rows' largest gradients: 14 minus the
+// exponent of each (bound < 2^exponent), 0 for a row whose bound is 0 or not finite, within [-60, 60].
+at::Tensor row_powers(const at::Tensor& bound) {
+  const at::Tensor exponent = at::floor(at::log2(bound)) + 1;
+  return at::where((bound > 0) & at::isfinite(bound), (14 - exponent).clamp(-60, 60), 0);
+}
+
+}  // namespace
+
+at::Tensor forward(GeneralizedJsd, const RowCall& c) {
+  const at::Tensor keep = keep_mask(c.labels, c.ignore_index);
+  if (c.student.numel() == 0) return empty_forward(c, keep);
+  const auto result = result_dtype(c);
+  const auto options = c.student.options().dtype(compute_dtype(c.student, c.teacher));
+  if (c.reduction == kNone) {
+    // Without labels every row in place; with them the kept rows, each chunk's after the earlier chunks'.
+    const std::optional<KeptRows> kept = keep.defined() ? std::optional<KeptRows>(KeptRows(keep)) : std::nullopt;
+    at::Tensor values = kept ? at::empty({kept->total(), c.student.size(-1)}, c.student.options().dtype(result))
+                             : at::empty(c.student.sizes(), c.student.options().dtype(result));
     for_each_chunk(c, keep, [&](const at::Tensor& zs, const at::Tensor& zt, const at::Tensor& k, int64_t first) {
+      const int64_t n = zs.size(0);
+      if (kept && kept->between(first, first + n) == 0) return;
       const at::Tensor f = jsd_terms(zs, zt, c.beta, c.temperature).f;
-      if (k.defined()) {
-        kept.push_back(rows_where(f, k).to(result));
+      if (kept) {
+        values.narrow(0, kept->before[first], kept->between(first, first + n)).copy_(rows_where(f, k));
       } else {
-        values.view({-1, vocab}).narrow(0, first, zs.size(0)).copy_(f);
+        rows_of(values, first, n).copy_(f);
       }
     });
-    if (!keep.defined()) return values;
-    if (kept.empty()) return at::empty({0, vocab}, c.student.options().dtype(result));
-    return at::cat(kept);
+    return values;
   }
   at::Tensor total = at::zeros({}, options);
   for_each_chunk(c, keep, [&](const at::Tensor& zs, const at::Tensor& zt, const at::Tensor& k, int64_t) {
-    const at::Tensor f = jsd_terms(zs, zt, c.beta, c.temperature).f;
-    total += k.defined() ? (f * k.unsqueeze(-1)).sum() : f.sum();
+    total += masked(jsd_terms(zs, zt, c.beta, c.temperature).f, k).sum();
   });
   if (c.reduction == kMean) total = total / mean_count(c, keep, options);
   return total.to(result);
 }
 
-std::tuple<at::Tensor, at::Tensor, at::Tensor> with_grads(GeneralizedJsd, const RowCall& c, std::array<bool, 2> mask) {
+std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> with_grads(
+    GeneralizedJsd, const RowCall& c, std::array<bool, 2> mask) {
+  const at::Tensor keep = keep_mask(c.labels, c.ignore_index);
+  at::Tensor gs = gradient_or_empty(c.student, mask[0]), gt = gradient_or_empty(c.teacher, mask[1]);
+  const at::Tensor row_scale = at::ones(leading_shape(c.student), c.student.options().dtype(at::kFloat));
+  if (c.student.numel() == 0) return {empty_forward(c, keep), gs, gt, row_scale};
   const auto result = result_dtype(c);
-  const at::Tensor keep = keep_mask(c);
   const auto options = c.student.options().dtype(compute_dtype(c.student, c.teacher));
-  const int64_t vocab = c.student.size(-1);
-  at::Tensor gs = mask[0] ? at::empty(c.student.sizes(), c.student.options()) : at::empty({0}, c.student.options());
-  at::Tensor gt = mask[1] ? at::empty(c.teacher.sizes(), c.teacher.options()) : at::empty({0}, c.teacher.options());
-  const at::Tensor scale = c.reduction == kMean ? 1.0 / mean_count(c, keep, options) : at::ones({}, options);
+  const bool scaled = scales_rows(c.student, c.teacher, mask);
+  // Every element's weight: 1, or 1 / count for "mean" (inf when no row is kept: no kept row to weigh).
+  const at::Tensor count = c.reduction == kMean ? mean_count(c, keep, options) : at::ones({}, options);
+  const at::Tensor weight = 1.0 / count;
   at::Tensor total = at::zeros({}, options);
   for_each_chunk(c, keep, [&](const at::Tensor& zs, const at::Tensor& zt, const at::Tensor& k, int64_t first) {
+    const int64_t n = zs.size(0);
     const Terms e = jsd_terms(zs, zt, c.beta, c.temperature);
-    total += k.defined() ? (e.f * k.unsqueeze(-1)).sum() : e.f.sum();
-    const auto [cs, ct] = logit_gradients(e, row_weights(k, scale, zs.size(0), options), c.temperature, mask);
-    if (mask[0]) gs.view({-1, vocab}).narrow(0, first, zs.size(0)).copy_(cs);
-    if (mask[1]) gt.view({-1, vocab}).narrow(0, first, zs.size(0)).copy_(ct);
+    total += masked(e.f, k).sum();
+    auto [cs, ct] = logit_gradients(e, weight, c.temperature, mask);
+    if (mask[0]) cs = masked(cs, k);
+    if (mask[1]) ct = masked(ct, k);
+    if (scaled) {  // float16: each row times 2^power (isa.h's JsdRows, row_scale)
+      const at::Tensor bound = mask[0] && mask[1] ? at::maximum(cs.abs().amax(-1), ct.abs().amax(-1))
+                               : (mask[0] ? cs : ct).abs().amax(-1);
+      const at::Tensor power = row_powers(bound);
+      const at::Tensor factor = at::exp2(power).unsqueeze(-1);
+      if (mask[0]) cs = cs * factor;
+      if (mask[1]) ct = ct * factor;
+      row_scale.view({-1}).narrow(0, first, n).copy_(at::exp2(-power));
+    }
+    if (mask[0]) rows_of(gs, first, n).copy_(cs);
+    if (mask[1]) rows_of(gt, first, n).copy_(ct);
   });
-  return {(total * scale).to(result), gs, gt};
+  return {(total / count).to(result), gs, gt, row_scale};  // the forward's division, the same bits
 }
 
 std::tuple<at::Tensor, at::Tensor> backward(
     GeneralizedJsd, const RowCall& c, const at::Tensor& grad_output, std::array<bool, 2> mask) {
-  const at::Tensor keep = keep_mask(c);
+  const at::Tensor keep = keep_mask(c.labels, c.ignore_index);
+  at::Tensor gs = gradient_or_empty(c.student, mask[0]), gt = gradient_or_empty(c.teacher, mask[1]);
+  // 'none' with labels: grad_output has one row per row kept, the kept rows of each chunk after the earlier
+  // chunks' ('none' is exempt from the memory bounds).
+  const std::optional<KeptRows> kept =
+      c.reduction == kNone && keep.defined() ? std::optional<KeptRows>(KeptRows(keep)) : std::nullopt;
+  if (kept) check_grad_output_rows(GeneralizedJsd::decl.backward, grad_output, kept->total());
+  if (c.student.numel() == 0) return {gs, gt};
   const auto options = c.student.options().dtype(compute_dtype(c.student, c.teacher));
   const int64_t vocab = c.student.size(-1);
-  at::Tensor gs = mask[0] ? at::empty(c.student.sizes(), c.student.options()) : at::empty({0}, c.student.options());
-  at::Tensor gt = mask[1] ? at::empty(c.teacher.sizes(), c.teacher.options()) : at::empty({0}, c.teacher.options());
-  // 'none': the weights of the rows kept, row after row ('none' is exempt from the memory bounds).
-  const at::Tensor weights = c.reduction == kNone ? grad_output.to(options.dtype()).contiguous().view({-1, vocab}) : at::Tensor();
-  const at::Tensor scale = c.reduction == kNone ? at::Tensor()
+  const at::Tensor weights =
+      c.reduction == kNone ? grad_output.to(options.dtype()).contiguous().view({-1, vocab}) : at::Tensor();
+  const at::Tensor weight = c.reduction == kNone ? at::Tensor()
       : c.reduction == kMean ? grad_output.to(options.dtype()) / mean_count(c, keep, options)
                              : grad_output.to(options.dtype());
-  int64_t next_weight_row = 0;
   for_each_chunk(c, keep, [&](const at::Tensor& zs, const at::Tensor& zt, const at::Tensor& k, int64_t first) {
+    const int64_t n = zs.size(0);
     const Terms e = jsd_terms(zs, zt, c.beta, c.temperature);
-    at::Tensor w;
-    if (c.reduction != kNone) {
-      w = row_weights(k, scale, zs.size(0), options);
-    } else if (!k.defined()) {
-      w = weights.narrow(0, first, zs.size(0));
-    } else {  // the kept rows of this chunk are the next rows of grad_output, in order
-      const int64_t n = k.sum().item<int64_t>();
-      w = at::zeros({zs.size(0), vocab}, options);
-      w.index_copy_(0, k.nonzero().squeeze(1), weights.narrow(0, next_weight_row, n));
-      next_weight_row += n;
+    at::Tensor w = weight;
+    if (c.reduction == kNone && !kept) {
+      w = weights.narrow(0, first, n);
+    } else if (kept) {
+      w = at::zeros({n, vocab}, options);
+      const int64_t here = kept->between(first, first + n);
+      if (here > 0) w.index_copy_(0, k.nonzero().squeeze(1), weights.narrow(0, kept->before[first], here));
     }
     const auto [cs, ct] = logit_gradients(e, w, c.temperature, mask);
-    if (mask[0]) gs.view({-1, vocab}).narrow(0, first, zs.size(0)).copy_(cs);
-    if (mask[1]) gt.view({-1, vocab}).narrow(0, first, zs.size(0)).copy_(ct);
+    if (mask[0]) rows_of(gs, first, n).copy_(masked(cs, k));
+    if (mask[1]) rows_of(gt, first, n).copy_(masked(ct, k));
   });
   return {gs, gt};
 }
 
 at::Tensor forward_differentiable(GeneralizedJsd, const RowCall& c) {
+  const LossDecl& d = GeneralizedJsd::decl;
+  row_forward_spec<c10::SymInt>(d, d.forward, c.student, c.teacher, c.labels, c.reduction, c.beta, c.temperature);
   const auto dtype = compute_dtype(c.student, c.teacher);
-  const auto result = at::promote_types(c.student.scalar_type(), c.teacher.scalar_type());
-  const at::Tensor f = jsd_terms(c.student.to(dtype), c.teacher.to(dtype), c.beta, c.temperature).f;
   const bool labels = c.labels.has_value() && c.labels->defined();
-  const at::Tensor keep = labels ? (*c.labels != c.ignore_index) : at::Tensor();
+  // The rows kept, of the leading shape; the dropped rows' logits zeroed (their derivatives then stay finite).
+  const at::Tensor keep = labels ? c.labels->to(at::kLong) != c.ignore_index : at::Tensor();
+  const at::Tensor f = jsd_terms(masked(c.student.to(dtype), keep), masked(c.teacher.to(dtype), keep), c.beta,
+                                 c.temperature).f;
   if (c.reduction == kNone) {
-    return (labels ? rows_where(f.reshape({-1, f.size(-1)}), keep.reshape(-1)) : f).to(result);
+    if (!labels) return f.to(result_dtype(c));
+    const int64_t rows = c10::multiply_integers(leading_shape(c.student));
+    return rows_where(f.reshape({rows, f.size(-1)}), keep.reshape(-1)).to(result_dtype(c));
   }
-  const at::Tensor total = labels ? (f * keep.unsqueeze(-1)).sum() : f.sum();
-  if (c.reduction == kSum) return total.to(result);
+  const at::Tensor total = masked(f, keep).sum();
+  if (c.reduction == kSum) return total.to(result_dtype(c));
   const at::Tensor count = labels ? keep.sum() * c.student.size(-1) : at::scalar_tensor(static_cast<double>(f.numel()));
-  return (total / count).to(result);
+  return (total / count).to(result_dtype(c));
 }
 
 std::tuple<at::Tensor, at::Tensor> backward_differentiable(
     GeneralizedJsd, const RowCall& c, const at::Tensor& grad_output, std::array<bool, 2> mask) {
+  const LossDecl& d = GeneralizedJsd::decl;
+  row_backward_spec<c10::SymInt>(d, grad_output, c.student, c.teacher, c.labels, c.reduction, c.beta, c.temperature);
   const auto dtype = compute_dtype(c.student, c.teacher);
-  const Terms e = jsd_terms(c.student.to(dtype), c.teacher.to(dtype), c.beta, c.temperature);
   const bool labels = c.labels.has_value() && c.labels->defined();
-  const at::Tensor keep = labels ? (*c.labels != c.ignore_index).to(dtype).unsqueeze(-1) : at::Tensor();
-  at::Tensor w;
+  const at::Tensor keep = labels ? c.labels->to(at::kLong) != c.ignore_index : at::Tensor();
+  const Terms e = jsd_terms(masked(c.student.to(dtype), keep), masked(c.teacher.to(dtype), keep), c.beta,
+                            c.temperature);
+  at::Tensor w = grad_output.to(dtype);
   if (c.reduction == kNone) {
-    w = grad_output.to(dtype);
-    if (labels) w = at::zeros_like(e.f).masked_scatter((*c.labels != c.ignore_index).unsqueeze(-1).expand_as(e.f), w);
-  } else {
-    w = grad_output.to(dtype);
-    if (c.reduction == kMean) {
-      w = w / (labels ? keep.sum() * c.student.size(-1) : at::scalar_tensor(static_cast<double>(e.f.numel()), w.options()));
-    }
-    if (labels) w = w * keep;
+    if (labels) w = at::zeros_like(e.f).masked_scatter(keep.unsqueeze(-1).expand_as(e.f), w);
+  } else if (c.reduction == kMean) {
+    w = w / (labels ? keep.sum() * c.student.size(-1) : at::scalar_tensor(static_cast<double>(e.f.numel()), w.options()));
   }
   auto [gs, gt] = logit_gradients(e, w, c.temperature, mask);
-  return {mask[0] ? gs.to(c.student.scalar_type()) : at::empty({0}, c.student.options()),
-          mask[1] ? gt.to(c.teacher.scalar_type()) : at::empty({0}, c.teacher.options())};
+  return {mask[0] ? masked(gs, keep).to(c.student.scalar_type()) : at::empty({0}, c.student.options()),
+          mask[1] ? masked(gt, keep).to(c.teacher.scalar_type()) : at::empty({0}, c.teacher.options())};
+}
+
+std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> with_grads_differentiable(
+    GeneralizedJsd, const RowCall& c, std::array<bool, 2> mask) {
+  const LossDecl& d = GeneralizedJsd::decl;
+  row_with_grads_spec<c10::SymInt>(d, c.student, c.teacher, c.labels, c.reduction, c.beta, c.temperature);
+  const at::Tensor loss = forward_differentiable(GeneralizedJsd{}, c);
+  auto [gs, gt] = backward_differentiable(GeneralizedJsd{}, c, at::ones({}, loss.options()), mask);
+  return {loss, gs, gt, at::ones(leading_shape(c.student), c.student.options().dtype(at::kFloat))};
 }
 
 }  // namespace npu_loss::composite

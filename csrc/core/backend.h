@@ -1,5 +1,6 @@
 // What every backend's kernels share: the functional and out= kernels of a loss's backward op, made once
-// from the op's checks and the backend's `into` kernel, and the registration of a loss's three ops.
+// from the op's checks and the backend's `into` kernel, and the registration of a loss's three ops; for a
+// row loss, its three kernels from the backend's row math (RowBackendKernels).
 //
 // A backend writes, per loss, its forward kernel and an into kernel that writes the backward's result into
 // a tensor of the result's shape:
@@ -17,6 +18,8 @@
 #include <c10/core/DeviceGuard.h>
 #include <torch/library.h>
 
+#include <array>
+#include <optional>
 #include <tuple>
 #include <utility>
 
@@ -86,6 +89,51 @@ template <typename Loss, auto forward, auto into, typename Guard = NoDeviceGuard
 void impl_loss(torch::Library& m) {
   using Kernels = BackendKernels<Loss, into, Guard>;
   impl_ops<Loss, forward, &Kernels::functional, &Kernels::out>(m);
+}
+
+// A row loss's three kernels on one backend (LossKind::Rows), made from the backend's math after the op's
+// checks: `Math` has
+//   static at::Tensor forward(Loss, const RowSpec&, const RowCall&);
+//   static std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> with_grads(Loss, const RowSpec&,
+//       const RowCall&, std::array<bool, 2> mask);
+//   static std::tuple<at::Tensor, at::Tensor> backward(Loss, const RowSpec&, const RowCall&,
+//       const at::Tensor& grad_output, std::array<bool, 2> mask);
+template <typename Loss, typename Math>
+struct RowBackendKernels {
+  static constexpr const LossDecl& d = Loss::decl;
+
+  static at::Tensor forward(
+      const at::Tensor& student, const at::Tensor& teacher, const std::optional<at::Tensor>& labels,
+      int64_t reduction, double beta, double temperature, int64_t index) {
+    const RowSpec spec = row_forward_spec<int64_t>(d, d.forward, student, teacher, labels, reduction, beta, temperature);
+    return Math::forward(Loss{}, spec, {student, teacher, labels, reduction, beta, temperature, index});
+  }
+
+  static std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> with_grads(
+      const at::Tensor& student, const at::Tensor& teacher, const std::optional<at::Tensor>& labels,
+      int64_t reduction, double beta, double temperature, int64_t index, std::array<bool, 2> mask) {
+    const RowSpec spec = row_with_grads_spec<int64_t>(d, student, teacher, labels, reduction, beta, temperature);
+    return Math::with_grads(Loss{}, spec, {student, teacher, labels, reduction, beta, temperature, index}, mask);
+  }
+
+  static std::tuple<at::Tensor, at::Tensor> backward(
+      const at::Tensor& grad_output, const at::Tensor& student, const at::Tensor& teacher,
+      const std::optional<at::Tensor>& labels, int64_t reduction, double beta, double temperature, int64_t index,
+      std::array<bool, 2> mask) {
+    const RowSpec spec =
+        row_backward_spec<int64_t>(d, grad_output, student, teacher, labels, reduction, beta, temperature);
+    return Math::backward(
+        Loss{}, spec, {student, teacher, labels, reduction, beta, temperature, index}, grad_output, mask);
+  }
+};
+
+// Registers a backend's kernels of a row loss's three ops, made from its math.
+template <typename Loss, typename Math>
+void impl_row_loss(torch::Library& m) {
+  using Kernels = RowBackendKernels<Loss, Math>;
+  m.impl(Loss::decl.forward, &Kernels::forward);
+  m.impl(Loss::decl.with_grads, &Kernels::with_grads);
+  m.impl(Loss::decl.backward, &Kernels::backward);
 }
 
 }  // namespace npu_loss

@@ -267,8 +267,8 @@ void check_common(const char* op, std::initializer_list<NamedTensor> tensors, in
 }
 
 void check_scalar(const char* op, const ScalarArg& arg, double value) {
-  // Written so that NaN fails every rule; +inf passes the first two (Huber's delta == inf is 0.5 * d^2
-  // everywhere).
+  // Written so that NaN fails every rule but Any; +inf passes NonNegative and Positive (Huber's delta == inf is
+  // 0.5 * d^2 everywhere; a temperature of +inf makes every distribution uniform).
   if (arg.rule == ScalarRule::NonNegative) {
     TORCH_CHECK_VALUE(value >= 0, op, ": ", arg.name, " must be >= 0, got ", value);
   } else if (arg.rule == ScalarRule::Positive) {
@@ -278,8 +278,10 @@ void check_scalar(const char* op, const ScalarArg& arg, double value) {
   }
 }
 
-bool is_accepted_floating(const at::Tensor& t) {
-  return is_accepted_dtype(t.scalar_type(), float64_allowed(t));
+void check_grad_output_rows(const char* op, const at::Tensor& grad_output, int64_t kept) {
+  TORCH_CHECK(
+      grad_output.size(0) == kept, op, ": grad_output of 'none' must have one row per row its labels keep (", kept,
+      "), got ", grad_output.size(0));
 }
 
 template <typename Int>

@@ -17,6 +17,7 @@
 #include <c10/util/DimVector.h>
 #include <c10/util/SmallVector.h>
 
+#include <array>
 #include <initializer_list>
 #include <optional>
 #include <string>
@@ -81,9 +82,6 @@ void check_common(const char* op, std::initializer_list<NamedTensor> tensors, in
 // A float scalar's rule (losses.h, ScalarRule), naming it; a bool scalar has none.
 void check_scalar(const char* op, const ScalarArg& arg, double value);
 inline void check_scalar(const char*, const ScalarArg&, bool) {}
-
-// The dtypes the checks accept for a loss's floating tensors on `t`'s device, for messages and fake kernels.
-bool is_accepted_floating(const at::Tensor& t);
 
 // A forward's result: broadcast(self, target) for "none", 0-dim otherwise, in at::result_type(self, target).
 template <typename Int>
@@ -150,7 +148,27 @@ struct BasicRowSpec {
 };
 
 using RowSpec = BasicRowSpec<int64_t>;
-using SymRowSpec = BasicRowSpec<c10::SymInt>;
+
+// The arguments of one call of a row loss's op, after its checks: what every backend's row math takes.
+struct RowCall {
+  const at::Tensor& student;
+  const at::Tensor& teacher;
+  const std::optional<at::Tensor>& labels;
+  int64_t reduction;
+  double beta, temperature;  // the declaration's two float scalars (RowArgs::floats)
+  int64_t ignore_index;
+};
+
+// Whether the forward with gradients stores them with row scales (isa.h's JsdRows, row_scale): when a gradient
+// it makes is float16's, whose range would flush most of a large vocabulary's gradients before the loss scale
+// reaches them. Its fourth result, the row scales, is then 2^-j per row; else ones.
+inline bool scales_rows(const at::Tensor& student, const at::Tensor& teacher, std::array<bool, 2> mask) {
+  return (mask[0] && student.scalar_type() == at::kHalf) || (mask[1] && teacher.scalar_type() == at::kHalf);
+}
+
+// The backward op's grad_output of 'none' with labels has one row per row kept: `kept`, counted from the labels
+// by the kernel that reads them (a count the Meta kernels cannot know).
+void check_grad_output_rows(const char* op, const at::Tensor& grad_output, int64_t kept);
 
 // The forward's checks (the forward with gradients has the same arguments): every tensor defined and on one
 // device; floating logits of one shape with at least one dimension (the vocabulary) and at most 8; labels of

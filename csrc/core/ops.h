@@ -64,7 +64,7 @@ const c10::TypedOperatorHandle<typename Signatures<Loss>::BackwardOut>& backward
 struct RowSignatures {
   using Forward = at::Tensor(
       const at::Tensor&, const at::Tensor&, const std::optional<at::Tensor>&, int64_t, double, double, int64_t);
-  using WithGrads = std::tuple<at::Tensor, at::Tensor, at::Tensor>(
+  using WithGrads = std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor>(
       const at::Tensor&, const at::Tensor&, const std::optional<at::Tensor>&, int64_t, double, double, int64_t,
       std::array<bool, 2>);
   using Backward = std::tuple<at::Tensor, at::Tensor>(

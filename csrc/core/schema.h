@@ -14,7 +14,8 @@ namespace npu_loss {
 
 namespace detail {
 inline std::string scalar_param(const ScalarArg& s) {
-  return std::string(s.kind == ScalarKind::Bool ? "bool " : "float ") + s.name;
+  const char* type = s.kind == ScalarKind::Bool ? "bool " : s.kind == ScalarKind::Int ? "int " : "float ";
+  return std::string(type) + s.name;
 }
 
 inline std::string backward_params(const LossDecl& d) {
@@ -46,14 +47,16 @@ inline std::string backward_out_schema(const LossDecl& d) {
 //   <forward>(Tensor <logits>, Tensor <logits>, Tensor? <labels>=None, int reduction=1, float <float>=<default>,
 //             float <float>=<default>, int <index>=<default>) -> Tensor
 //   <backward>(Tensor grad_output, <the forward's arguments, no defaults>, bool[2] output_mask) -> (Tensor, Tensor)
-//   <with_grads>(<the forward's arguments, no defaults>, bool[2] output_mask) -> (Tensor, Tensor, Tensor)
+//   <with_grads>(<the forward's arguments, no defaults>, bool[2] output_mask) -> (Tensor, Tensor, Tensor, Tensor)
+//     (the value, the two gradients, the row scales: checks.h, scales_rows)
 namespace detail {
 inline std::string row_params(const RowArgs& r, bool defaults) {
-  const auto value = [&](const ScalarArg& s) { return defaults ? std::string("=") + s.default_value : std::string(); };
+  const auto param = [&](const ScalarArg& s) {
+    return ", " + scalar_param(s) + (defaults ? std::string("=") + s.default_value : std::string());
+  };
   return std::string("Tensor ") + r.logits[0] + ", Tensor " + r.logits[1] + ", Tensor? " + r.labels +
-      (defaults ? "=None" : "") + ", int reduction" + (defaults ? "=1" : "") + ", float " + r.floats[0].name +
-      value(r.floats[0]) + ", float " + r.floats[1].name + value(r.floats[1]) + ", int " + r.index.name +
-      value(r.index);
+      (defaults ? "=None" : "") + ", int reduction" + (defaults ? "=1" : "") + param(r.floats[0]) +
+      param(r.floats[1]) + param(r.index);
 }
 }  // namespace detail
 
@@ -68,7 +71,7 @@ inline std::string row_backward_schema(const LossDecl& d) {
 
 inline std::string row_with_grads_schema(const LossDecl& d) {
   return std::string(d.with_grads) + "(" + detail::row_params(d.rows, false) +
-      ", bool[2] output_mask) -> (Tensor, Tensor, Tensor)";
+      ", bool[2] output_mask) -> (Tensor, Tensor, Tensor, Tensor)";
 }
 
 // Every schema of a loss, by its kind.

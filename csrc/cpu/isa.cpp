@@ -76,30 +76,18 @@ Isa selected_isa() {
   return isa;
 }
 
-const RowKernels& row_kernels_for(Isa isa) {
-  switch (isa) {
+// The table `name` of an instruction set's kernels: each x86 set's, or the baseline's (aarch64, and x86
+// builds without them).
 #ifdef NPU_LOSS_HAVE_X86_KERNELS
-    case Isa::Avx512:
-      return avx512::kRowKernels;
-    case Isa::Avx2:
-      return avx2::kRowKernels;
+#define NPU_LOSS_TABLE_OF(isa, name) \
+  ((isa) == Isa::Avx512 ? avx512::name : (isa) == Isa::Avx2 ? avx2::name : baseline::name)
+#else
+#define NPU_LOSS_TABLE_OF(isa, name) ((void)(isa), baseline::name)
 #endif
-    default:
-      return baseline::kRowKernels;
-  }
-}
 
-const DenseKernels& kernels_for(Isa isa) {
-  switch (isa) {
-#ifdef NPU_LOSS_HAVE_X86_KERNELS
-    case Isa::Avx512:
-      return avx512::kKernels;
-    case Isa::Avx2:
-      return avx2::kKernels;
-#endif
-    default:
-      return baseline::kKernels;
-  }
-}
+const DenseKernels& kernels_for(Isa isa) { return NPU_LOSS_TABLE_OF(isa, kKernels); }
+const RowKernels& row_kernels_for(Isa isa) { return NPU_LOSS_TABLE_OF(isa, kRowKernels); }
+
+#undef NPU_LOSS_TABLE_OF
 
 }  // namespace npu_loss::cpu

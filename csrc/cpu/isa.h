@@ -94,6 +94,10 @@ struct JsdRows {
   void* grad_teacher;
   const void* grad_output;               // kept row k's weights at + k * vocab (the backward of 'none'); null: one
   double grad_scale;                     // every weight's factor
+  // Non-null: each kept row's gradients are stored times a power of two 2^j that brings the row's largest
+  // within 2^-14 .. 2^14 (float16's range for gradients made before the loss scale reaches them), and
+  // row_scale[r] = 2^-j; null: stored as they are.
+  float* row_scale;
 };
 
 // Whether a call's operands share one storage type and its rows are contiguous: the kernel then reads and

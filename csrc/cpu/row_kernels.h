@@ -175,6 +175,29 @@ struct JsdMath {
   }
 };
 
+// The largest lane of a vector of non-negative values.
+template <class V>
+NPU_LOSS_SIMD_INLINE double lane_max(V v) {
+  using Acc = decltype(reduce_add(V{}));
+  constexpr int kN = sizeof(V) / sizeof(Acc);
+  Acc lanes[kN];
+  std::memcpy(lanes, &v, sizeof(lanes));
+  double top = 0;
+  for (int k = 0; k < kN; ++k) top = lanes[k] > top ? lanes[k] : top;
+  return top;
+}
+
+// The power j of row_scale (isa.h's JsdRows): a row whose gradients are at most `bound` is stored times 2^j,
+// so that its largest is below 2^14 (float16's largest finite value is 65504, near 2^16: room for the bound's
+// rounding) and its smaller ones keep float16's precision. Within [-60, 60]: 2^j and 2^-j are normal floats.
+inline int row_power(double bound) {
+  if (!(bound > 0) || !std::isfinite(bound)) return 0;
+  int exponent;
+  std::frexp(bound, &exponent);  // bound < 2^exponent
+  const int power = 14 - exponent;
+  return power < -60 ? -60 : power > 60 ? 60 : power;
+}
+
 // One row, with the storage type IoT for every operand (the direct case: one dtype, contiguous rows).
 template <class IoT>
 struct JsdRow {
@@ -188,13 +211,15 @@ struct JsdRow {
 
   // Pass 2 (and 3 when the gradients are wanted): returns nothing, fills what the pointers ask for.
   void run(const T* zs, const T* zt, const T* g, double g_scale, double* row_sum, T* values, T* grad_s,
-           T* grad_t) const {
+           T* grad_t, float* row_scale) const {
     const RowStats stats_s = row_logsumexp<IoT>(zs, n, inv_t), stats_t = row_logsumexp<IoT>(zt, n, inv_t);
     const V vinv_t = cst<V>(inv_t), scale = cst<V>(g_scale);
     const V max_s = cst<V>(stats_s.max), log_sum_s = cst<V>(stats_s.log_sum);
     const V max_t = cst<V>(stats_t.max), log_sum_t = cst<V>(stats_t.log_sum);
     const bool grads = grad_s != nullptr || grad_t != nullptr;
     RowSum<V> sum_f, sum_as, sum_at;
+    // For row_scale: the largest |a_s|, |a_t|, p and q, whence a bound on every gradient of the row.
+    V max_as = cst<V>(0), max_at = cst<V>(0), max_p = cst<V>(0), max_q = cst<V>(0);
     const auto element = [&](int64_t i) {
       const V s = (load_at<IoT>(zs, i, n) * vinv_t - max_s) - log_sum_s;
       const V t = (load_at<IoT>(zt, i, n) * vinv_t - max_t) - log_sum_t;
@@ -208,26 +233,44 @@ struct JsdRow {
         e.f = select(valid, e.f, cst<V>(0));
         e.ds = select(valid, e.ds, cst<V>(0));
         e.dt = select(valid, e.dt, cst<V>(0));
+        e.p = select(valid, e.p, cst<V>(0));
+        e.q = select(valid, e.q, cst<V>(0));
       }
       if (values) store_at<IoT>(values, i, n, e.f);
       sum_f.add(e.f);
       sum_f.end_block();
       if (grads) {
         const V w = weight(i);
-        sum_as.add(w * e.ds);
+        const V as = w * e.ds, at = w * e.dt;
+        sum_as.add(as);
         sum_as.end_block();
-        sum_at.add(w * e.dt);
+        sum_at.add(at);
         sum_at.end_block();
+        if (row_scale) {  // the padding lanes hold 0 (above)
+          max_as = vmax(max_as, abs_of(as));
+          max_at = vmax(max_at, abs_of(at));
+          max_p = vmax(max_p, e.p);
+          max_q = vmax(max_q, e.q);
+        }
       }
     }
     if (row_sum) *row_sum = sum_f.total;
     if (!grads) return;
     const V total_as = cst<V>(sum_as.total), total_at = cst<V>(sum_at.total);
+    V out_scale = vinv_t;
+    if (row_scale) {
+      // |gradient| <= (max |a| + max p * |sum a|) / T on each side; the bound, rounded up, sets the power.
+      const double bound_s = grad_s ? (lane_max(max_as) + lane_max(max_p) * std::fabs(sum_as.total)) * inv_t : 0;
+      const double bound_t = grad_t ? (lane_max(max_at) + lane_max(max_q) * std::fabs(sum_at.total)) * inv_t : 0;
+      const int power = row_power(bound_s > bound_t ? bound_s : bound_t);
+      *row_scale = std::ldexp(1.0f, -power);
+      out_scale = cst<V>(std::ldexp(inv_t, power));
+    }
     for (int64_t i = 0; i < n; i += W) {
       const JsdTerms<V> e = element(i);
       const V w = weight(i);
-      if (grad_s) store_at<IoT>(grad_s, i, n, (w * e.ds - e.p * total_as) * vinv_t);
-      if (grad_t) store_at<IoT>(grad_t, i, n, (w * e.dt - e.q * total_at) * vinv_t);
+      if (grad_s) store_at<IoT>(grad_s, i, n, (w * e.ds - e.p * total_as) * out_scale);
+      if (grad_t) store_at<IoT>(grad_t, i, n, (w * e.dt - e.q * total_at) * out_scale);
     }
   }
 };
@@ -252,7 +295,8 @@ void jsd_rows_direct(const JsdRows& c, int64_t begin, int64_t end) {
     }
     row.run(zs + c.student_offsets[r], zt + c.teacher_offsets[r],
             c.grad_output ? static_cast<const T*>(c.grad_output) + k * v : nullptr, c.grad_scale,
-            c.row_sums ? c.row_sums + k : nullptr, c.values ? static_cast<T*>(c.values) + k * v : nullptr, gs, gt);
+            c.row_sums ? c.row_sums + k : nullptr, c.values ? static_cast<T*>(c.values) + k * v : nullptr, gs, gt,
+            c.row_scale ? c.row_scale + r : nullptr);
   }
 }
 
@@ -262,20 +306,8 @@ void jsd_rows_direct(const JsdRows& c, int64_t begin, int64_t end) {
 namespace npu_loss::cpu::NPU_LOSS_ISA {
 namespace {
 
-// bfloat16 <-> float one element at a time, in a row's own order (a bfloat16 vector's lanes are not: simd.h);
-// the loops vectorize. The rounding is store_bf16's: to nearest even on the bits.
-NPU_LOSS_SIMD_INLINE float bf16_value(uint16_t b) {
-  const uint32_t w = static_cast<uint32_t>(b) << 16;
-  float f;
-  std::memcpy(&f, &w, sizeof(f));
-  return f;
-}
-NPU_LOSS_SIMD_INLINE uint16_t bf16_of(float f) {
-  uint32_t b;
-  std::memcpy(&b, &f, sizeof(b));
-  return static_cast<uint16_t>((b + 0x7FFFu + ((b >> 16) & 1u)) >> 16);
-}
-
+// bfloat16 converts one element at a time here (simd.h's bf16_value and bf16_of; the loops vectorize): a
+// bfloat16 vector's lanes are not in a row's order.
 template <class IoT>
 constexpr bool kBf16Storage = IoT::kBf16Values && !std::is_same_v<typename IoT::T, float>;
 
@@ -353,7 +385,8 @@ void jsd_converted(const JsdRows& c, int64_t begin, int64_t end, void* scratch) 
                     c.teacher_step, gather, zt, v);
     if (c.grad_output) read_row<IoAcc>(c.result_dtype, at(c.grad_output, c.result_dtype, k), 1, gather, g, v);
     row.run(zs, zt, c.grad_output ? g : nullptr, c.grad_scale, c.row_sums ? c.row_sums + k : nullptr,
-            c.values ? values : nullptr, c.grad_student ? gs : nullptr, c.grad_teacher ? gt : nullptr);
+            c.values ? values : nullptr, c.grad_student ? gs : nullptr, c.grad_teacher ? gt : nullptr,
+            c.row_scale ? c.row_scale + r : nullptr);
     if (c.values) write_row<IoAcc>(values, c.result_dtype, at(c.values, c.result_dtype, k), v);
     if (c.grad_student) write_row<IoAcc>(gs, c.student_dtype, at(c.grad_student, c.student_dtype, r), v);
     if (c.grad_teacher) write_row<IoAcc>(gt, c.teacher_dtype, at(c.grad_teacher, c.teacher_dtype, r), v);

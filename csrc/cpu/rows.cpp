@@ -10,6 +10,7 @@
 #include <tuple>
 #include <vector>
 
+#include "../core/backend.h"
 #include "../core/checks.h"
 #include "../core/reduction.h"
 #include "isa.h"
@@ -41,17 +42,25 @@ std::vector<int64_t> row_offsets(const at::Tensor& t, int64_t rows) {
   return offsets;
 }
 
-// kept[r]: row r's index among the rows whose label is not ignore_index, or -1. Empty without labels.
-std::vector<int64_t> kept_rows(const std::optional<at::Tensor>& labels, int64_t ignore_index, int64_t& count) {
-  std::vector<int64_t> kept;
-  if (!labels.has_value() || !labels->defined()) return kept;
-  const at::Tensor l = labels->to(at::kLong).contiguous();
-  const int64_t* p = l.const_data_ptr<int64_t>();
-  kept.resize(l.numel());
-  count = 0;
-  for (int64_t r = 0; r < l.numel(); ++r) kept[r] = p[r] == ignore_index ? -1 : count++;
-  return kept;
-}
+// The rows a call keeps: index[r], row r's place among the rows whose label is not ignore_index, or -1 (empty
+// without labels: every row kept); count, how many; and "mean"'s factor, 1 / (count * V).
+struct Kept {
+  std::vector<int64_t> index;
+  int64_t count = 0;
+  double mean_factor = 0;
+
+  Kept(const std::optional<at::Tensor>& labels, int64_t ignore_index, int64_t rows, int64_t vocab) : count(rows) {
+    if (labels.has_value() && labels->defined()) {
+      const at::Tensor l = labels->to(at::kLong).contiguous();
+      const int64_t* p = l.const_data_ptr<int64_t>();
+      index.resize(l.numel());
+      count = 0;
+      for (int64_t r = 0; r < l.numel(); ++r) index[r] = p[r] == ignore_index ? -1 : count++;
+    }
+    mean_factor = 1.0 / (static_cast<double>(count) * static_cast<double>(vocab));
+  }
+  const int64_t* rows() const { return index.empty() ? nullptr : index.data(); }
+};
 
 // One call of the row kernel over every row: `call` with the rows, the labels and the scratch filled in.
 void run_rows(JsdRows call, const at::Tensor& student, const at::Tensor& teacher, int64_t rows) {
@@ -66,17 +75,10 @@ void run_rows(JsdRows call, const at::Tensor& student, const at::Tensor& teacher
   });
 }
 
-// What one call makes: the row losses' forward ('none' values or the reduced loss), its gradients, or the
-// backward op's gradients.
-struct JsdCall {
-  const char* op;
+// What one call makes (the row losses' forward, 'none' values or the reduced loss, its gradients, or the
+// backward op's gradients): the op's arguments and what its checks said of them.
+struct JsdCall : RowCall {
   const RowSpec& spec;
-  const at::Tensor& student;
-  const at::Tensor& teacher;
-  const std::optional<at::Tensor>& labels;
-  int64_t reduction;
-  double beta, temperature;
-  int64_t ignore_index;
 };
 
 JsdRows rows_of(const JsdCall& c, double* row_sums) {
@@ -111,91 +113,74 @@ at::Tensor or_empty(const at::Tensor& t, const at::Tensor& like) {
   return t.defined() ? t : at::empty({0}, like.options());
 }
 
-// The forward, with the gradients of its reduced result (scaled as "mean" or "sum" says) when `mask` asks.
-std::tuple<at::Tensor, at::Tensor, at::Tensor> forward(const JsdCall& c, std::array<bool, 2> mask) {
-  int64_t kept_count = c.spec.rows;
-  const std::vector<int64_t> kept = kept_rows(c.labels, c.ignore_index, kept_count);
-  std::vector<double> row_sums(kept_count);
+// The forward, with the gradients of its reduced result (scaled as "mean" or "sum" says) when `mask` asks,
+// and their row scales (composite/rows.h, with_grads).
+std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> forward(const JsdCall& c, std::array<bool, 2> mask) {
+  const Kept kept(c.labels, c.ignore_index, c.spec.rows, c.spec.vocab);
+  std::vector<double> row_sums(kept.count);
   JsdRows r = rows_of(c, row_sums.data());
-  r.kept = kept.empty() ? nullptr : kept.data();
+  r.kept = kept.rows();
   const auto options = c.student.options().dtype(c.spec.dtype);
   at::Tensor values;
   if (c.reduction == kNone) {
-    values = c.spec.labels ? at::empty({kept_count, c.spec.vocab}, options) : at::empty(c.spec.logits_shape, options);
+    values = c.spec.labels ? at::empty({kept.count, c.spec.vocab}, options) : at::empty(c.spec.logits_shape, options);
     r.values = values.mutable_data_ptr();
     r.row_sums = nullptr;
   }
-  // "mean" over the elements of the rows kept.
-  const double count = static_cast<double>(kept_count) * static_cast<double>(c.spec.vocab);
-  r.grad_scale = c.reduction == kMean ? 1.0 / count : 1.0;
+  r.grad_scale = c.reduction == kMean ? kept.mean_factor : 1.0;  // "mean" over the elements of the rows kept
   auto [gs, gt] = gradients(c, mask, r);
+  const c10::IntArrayRef leading(c.spec.logits_shape.data(), c.spec.logits_shape.size() - 1);
+  const at::Tensor row_scale = at::ones(leading, c.student.options().dtype(at::kFloat));
+  if (scales_rows(c.student, c.teacher, mask)) r.row_scale = row_scale.mutable_data_ptr<float>();
   run_rows(r, c.student, c.teacher, c.spec.rows);
-  if (c.reduction == kNone) return {values, or_empty(gs, c.student), or_empty(gt, c.teacher)};
+  if (c.reduction == kNone) return {values, or_empty(gs, c.student), or_empty(gt, c.teacher), row_scale};
   double total = 0;
   for (double s : row_sums) total += s;  // in row order: the same bits for any thread count
-  return {scalar_result(reduce_total(total, c.reduction, static_cast<int64_t>(count)), options),
-          or_empty(gs, c.student), or_empty(gt, c.teacher)};
+  return {scalar_result(reduce_total(total, c.reduction, kept.count * c.spec.vocab), options),
+          or_empty(gs, c.student), or_empty(gt, c.teacher), row_scale};
 }
 
-// The backward op: the gradients of the forward's result, weighted by grad_output.
-std::tuple<at::Tensor, at::Tensor> backward(const JsdCall& c, const at::Tensor& grad_output, std::array<bool, 2> mask) {
-  int64_t kept_count = c.spec.rows;
-  const std::vector<int64_t> kept = kept_rows(c.labels, c.ignore_index, kept_count);
+// The backward op (`op`): the gradients of the forward's result, weighted by grad_output.
+std::tuple<at::Tensor, at::Tensor> backward(
+    const char* op, const JsdCall& c, const at::Tensor& grad_output, std::array<bool, 2> mask) {
+  const Kept kept(c.labels, c.ignore_index, c.spec.rows, c.spec.vocab);
   JsdRows r = rows_of(c, nullptr);
-  r.kept = kept.empty() ? nullptr : kept.data();
+  r.kept = kept.rows();
   at::Tensor weights;
   if (c.reduction == kNone) {
-    TORCH_CHECK(
-        !c.spec.labels || grad_output.size(0) == kept_count, c.op, ": grad_output of 'none' must have one row per "
-        "row its labels keep (", kept_count, "), got ", grad_output.size(0));
+    if (c.spec.labels) check_grad_output_rows(op, grad_output, kept.count);
     weights = grad_output.to(c.spec.dtype).contiguous();
     r.grad_output = weights.const_data_ptr();
   } else {
-    const double count = static_cast<double>(kept_count) * static_cast<double>(c.spec.vocab);
-    r.grad_scale = grad_output.item<double>() * (c.reduction == kMean ? 1.0 / count : 1.0);
+    r.grad_scale = grad_output.item<double>() * (c.reduction == kMean ? kept.mean_factor : 1.0);
   }
   auto [gs, gt] = gradients(c, mask, r);
   run_rows(r, c.student, c.teacher, c.spec.rows);
   return {or_empty(gs, c.student), or_empty(gt, c.teacher)};
 }
 
-template <typename Loss>
-struct RowCpuKernels {
-  static constexpr const LossDecl& d = Loss::decl;
-
-  static at::Tensor forward(
-      const at::Tensor& student, const at::Tensor& teacher, const std::optional<at::Tensor>& labels,
-      int64_t reduction, double beta, double temperature, int64_t ignore_index) {
-    const RowSpec spec = row_forward_spec<int64_t>(d, d.forward, student, teacher, labels, reduction, beta, temperature);
-    return std::get<0>(cpu::forward({d.forward, spec, student, teacher, labels, reduction, beta, temperature, ignore_index}, {false, false}));
+// The row math of the CPU kernels (core/backend.h's RowBackendKernels runs the checks first).
+struct CpuRows {
+  template <typename Loss>
+  static at::Tensor forward(Loss, const RowSpec& spec, const RowCall& c) {
+    return std::get<0>(cpu::forward({c, spec}, {false, false}));
   }
-
-  static std::tuple<at::Tensor, at::Tensor, at::Tensor> with_grads(
-      const at::Tensor& student, const at::Tensor& teacher, const std::optional<at::Tensor>& labels,
-      int64_t reduction, double beta, double temperature, int64_t ignore_index, std::array<bool, 2> mask) {
-    const RowSpec spec = row_with_grads_spec<int64_t>(d, student, teacher, labels, reduction, beta, temperature);
-    return cpu::forward({d.with_grads, spec, student, teacher, labels, reduction, beta, temperature, ignore_index}, mask);
+  template <typename Loss>
+  static std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> with_grads(
+      Loss, const RowSpec& spec, const RowCall& c, std::array<bool, 2> mask) {
+    return cpu::forward({c, spec}, mask);
   }
-
+  template <typename Loss>
   static std::tuple<at::Tensor, at::Tensor> backward(
-      const at::Tensor& grad_output, const at::Tensor& student, const at::Tensor& teacher,
-      const std::optional<at::Tensor>& labels, int64_t reduction, double beta, double temperature,
-      int64_t ignore_index, std::array<bool, 2> mask) {
-    const RowSpec spec =
-        row_backward_spec<int64_t>(d, grad_output, student, teacher, labels, reduction, beta, temperature);
-    return cpu::backward({d.backward, spec, student, teacher, labels, reduction, beta, temperature, ignore_index}, grad_output, mask);
+      Loss, const RowSpec& spec, const RowCall& c, const at::Tensor& grad_output, std::array<bool, 2> mask) {
+    return cpu::backward(Loss::decl.backward, {c, spec}, grad_output, mask);
   }
 };
 
 }  // namespace
 
 TORCH_LIBRARY_IMPL(npu_loss, CPU, m) {
-  for_each_row_loss([&]<typename Loss>() {
-    using Kernels = RowCpuKernels<Loss>;
-    m.impl(Loss::decl.forward, &Kernels::forward);
-    m.impl(Loss::decl.with_grads, &Kernels::with_grads);
-    m.impl(Loss::decl.backward, &Kernels::backward);
-  });
+  for_each_row_loss([&]<typename Loss>() { impl_row_loss<Loss, CpuRows>(m); });
 }
 
 }  // namespace npu_loss::cpu

@@ -32,6 +32,21 @@
 namespace npu_loss::cpu::NPU_LOSS_ISA {
 namespace {
 
+// One bfloat16 <-> float, on every instruction set: the baseline's vector of one, and the row kernels'
+// conversion of a row element by element (row_kernels.h). Rounds to nearest even on the bits, as the vector
+// forms do.
+NPU_LOSS_SIMD_INLINE float bf16_value(uint16_t b) {
+  const uint32_t w = static_cast<uint32_t>(b) << 16;
+  float f;
+  std::memcpy(&f, &w, sizeof(f));
+  return f;
+}
+NPU_LOSS_SIMD_INLINE uint16_t bf16_of(float f) {
+  uint32_t b;
+  std::memcpy(&b, &f, sizeof(b));
+  return static_cast<uint16_t>((b + 0x7FFFu + ((b >> 16) & 1u)) >> 16);
+}
+
 #if defined(NPU_LOSS_ISA_AVX512) || defined(NPU_LOSS_ISA_AVX2)
 
 // One register: F1 (floats), I1 (int32), M1 (a lane mask), and the operations that differ between the two
@@ -273,18 +288,8 @@ NPU_LOSS_SIMD_INLINE F splat(float a) { return {a}; }
 NPU_LOSS_SIMD_INLINE I splat_i(int32_t a) { return {a}; }
 NPU_LOSS_SIMD_INLINE F load(const float* p) { return {*p}; }
 NPU_LOSS_SIMD_INLINE void store(float* p, F a) { *p = a.v; }
-NPU_LOSS_SIMD_INLINE F load_bf16(const uint16_t* p) {
-  const uint32_t w = static_cast<uint32_t>(*p) << 16;
-  float f;
-  std::memcpy(&f, &w, sizeof(f));
-  return {f};
-}
-// Round to nearest even on the bits, as the vector forms do.
-NPU_LOSS_SIMD_INLINE void store_bf16(uint16_t* p, F a) {
-  uint32_t b;
-  std::memcpy(&b, &a.v, sizeof(b));
-  *p = static_cast<uint16_t>((b + 0x7FFFu + ((b >> 16) & 1u)) >> 16);
-}
+NPU_LOSS_SIMD_INLINE F load_bf16(const uint16_t* p) { return {bf16_value(*p)}; }
+NPU_LOSS_SIMD_INLINE void store_bf16(uint16_t* p, F a) { *p = bf16_of(a.v); }
 // float16 <-> float with c10's exact conversions (this translation unit is built for the baseline ISA).
 NPU_LOSS_SIMD_INLINE F load_half(const uint16_t* p) { return {c10::detail::fp16_ieee_to_fp32_value(*p)}; }
 NPU_LOSS_SIMD_INLINE void store_half(uint16_t* p, F a) { *p = c10::detail::fp16_ieee_from_fp32_value(a.v); }

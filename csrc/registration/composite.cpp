@@ -43,32 +43,22 @@ struct CompositeOut {
   }
 };
 
-// A row loss's composite kernels: its checks (core/checks.h), then its ATen-op math in chunks of rows
-// (composite/rows.h). The NPU runs them too, until it has kernels of its own.
-template <typename Loss>
-struct RowCompositeKernels {
-  static constexpr const LossDecl& d = Loss::decl;
-
-  static at::Tensor forward(
-      const at::Tensor& student, const at::Tensor& teacher, const std::optional<at::Tensor>& labels,
-      int64_t reduction, double first, double second, int64_t index) {
-    row_forward_spec<int64_t>(d, d.forward, student, teacher, labels, reduction, first, second);
-    return composite::forward(Loss{}, {student, teacher, labels, reduction, first, second, index});
+// A row loss's composite math (composite/rows.h), in chunks of rows, behind its checks (core/backend.h's
+// RowBackendKernels). The NPU runs it too, until it has kernels of its own.
+struct CompositeRows {
+  template <typename Loss>
+  static at::Tensor forward(Loss, const RowSpec&, const RowCall& c) {
+    return composite::forward(Loss{}, c);
   }
-
-  static std::tuple<at::Tensor, at::Tensor, at::Tensor> with_grads(
-      const at::Tensor& student, const at::Tensor& teacher, const std::optional<at::Tensor>& labels,
-      int64_t reduction, double first, double second, int64_t index, std::array<bool, 2> mask) {
-    row_with_grads_spec<int64_t>(d, student, teacher, labels, reduction, first, second);
-    return composite::with_grads(Loss{}, {student, teacher, labels, reduction, first, second, index}, mask);
+  template <typename Loss>
+  static std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> with_grads(
+      Loss, const RowSpec&, const RowCall& c, std::array<bool, 2> mask) {
+    return composite::with_grads(Loss{}, c, mask);
   }
-
+  template <typename Loss>
   static std::tuple<at::Tensor, at::Tensor> backward(
-      const at::Tensor& grad_output, const at::Tensor& student, const at::Tensor& teacher,
-      const std::optional<at::Tensor>& labels, int64_t reduction, double first, double second, int64_t index,
-      std::array<bool, 2> mask) {
-    row_backward_spec<int64_t>(d, grad_output, student, teacher, labels, reduction, first, second);
-    return composite::backward(Loss{}, {student, teacher, labels, reduction, first, second, index}, grad_output, mask);
+      Loss, const RowSpec&, const RowCall& c, const at::Tensor& grad_output, std::array<bool, 2> mask) {
+    return composite::backward(Loss{}, c, grad_output, mask);
   }
 };
 
@@ -81,12 +71,7 @@ TORCH_LIBRARY_IMPL(npu_loss, CompositeExplicitAutograd, m) {
     using Out = BackendKernels<Loss, &WithScalars<CompositeOut, Loss>::into>;
     impl_ops<Loss, &Composite<Loss>::forward, &Composite<Loss>::backward, &Out::out>(m);
   });
-  for_each_row_loss([&]<typename Loss>() {
-    using Kernels = RowCompositeKernels<Loss>;
-    m.impl(Loss::decl.forward, &Kernels::forward);
-    m.impl(Loss::decl.with_grads, &Kernels::with_grads);
-    m.impl(Loss::decl.backward, &Kernels::backward);
-  });
+  for_each_row_loss([&]<typename Loss>() { impl_row_loss<Loss, CompositeRows>(m); });
 }
 
 TORCH_LIBRARY_IMPL(npu_loss, Functionalize, m) {

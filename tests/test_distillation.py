@@ -63,11 +63,12 @@ def _matrix() -> list[Case]:
     cases += [Case((3, 32001), b, 2.0, r) for b in (0.0, 0.5, 1.0) for r in ("batchmean", "none")]
     # Dtypes, one and mixed (a bfloat16 teacher with a float32 student, TRL's case).
     dtypes = [(torch.bfloat16, torch.bfloat16), (torch.float16, torch.float16), (torch.float64, torch.float64),
-              (torch.float32, torch.bfloat16), (torch.float16, torch.float32)]
+              (torch.float32, torch.bfloat16), (torch.float16, torch.float32), (torch.float64, torch.float32)]
     cases += [Case((2, 3, 257), b, 1.0, r, layout="slice", dtypes=d) for d in dtypes for b in (0.0, 0.5, 1.0)
               for r in ("batchmean", "none")]
-    # num_items_in_batch.
-    cases += [Case((4, 33), 0.5, 1.0, r, num_items=n) for n in ("int", "float", "tensor") for r in ("sum", "none")]
+    # num_items_in_batch, with GKD's own call's reduction ('batchmean') among them.
+    cases += [Case((4, 33), 0.5, 1.0, r, num_items=n) for n in ("int", "float", "tensor")
+              for r in ("batchmean", "sum", "none")]
     return cases
 
 
@@ -211,6 +212,19 @@ def test_trl_itself_where_installed():
         gkd.GKDTrainer.generalized_jsd_loss = original
 
 
+def test_num_items_of_other_number_types_and_devices():
+    """num_items_in_batch may be any real number (NumPy's too, as TRL takes), and a tensor on another device is
+    divided by without being read (meta tensors stand for a device here)."""
+    np = pytest.importorskip("numpy")
+    student, teacher, labels = _inputs(Case((4, 9)))
+    want = npu_loss_ops.generalized_jsd_loss(student, teacher, labels, num_items_in_batch=4)
+    for n in (np.int64(4), np.float32(4.0), torch.tensor(4.0)):
+        assert torch.equal(npu_loss_ops.generalized_jsd_loss(student, teacher, labels, num_items_in_batch=n), want)
+    meta = npu_loss_ops.generalized_jsd_loss(student.to("meta"), teacher.to("meta"), labels.to("meta"),
+                                             num_items_in_batch=torch.tensor(-1.0, device="meta"))
+    assert meta.shape == () and meta.device.type == "meta"
+
+
 def test_signature_is_trls_plus_ignore_index():
     """TRL 1.16's signature, positional arguments and defaults as it writes them, and the keyword-only
     ignore_index: GKDTrainer.compute_loss's call (num_items_in_batch=) works unchanged."""
@@ -242,6 +256,209 @@ def test_every_row_ignored():
             out.backward()
             assert torch.equal(a.grad, torch.zeros_like(a))
     assert npu_loss_ops.generalized_jsd_loss(student, teacher, labels, reduction="none").shape == (0, 5)
+
+
+# ---- every CPU instruction set (NPU_LOSS_OPS_CPU_ISA), each in a fresh interpreter ----
+
+ISA_CASES = DEVICE_CASES + [
+    Case((3, 32001), 0.5, 2.0, "batchmean", dtypes=(torch.bfloat16, torch.bfloat16)),
+    Case((3, 4101), 0.9, 0.5, "sum", "some", dtypes=(torch.float16, torch.float16)),
+    Case((2, 3, 257), 0.1, 1.0, "batchmean", "some", "slice", (torch.float64, torch.float32)),
+    Case((2, 3, 257), 1.0, 1.0, "mean", "some", "slice", (torch.float32, torch.float32)),
+]
+ISA_SCRIPT = r"""
+import sys, torch
+sys.path.insert(0, sys.argv[2])
+import npu_loss_ops, test_distillation as td
+results = []
+for case in td.ISA_CASES:
+    student, teacher, labels = td._inputs(case)
+    a, b = student.clone().requires_grad_(), teacher.clone().requires_grad_()
+    value = npu_loss_ops.generalized_jsd_loss(a, b, labels, **td._kwargs(case))
+    value.backward(torch.ones_like(value))
+    results.append((value.detach(), a.grad, b.grad))
+torch.save({"isa": npu_loss_ops.build_info()["cpu_isa"], "results": results}, sys.argv[1])
+"""
+
+
+@pytest.fixture(scope="module")
+def isa_results(tmp_path_factory):
+    out = {}
+    for isa in npu_loss_ops.build_info()["cpu_isas_available"]:
+        path = str(tmp_path_factory.mktemp(isa) / "results.pt")
+        env = {**os.environ, "NPU_LOSS_OPS_CPU_ISA": isa}
+        proc = subprocess.run([sys.executable, "-c", ISA_SCRIPT, path, os.path.dirname(os.path.abspath(__file__))],
+                              env=env, capture_output=True, text=True, timeout=600)
+        assert proc.returncode == 0, proc.stderr[-3000:]
+        out[isa] = torch.load(path)
+    return out
+
+
+@pytest.mark.parametrize("isa", npu_loss_ops.build_info()["cpu_isas_available"])
+def test_every_instruction_set_matches_trl(isa_results, isa):
+    """The row kernels of every instruction set this CPU runs (AVX-512, AVX2, the baseline: the one aarch64
+    runs), values and both gradients, against TRL's formula in float64."""
+    r = isa_results[isa]
+    assert r["isa"] == isa and len(r["results"]) == len(ISA_CASES)
+    for case, (value, gs, gt) in zip(ISA_CASES, r["results"]):
+        student, teacher, labels = _inputs(case)
+        (rv, rs, rt), (mv, ms, mt) = _reference(case, student, teacher, labels)
+        assert_close(value, rv, mv, dtype=torch.promote_types(*case.dtypes), msg=f"{isa} {case.id}: value")
+        assert_close(gs, rs, ms, dtype=case.dtypes[0], msg=f"{isa} {case.id}: student's gradient")
+        assert_close(gt, rt, mt, dtype=case.dtypes[1], msg=f"{isa} {case.id}: teacher's gradient")
+
+
+# ---- the composite (the NPU's path for now), through its own kernels on the CPU ----
+
+COMPOSITE = torch._C.DispatchKey.CompositeExplicitAutograd
+OP_REDUCTIONS = {"none": 0, "mean": 1, "sum": 2}
+
+
+def _composite_results(op_reduction, student, teacher, labels, beta, temperature, grad_output=None):
+    """The value and both gradients from the composite kernels: the forward op, and the gradients from the
+    forward with gradients (row scales applied) when reduced, else from the backward op."""
+    args = (student, teacher, labels, op_reduction, beta, temperature, -100)
+    value = ops.generalized_jsd_loss.default._op_dk(COMPOSITE, *args)
+    if op_reduction != 0 and grad_output is None:
+        again, gs, gt, row_scale = ops._generalized_jsd_loss_and_grads.default._op_dk(COMPOSITE, *args, [True, True])
+        assert torch.equal(again, value) or (again.isnan() and value.isnan())
+        scale = row_scale.unsqueeze(-1)
+        return value, (gs.float() * scale).to(gs.dtype), (gt.float() * scale).to(gt.dtype)
+    g = torch.ones_like(value) if grad_output is None else grad_output
+    gs, gt = ops.generalized_jsd_loss_backward.default._op_dk(COMPOSITE, g, *args, [True, True])
+    return value, gs, gt
+
+
+COMPOSITE_CASES = [c for c in CASES if c.reduction in OP_REDUCTIONS and c.num_items is None]
+
+
+@pytest.mark.parametrize("case", COMPOSITE_CASES, ids=[c.id for c in COMPOSITE_CASES])
+def test_composite_matches_trl(case):
+    """The composite's values and both gradients within the dtype's tolerance of TRL's formula in float64,
+    every case of the matrix the op's own reductions cover (its chunks, masks and row scales included)."""
+    student, teacher, labels = _inputs(case)
+    value, gs, gt = _composite_results(OP_REDUCTIONS[case.reduction], student, teacher, labels, case.beta,
+                                       case.temperature)
+    (rv, rs, rt), (mv, ms, mt) = _reference(case, student, teacher, labels)
+    result_dtype = torch.promote_types(*case.dtypes)
+    assert value.dtype == result_dtype and value.shape == rv.shape
+    assert_close(value, rv, mv, dtype=result_dtype, msg=f"{case.id}: value")
+    assert_close(gs, rs, ms, dtype=case.dtypes[0], msg=f"{case.id}: student's gradient")
+    assert_close(gt, rt, mt, dtype=case.dtypes[1], msg=f"{case.id}: teacher's gradient")
+
+
+PATHS = ["kernel", "composite"]
+
+
+def _op_call(path, op, *args):
+    return op.default(*args) if path == "kernel" else op.default._op_dk(COMPOSITE, *args)
+
+
+@pytest.mark.parametrize("path", PATHS)
+def test_dropped_rows_never_reach_a_sum(path):
+    """A NaN or an infinity in a row whose label drops it changes nothing: the value and the gradients are
+    those without the row, and the dropped row's gradients are zeros (TRL drops the rows with jsd[mask])."""
+    student, teacher, labels = _inputs(Case((4, 9), labels="none"))
+    labels = torch.tensor([3, -100, 5, -100])
+    bad_s, bad_t = student.clone(), teacher.clone()
+    bad_s[1, 2], bad_t[1, 4], bad_s[3, 0], bad_t[3, 1] = float("nan"), float("inf"), float("-inf"), float("nan")
+    kept = labels != -100
+    for reduction in (1, 2):
+        clean = _op_call(path, ops._generalized_jsd_loss_and_grads, student[kept], teacher[kept], None, reduction,
+                         0.5, 2.0, -100, [True, True])
+        value, gs, gt, _ = _op_call(path, ops._generalized_jsd_loss_and_grads, bad_s, bad_t, labels, reduction, 0.5,
+                                    2.0, -100, [True, True])
+        torch.testing.assert_close(value, clean[0])
+        torch.testing.assert_close(gs[kept], clean[1])
+        torch.testing.assert_close(gt[kept], clean[2])
+        assert torch.equal(gs[~kept], torch.zeros(2, 9)) and torch.equal(gt[~kept], torch.zeros(2, 9))
+    g = torch.randn(2, 9)
+    gs, gt = _op_call(path, ops.generalized_jsd_loss_backward, g, bad_s, bad_t, labels, 0, 0.5, 2.0, -100,
+                      [True, True])
+    assert torch.isfinite(gs).all() and torch.isfinite(gt).all()
+    assert torch.equal(gs[~kept], torch.zeros(2, 9))
+
+
+@pytest.mark.parametrize("path", PATHS)
+def test_mean_of_no_row(path):
+    """The op's 'mean' with every row dropped: NaN (nothing to average), and zero gradients (no row to weigh),
+    on both paths alike."""
+    student, teacher, _ = _inputs(Case((3, 5), labels="none"))
+    labels = torch.full((3,), -100)
+    value, gs, gt, _ = _op_call(path, ops._generalized_jsd_loss_and_grads, student, teacher, labels, 1, 0.5, 1.0, -100,
+                                [True, True])
+    assert value.isnan() and torch.equal(gs, torch.zeros(3, 5)) and torch.equal(gt, torch.zeros(3, 5))
+
+
+@pytest.mark.parametrize("path", PATHS)
+def test_unsigned_labels_compare_as_integers(path):
+    """A uint8 label of 156 is not -100 (the comparison is of integers, never wrapped to the labels' dtype)."""
+    student, teacher, _ = _inputs(Case((3, 5), labels="none"))
+    for dtype in (torch.uint8, torch.int8, torch.int32):
+        labels = torch.tensor([156 if dtype == torch.uint8 else 1, 2, 3], dtype=dtype)
+        got = _op_call(path, ops.generalized_jsd_loss, student, teacher, labels, 0, 0.5, 1.0, -100)
+        assert got.shape == (3, 5), dtype
+
+
+@pytest.mark.parametrize("path", PATHS)
+def test_empty_logits(path):
+    """No row, or a vocabulary of 0: 'none' empty, 'sum' 0, 'mean' NaN, empty gradients; on both paths."""
+    for shape in ((0, 5), (3, 0), (2, 0, 4)):
+        s, t = torch.randn(shape), torch.randn(shape)
+        labels = torch.zeros(shape[:-1], dtype=torch.long)
+        for lab in (None, labels):
+            assert _op_call(path, ops.generalized_jsd_loss, s, t, lab, 0, 0.5, 1.0, -100).numel() == 0
+            assert _op_call(path, ops.generalized_jsd_loss, s, t, lab, 2, 0.5, 1.0, -100).item() == 0
+            value, gs, gt, row_scale = _op_call(path, ops._generalized_jsd_loss_and_grads, s, t, lab, 1, 0.5, 1.0,
+                                                -100, [True, True])
+            assert value.isnan() and gs.shape == shape and gt.shape == shape and row_scale.shape == shape[:-1]
+
+
+@pytest.mark.parametrize("path", PATHS)
+def test_grad_output_rows_of_none_with_labels(path):
+    """The backward op of 'none' with labels takes one grad_output row per row kept, on every backend."""
+    s, t = torch.randn(3, 7), torch.randn(3, 7)
+    for rows in (1, 3):
+        with pytest.raises(RuntimeError, match=f"one row per row its labels keep \\(2\\), got {rows}"):
+            _op_call(path, ops.generalized_jsd_loss_backward, torch.ones(rows, 7), s, t, torch.tensor([0, -100, 1]),
+                     0, 0.5, 1.0, -100, [True, True])
+
+
+@pytest.mark.parametrize("path", PATHS)
+def test_float16_gradients_keep_their_precision_under_loss_scaling(path):
+    """float16 logits at V = 32,000 with a loss scale of 1024: each gradient within two float16 roundings of
+    the exact one. The gradients made in the forward are stored with a power-of-two scale per row (most of them
+    lie below float16's smallest normal before the loss scale reaches them: stored as they are, they lost 1.2 %
+    at the median and 53,000 of 64 x 32,000 flushed to zero)."""
+    gen = torch.Generator().manual_seed(5)
+    s = (torch.randn(16, 32000, generator=gen) * 2).half()
+    t = (torch.randn(16, 32000, generator=gen) * 2).half()
+    scale = 1024.0
+    if path == "kernel":
+        a, b = s.clone().requires_grad_(), t.clone().requires_grad_()
+        (npu_loss_ops.generalized_jsd_loss(a, b, reduction="sum") * scale).backward()
+        gs, gt = a.grad, b.grad
+    else:
+        _, gs, gt, row_scale = _op_call(path, ops._generalized_jsd_loss_and_grads, s, t, None, 2, 0.5, 1.0, -100,
+                                        [True, True])
+        gs = (gs.float() * row_scale[:, None] * scale).half()
+        gt = (gt.float() * row_scale[:, None] * scale).half()
+    a64, b64 = s.double().requires_grad_(), t.double().requires_grad_()
+    (trl_generalized_jsd_loss(a64, b64, None, 0.5, 1.0, "sum") * scale).backward()
+    for got, exact in ((gs, a64.grad), (gt, b64.grad)):
+        # Two roundings to float16: 2 ulp of a normal value (2 * 2^-11 relative), 2 steps of a subnormal one.
+        torch.testing.assert_close(got.double(), exact, rtol=2 * 2.0 ** -11, atol=2 * 2.0 ** -24)
+
+
+def test_checks_run_under_vmap():
+    """vmap runs the composite, after the same checks: a bad beta is the documented ValueError, not NaN."""
+    s, t = torch.randn(2, 3, 5), torch.randn(2, 3, 5)
+    with pytest.raises(ValueError, match="beta must be in \\[0, 1\\], got 1.5"):
+        torch.func.vmap(lambda a, b: npu_loss_ops.generalized_jsd_loss(a, b, beta=1.5))(s, t)
+    with pytest.raises(TypeError, match="labels must have an integer dtype"):
+        torch.func.vmap(lambda a, b: npu_loss_ops.generalized_jsd_loss(a, b, torch.ones(3)))(s, t)
+    with pytest.raises(RuntimeError, match="the same shape"):
+        torch.func.vmap(lambda a, b: npu_loss_ops.generalized_jsd_loss(a, b[..., :4]))(s, t)
 
 
 @pytest.mark.parametrize("reduction", REDUCTIONS)
@@ -541,6 +758,7 @@ def _bad_inputs():
     yield "num_items-zero", dict(num_items_in_batch=0), ValueError, "num_items_in_batch must be > 0, got 0"
     yield "num_items-tensor", dict(num_items_in_batch=torch.tensor(-2)), ValueError, "num_items_in_batch must be > 0"
     yield "num_items-two", dict(num_items_in_batch=torch.tensor([2, 3])), ValueError, "one-element real tensor"
+    yield "num_items-string", dict(num_items_in_batch="4"), ValueError, "must be a number or a tensor, got str"
     yield "logits-9dim", dict(student_logits=torch.randn([1] * 8 + [7]), teacher_logits=torch.randn([1] * 8 + [7]),
                               labels=None), RuntimeError, "has 9 dimensions, but at most 8 are supported"
     yield "shapes", dict(teacher_logits=torch.randn(4, 7)), RuntimeError, "student_logits and teacher_logits must have the same shape"
@@ -598,9 +816,6 @@ def test_bad_reduction_and_grad_output_of_the_ops():
         ops.generalized_jsd_loss_backward(torch.ones(3), s, t, None, 2, 0.5, 1.0, -100, [True, True])
     with pytest.raises(RuntimeError, match="grad_output of 'none' must have the logits' shape"):
         ops.generalized_jsd_loss_backward(torch.ones(3, 6), s, t, None, 0, 0.5, 1.0, -100, [True, True])
-    with pytest.raises(RuntimeError, match="one row per row its labels keep \\(2\\), got 3"):
-        ops.generalized_jsd_loss_backward(torch.ones(3, 7), s, t, torch.tensor([0, -100, 1]), 0, 0.5, 1.0, -100,
-                                          [True, True])
 
 
 # ---- memory: the process's peak resident size above the inputs, in a fresh process ----
@@ -644,8 +859,9 @@ print((status("VmHWM:") - before) / (n * v * student.element_size()))
 BOUNDS = {"student": 1.25, "both": 2.25, "no_grad": 0.25}
 # The CPU kernels through autograd, at both shapes in both dtypes; the composite (the NPU's path for now: the
 # same ATen ops, on the CPU) through the op autograd's forward calls, at both shapes in bfloat16, where its
-# float32 temporaries weigh most against the unit (it takes seconds a call on the CPU). The shapes are whole:
-# a chunk is at least one row, which at a quarter of the rows would already be a third of N x V.
+# float32 temporaries weigh most against the unit (it takes seconds a call on the CPU). That op is the
+# composite's whole peak: the backward only scales its gradients in place. The shapes are whole: a chunk is at
+# least one row, which at a quarter of the rows would already be a third of N x V.
 MEMORY_CASES = [(n, v, dtype, mode, path) for n, v in ((2048, 32768), (512, 151936))
                 for dtype in ("float32", "bfloat16") for mode in BOUNDS for path in ("kernel", "composite")
                 if path == "kernel" or dtype == "bfloat16"]

@@ -299,7 +299,8 @@ std::tuple<at::Tensor, at::Tensor> backward(
     } else if (kept) {
       w = at::zeros({n, vocab}, options);
       const int64_t here = kept->between(first, first + n);
-      if (here > 0) w.index_copy_(0, k.nonzero().squeeze(1), weights.narrow(0, kept->before[first], here));
+      // index_put_ rather than index_copy_: the same rows, through an op every chip's aclnn has.
+      if (here > 0) w.index_put_({k.nonzero().squeeze(1)}, weights.narrow(0, kept->before[first], here));
     }
     const auto [cs, ct] = logit_gradients(e, w, c.temperature, mask);
     if (mask[0]) rows_of(gs, first, n).copy_(masked(cs, k));

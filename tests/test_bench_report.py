@@ -79,3 +79,50 @@ def test_disturbed_from_the_cpu_time_the_process_got(threads, numel, cpu_per_wal
     v = Variant("smooth_l1_loss_backward", "ours", lambda: None, 4)
     v.cpu_per_wall = cpu_per_wall
     assert disturbed(v, Config(threads, "float32", "none", numel)) is expected
+
+
+# ---- bench_distill.py's verdicts, on synthetic rows through its CSV ----
+
+def _distill_rows(ours_s, eager_s, compiled_s):
+    import bench_distill
+
+    def row(method, median, status="ran"):
+        r = {"dtype": "float32", "n": 1024, "v": 32768, "grads": "student", "method": method, "status": status,
+             "bound_compute_s": 0.01, "bound_memory_s": 0.02}
+        if status == "ran":
+            r.update(median_s=median, p20_s=median * 0.9, p80_s=median * 1.1, peak_x=1.0, warm_s=1.0,
+                     grad_err=1e-7 if method != "ours" else "", source="s", isa="avx512")
+        return r
+
+    rows = [row("ours", ours_s), row("trl", eager_s), row("trl-compiled", compiled_s)]
+    big = [dict(r, n=4096, v=151936) for r in rows]
+    big[1] = {**big[1], "status": "not run (needs ~40 GiB)"}
+    for r in big[1:2]:
+        for k in ("median_s", "p20_s", "p80_s", "peak_x", "warm_s", "grad_err"):
+            r.pop(k, None)
+    return bench_distill, rows + big
+
+
+@pytest.mark.parametrize("isa,ours_s,verdicts", [
+    ("avx512", 0.05, ("PASS", "PASS")),       # 0.05x eager, 0.2x compiled
+    ("avx512", 0.3, ("MISS", "MISS")),        # 0.3x eager, 1.2x compiled
+    ("avx2", 0.05, ("PASS", "not judged")),   # compiled TRL is AVX-512's target only
+])
+def test_distill_verdicts(tmp_path, isa, ours_s, verdicts):
+    bench, rows = _distill_rows(ours_s, 1.0, 0.25)
+    meta = {"date": "d", "revision": "r", "cpu": "c", "isa": isa, "threads": "2", "torch": "t", "exp_ns": "0.5",
+            "log_ns": "0.6", "bandwidth_gbs": "20", "load_average": "0", "limit_gib": "16"}
+    path = os.path.join(tmp_path, "d.csv")
+    bench.write_csv(path, meta, rows)
+    meta2, rows2 = bench.read_csv(path)
+    bench.report(meta2, rows2, str(tmp_path), "d")
+    text = open(os.path.join(tmp_path, "d.md")).read()
+    line = next(x for x in text.splitlines() if x.startswith("| float32 | 1024 x 32768"))
+    eager_cell, compiled_cell = line.split(" | ")[7], line.split(" | ")[9]
+    assert eager_cell.startswith(f"<= 0.06x: {verdicts[0]}")
+    assert compiled_cell.startswith(f"<= 0.25x: {verdicts[1]}")
+    assert f"bound {0.02 / 1.0:.3f}x" in eager_cell  # the larger floor over the baseline's time
+    big = next(x for x in text.splitlines() if x.startswith("| float32 | 4096 x 151936"))
+    assert "not run (needs ~40 GiB)" in big and big.split(" | ")[7] == "-"  # no eager verdict there
+    judged = sum(v != "not judged" for v in verdicts) + (1 if isa == "avx512" else 0)
+    assert f"Targets judged: {judged}," in text

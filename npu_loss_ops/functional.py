@@ -512,11 +512,12 @@ def generalized_jsd_loss(
     if reduction == "batchmean":
         if labels is None:
             return total / max(student_logits.size(0), 1)
-        # At least 1, as TRL's clamp_min(1): no row kept gives 0, not 0 / 0.
-        return total / (labels != ignore_index).sum().clamp_min(1)
+        # At least 1, as TRL's clamp_min(1): no row kept gives 0, not 0 / 0. (clamp(min=): DTensor has a rule
+        # for aten.clamp on every supported torch, for aten.clamp_min only from 2.8.)
+        return total / (labels != ignore_index).sum().clamp(min=1)
     # 'mean': over the elements of the kept rows. None kept is NaN, as TRL's jsd.mean() of nothing, with zero
     # gradients, as TRL's: the division by 0 is not differentiated (its branch of `where` is not taken).
     if labels is None:
         return total / student_logits.numel()
     count = (labels != ignore_index).sum() * student_logits.size(-1)
-    return torch.where(count > 0, total / count.clamp_min(1), torch.full_like(total, float("nan")))
+    return torch.where(count > 0, total / count.clamp(min=1), torch.full_like(total, float("nan")))

@@ -524,11 +524,18 @@ def test_compiled_matches_eager(reduction):
         torch.testing.assert_close(compiled, eager, rtol=1e-6, atol=1e-7)
 
 
+# Dynamo keeps the op's unbacked row count in the graph without capture_dynamic_output_shape_ops from this
+# release on (measured on 2.13); 2.7.1 refuses it without the flag (a graph break; fullgraph=True raises).
+NONE_WITH_LABELS_NEEDS_NO_FLAG = tuple(int(x) for x in torch.__version__.split("+")[0].split(".")[:2]) >= (2, 13)
+
+
 @pytest.mark.parametrize("capture", [False, True])
 def test_none_with_labels_compiles_whatever_capture_dynamic_output_shape_ops_says(capture):
-    """'none' with labels under fullgraph=True: the fake kernel gives the rows kept an unbacked size, and the op
-    carries no dynamic_output_shape tag, so Dynamo compiles it with capture_dynamic_output_shape_ops either
-    way (docs/usage.md, "Distillation"), to eager's values and gradients."""
+    """'none' with labels: the fake kernel gives the rows kept an unbacked size, and the op carries no
+    dynamic_output_shape tag, so Dynamo compiles it under fullgraph=True with capture_dynamic_output_shape_ops
+    either way (docs/usage.md, "Distillation"), to eager's values and gradients. On an older torch that needs
+    the flag, fullgraph=True without it raises naming the flag, and the default compile breaks the graph there
+    and still gives eager's results."""
     import torch._dynamo
 
     student, teacher, labels = _inputs(Case((2, 4, 21)))
@@ -536,10 +543,17 @@ def test_none_with_labels_compiles_whatever_capture_dynamic_output_shape_ops_say
     def loss(a, b):
         return npu_loss_ops.generalized_jsd_loss(a, b, labels, 0.5, 2.0, "none")
 
+    fullgraph = capture or NONE_WITH_LABELS_NEEDS_NO_FLAG
     results = []
     with torch._dynamo.config.patch(capture_dynamic_output_shape_ops=capture):
         torch._dynamo.reset()
-        for fn in (loss, torch.compile(loss, fullgraph=True)):
+        if not fullgraph:
+            try:
+                torch.compile(loss, fullgraph=True)(student.clone(), teacher.clone())
+            except torch._dynamo.exc.Unsupported as e:
+                assert "capture_dynamic_output_shape_ops" in str(e)
+            torch._dynamo.reset()
+        for fn in (loss, torch.compile(loss, fullgraph=fullgraph)):
             a, b = student.clone().requires_grad_(), teacher.clone().requires_grad_()
             out = fn(a, b)
             (out * torch.linspace(0.5, 2, 21)).sum().backward()

@@ -49,7 +49,7 @@ def _with_npu():
 # `build_config.py --role NAME`); everything else runs in scripts/check_releases.sh.
 ROLES = {
     "default": DEFAULT_TORCH,  # everything: CPU suite, NPU build check, every emulated chip family, wheel
-    "oldest-npu": _with_npu()[0],  # NPU build check, emulated 910B, CPU suite
+    "oldest-npu": _with_npu()[0],  # NPU build check, emulated 910B, a slice of the CPU suite
     "newest": max(TESTED_RELEASES, key=_key),  # the rebuild check (default, then this, in one checkout)
 }
 

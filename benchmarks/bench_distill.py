@@ -9,7 +9,8 @@ One run measures, for each (dtype, N, V), the forward + backward of each method 
     trl-compiled    torch.compile(that function, dynamic=False), default mode, not fullgraph; the compile
                     and two warm calls are not timed
 
-Each method runs in a fresh process, at --threads threads: two warm calls, then the peak memory of one
+Each method runs in a fresh process, at --threads threads: a warm call (for trl-compiled the compiling
+call and two warm ones), then the peak memory of one
 forward + backward (the process's peak resident size above the inputs, in units of one N x V tensor of the
 logits' dtype: tests/test_distillation.py's protocol), then --reps timed calls (median and p20/p80). A
 baseline runs only where its projected peak (its measured multiple at the smallest size of its dtype times
@@ -107,8 +108,8 @@ def step():
 
 
 start = time.perf_counter()
-step()  # the compile, for trl-compiled
-step()
+for _ in range(3 if cfg["method"] == "trl-compiled" else 1):  # the compiling call and two warm ones; eager: one
+    step()
 compile_s = time.perf_counter() - start
 with open("/proc/self/clear_refs", "w") as f:
     f.write("5")

@@ -445,7 +445,7 @@ CXX
 # torch.func transforms on broadcast samples); enable() in full; and the sums' committed bits.
 SLICE_FILES=(tests/test_correctness.py tests/test_errors.py tests/test_functional.py tests/test_weight.py
   tests/test_gradcheck.py tests/test_autograd_nodes.py tests/test_transforms.py tests/test_enable.py
-  tests/test_same_bits.py)
+  tests/test_same_bits.py tests/test_distillation.py)
 SLICE_K=(
   # correctness: forward and backward ops on 5000 elements, every op, dtype and reduction (30 each)
   "test_forward_op[ and 5000" "test_backward_op[ and 5000"
@@ -467,6 +467,12 @@ SLICE_K=(
   "test_enable.py"
   # the float32 and float64 sums of every loss have aarch64's committed bits (tests/data/reduction_bits.json)
   "test_same_bits.py"
+  # distillation: the row kernels against TRL's formula in float64 at vocabularies of 257, 1,000 and 32,001
+  # (the vector bodies and tails, mixed dtypes) and at beta = 0.5 over every shape, gradcheck, the same bits
+  # with 1 and 2 threads, float16 under loss scaling, dropped and empty rows (its bad inputs: "test_bad_")
+  "test_distillation.py and test_matches_trl[ and (257 or 1000 or 32001 or b0.5-T1)"
+  "test_distillation.py and (test_gradcheck or test_same_bits_with or test_float16_gradients)"
+  "test_distillation.py and (test_dropped_rows or test_empty_logits or test_every_row_ignored)"
 )
 
 slice_expression() {

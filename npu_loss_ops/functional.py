@@ -513,7 +513,7 @@ def generalized_jsd_loss(
         if labels is None:
             return total / max(student_logits.size(0), 1)
         # At least 1, as TRL's clamp_min(1): no row kept gives 0, not 0 / 0. (clamp(min=): DTensor has a rule
-        # for aten.clamp on every supported torch, for aten.clamp_min only from 2.8.)
+        # for aten.clamp on every supported torch, and none for aten.clamp_min on 2.7.)
         return total / (labels != ignore_index).sum().clamp(min=1)
     # 'mean': over the elements of the kept rows. None kept is NaN, as TRL's jsd.mean() of nothing, with zero
     # gradients, as TRL's: the division by 0 is not differentiated (its branch of `where` is not taken).

@@ -11,6 +11,8 @@ import platform
 import subprocess
 
 HERE = os.path.dirname(os.path.abspath(__file__))
+# The package's instruction sets -> the ATEN_CPU_CAPABILITY that runs ATen's kernels at the same level.
+ISAS = {"avx512": "avx512", "avx2": "avx2", "baseline": "default"}
 REPO = os.path.dirname(HERE)
 
 

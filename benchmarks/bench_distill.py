@@ -44,10 +44,9 @@ import time
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
 
-from bench_common import REPO, cpu_model, git_revision, load_average, quantile  # noqa: E402
+from bench_common import ISAS, REPO, cpu_model, git_revision, load_average, quantile  # noqa: E402
 from loss_bench.progress import Progress  # noqa: E402
 
-ISAS = {"avx512": "avx512", "avx2": "avx2", "baseline": "default"}  # ours -> ATEN_CPU_CAPABILITY
 METHODS = ("ours", "trl", "trl-compiled")
 FULL_SHAPES = [(1024, 32768), (4096, 32768), (1024, 151936), (4096, 151936)]
 QUICK_SHAPES = [(256, 32768), (256, 151936)]

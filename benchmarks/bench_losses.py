@@ -27,7 +27,7 @@ import sys
 import time
 import warnings
 
-ISAS = {"avx512": "avx512", "avx2": "avx2", "baseline": "default"}  # ours -> ATEN_CPU_CAPABILITY
+from bench_common import ISAS  # noqa: E402  (no torch import: --isa must act before torch's)
 
 
 def _force_isa_from_argv() -> None:

@@ -112,9 +112,19 @@ inline bool jsd_in_float64(const JsdRows& c) {
   return c.student_dtype == DType::Double || c.teacher_dtype == DType::Double;
 }
 
-// The scratch bytes a thread's kernel call needs: six rows of the compute type and one gathered row.
+// The floats of a row's cache in the direct form (row_kernels.h's JsdRow): the row rounded up to whole
+// vectors of the widest instruction set (AVX-512's 32 floats).
+inline int64_t jsd_cache_floats(int64_t vocab) {
+  return (vocab + 31) / 32 * 32;
+}
+
+// The scratch bytes a thread's kernel call needs. Direct: float16 and bfloat16 gradients keep a_s and a_t in
+// a float row each between passes 2 and 3 (float32 and float64 ones in the gradient itself). Converted: six
+// rows of the compute type and one gathered row.
 inline int64_t jsd_scratch_bytes(const JsdRows& c) {
-  return jsd_direct(c) ? 0 : 7 * c.vocab * (jsd_in_float64(c) ? 8 : 4);
+  if (!jsd_direct(c)) return 7 * c.vocab * (jsd_in_float64(c) ? 8 : 4);
+  const bool wide = c.student_dtype == DType::Float || c.student_dtype == DType::Double;
+  return wide || (!c.grad_student && !c.grad_teacher) ? 0 : 2 * jsd_cache_floats(c.vocab) * 4;
 }
 
 // Kernels over rows [begin, end) of a call, with the calling thread's scratch memory.

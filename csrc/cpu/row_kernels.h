@@ -2,19 +2,23 @@
 // vector type and compiled per instruction set beside dense_kernels.h, whose storage types (Io) and tails
 // they share. A row is V logits of the student and V of the teacher; one thread makes a whole row, so a
 // row's results never depend on how the rows are split among threads, and each of a row's sums runs in one
-// written-out order: each vector's lanes added in reduce_add's order, then into double, the vectors in
-// order (docs/cpu_kernels.md, "Rows").
+// written-out order: a block's vectors added in their lanes, the block's lanes in reduce_add's order into
+// double, the blocks in order (docs/cpu_kernels.md, "Rows").
 //
-// Per row, over its logits (docs/semantics.md, "Distillation", has the formulas):
-//   1. per side, the maximum of z / T, then the sum of exp(z / T - maximum): the log-softmax's two parts;
-//   2. s = log_softmax(student / T), t = log_softmax(teacher / T), p = exp(s), q = exp(t): the row's values
-//      f, summed or written ('none'), and the sums of a_s = g * df/ds and a_t = g * df/dt (g: each element's
-//      gradient weight);
-//   3. the gradients w.r.t. the logits, (a_s - p * sum(a_s)) / T and (a_t - q * sum(a_t)) / T.
-// Pass 3 computes again what pass 2 did rather than keep it: a row of V = 151,936 logits of both sides is
-// already 1.2 MB in float32. The mixture m = logsumexp(s + log(1 - beta), t + log(beta)) is never formed: the
-// values need only s - m = -log(1 - beta) - softplus(-d) and t - m = -log(beta) - softplus(d), with
-// d = s - t + log(1 - beta) - log(beta), exact where p and q underflow (log-probabilities below -87).
+// Per row, over its logits (docs/semantics.md, "Distillation", has the formulas), three passes:
+//   1. per side, in one pass a block at a time, the maximum of z / T and the sum of exp(z / T - maximum): the
+//      log-softmax's two parts (one exp per logit);
+//   2. s = log_softmax(student / T), t = log_softmax(teacher / T), p = exp(s), q = exp(t), and
+//      s - m, t - m against the mixture m = log((1 - beta) p + beta q) (one log): the row's values f, summed or
+//      written ('none'), and a_s = g * df/ds and a_t = g * df/dt (g: each element's gradient weight), summed,
+//      and kept for pass 3 in the gradient's row (float32, float64) or a float scratch row;
+//   3. the gradients w.r.t. the logits, (a_s - p * sum(a_s)) / T and (a_t - q * sum(a_t)) / T, with p (q)
+//      made again (one exp per side): a row of V = 151,936 logits of both sides is 1.2 MB in float32, more than
+//      a core's L2, so keeping p too would cost more than its exp.
+// So 5 exp and 1 log per logit with the student's gradient (6 exp with the teacher's too). Where the mixture is
+// not a normal float in every lane of a vector (log-probabilities below -87), that vector's s - m and t - m
+// come from d = s - t + log(1 - beta) - log(beta) instead: s - m = -log(1 - beta) - softplus(-d) and
+// t - m = -log(beta) - softplus(d), exact where p and q underflow.
 //
 // Like dense_kernels.h, no code here may be shared with other translation units: it includes no header
 // beyond those isa.h includes before the instruction-set pragma, and uses no library template (the scratch
@@ -40,6 +44,7 @@ NPU_LOSS_SIMD_INLINE V vmax(V a, V b) {
 NPU_LOSS_SIMD_INLINE double reduce_add(D a) { return a.v; }
 NPU_LOSS_SIMD_INLINE D vlog(D x) { return {std::log(x.v)}; }
 NPU_LOSS_SIMD_INLINE D abs_of(D x) { return {std::fabs(x.v)}; }
+NPU_LOSS_SIMD_INLINE bool all(DM m) { return m.v; }
 #endif
 NPU_LOSS_SIMD_INLINE F vlog(F x) { return log(x); }
 NPU_LOSS_SIMD_INLINE F abs_of(F x) { return abs(x); }
@@ -71,7 +76,28 @@ NPU_LOSS_SIMD_INLINE void store_at(typename IoT::T* p, int64_t i, int64_t n, typ
   std::memcpy(p + i, buffer, (n - i) * sizeof(typename IoT::T));
 }
 
-// A row sum: each vector's lanes added in reduce_add's order, then into double, the vectors in order.
+// The elements of a block: a row is made in blocks of kBlockVectors vectors, and each row sum adds a block's
+// vectors in their lanes, then the block's lanes (reduce_add's order) into double, the blocks in order.
+constexpr int kBlockVectors = 8;
+
+template <class IoT>
+NPU_LOSS_SIMD_INLINE int64_t block_end(int64_t begin, int64_t n) {
+  return begin + kBlockVectors * IoT::kLanes < n ? begin + kBlockVectors * IoT::kLanes : n;
+}
+
+// The largest lane of a vector, or `floor` if every lane is below it.
+template <class V>
+NPU_LOSS_SIMD_INLINE double lane_max(V v, double floor) {
+  using Acc = decltype(reduce_add(V{}));
+  constexpr int kN = sizeof(V) / sizeof(Acc);
+  Acc lanes[kN];
+  std::memcpy(lanes, &v, sizeof(lanes));
+  double top = floor;
+  for (int k = 0; k < kN; ++k) top = lanes[k] > top ? lanes[k] : top;
+  return top;
+}
+
+// A row sum (above): add() each vector of a block, then end_block().
 template <class V>
 struct RowSum {
   V lanes;
@@ -86,9 +112,11 @@ struct RowSum {
 };
 
 // log(sum(exp(x))) of x = z * inv_t over a row of n, as its two parts: the row's maximum M (one of its x), and
-// log(sum(exp(x - M))), each term at most 1, no running rescale. log_softmax is then (x - M) - log_sum: exact
-// where x is near M, with no rounding of M + log_sum. -inf elements add nothing (a row of -inf only has
-// M = -inf); a NaN or +inf element makes M NaN, as torch's log_softmax.
+// log(sum(exp(x - M))). One pass, a block at a time: the block's maximum first (its elements stay in L1), then
+// its exps against the running maximum; when a block raises the maximum, the sum so far is rescaled once, in
+// double. log_softmax is then (x - M) - log_sum: exact where x is near M, with no rounding of M + log_sum.
+// -inf elements add nothing (a row of -inf only has M = -inf); a NaN or +inf element makes M NaN, as torch's
+// log_softmax.
 struct RowStats {
   double max, log_sum;
 };
@@ -96,32 +124,37 @@ struct RowStats {
 template <class IoT>
 RowStats row_logsumexp(const typename IoT::T* p, int64_t n, double inv_t_d) {
   using V = typename IoT::V;
-  using Acc = decltype(reduce_add(V{}));
   constexpr int W = IoT::kLanes;
   const V inv_t = cst<V>(inv_t_d), neg_inf = cst<V>(-kInfinity), zero = cst<V>(0);
   const auto element = [&](int64_t i) {
     const V x = load_at<IoT>(p, i, n) * inv_t;
     return i + W <= n ? x : select(first_lanes<IoT>(n - i), x, neg_inf);
   };
-  V m = neg_inf, nan = zero;
-  for (int64_t i = 0; i < n; i += W) {
-    const V x = element(i);
-    m = vmax(m, x);
-    nan = nan + select(x == x, zero, cst<V>(1));
+  V nan = zero;
+  double top = -kInfinity, total = 0;
+  for (int64_t begin = 0; begin < n; begin += kBlockVectors * W) {
+    const int64_t end = block_end<IoT>(begin, n);
+    V m = neg_inf;
+    for (int64_t i = begin; i < end; i += W) {
+      const V x = element(i);
+      m = vmax(m, x);
+      nan = nan + select(x == x, zero, cst<V>(1));
+    }
+    const double block_top = lane_max(m, -kInfinity);
+    if (block_top > top) {
+      total *= std::exp(top - block_top);  // 0 while top is -inf: nothing was added
+      top = block_top;
+    }
+    if (top == -kInfinity || top == kInfinity) continue;
+    const V vtop = cst<V>(top);
+    RowSum<V> sum;
+    for (int64_t i = begin; i < end; i += W) sum.add(exp(element(i) - vtop));  // exp(-inf) = 0: padding
+    sum.end_block();
+    total += sum.total;
   }
-  Acc lanes[W];
-  std::memcpy(lanes, &m, sizeof(lanes));
-  double top = -kInfinity;
-  for (int k = 0; k < W; ++k) top = lanes[k] > top ? lanes[k] : top;
   if (reduce_add(nan) != 0 || top == kInfinity) return {std::numeric_limits<double>::quiet_NaN(), 0};
   if (top == -kInfinity) return {top, 0};
-  const V vtop = cst<V>(top);
-  RowSum<V> sum;
-  for (int64_t i = 0; i < n; i += W) {
-    sum.add(exp(element(i) - vtop));  // exp(-inf) = 0 for -inf elements and padding
-    sum.end_block();
-  }
-  return {top, std::log(sum.total)};
+  return {top, std::log(total)};
 }
 
 // The three forms of the loss: beta == 0, beta == 1, and the mixture in between.
@@ -159,14 +192,22 @@ struct JsdMath {
       r.ds = r.f + r.p;
       r.dt = cst<V>(0) - r.p;
     } else {
-      // d = (s + log(1 - beta)) - (t + log(beta)); softplus(d) = max(d, 0) + log(1 + exp(-|d|)), and
-      // softplus(-d) = softplus(d) - d.
-      const V d = (s - t) + log_ratio;
-      const V tail = vlog(cst<V>(1) + exp(cst<V>(0) - abs_of(d)));
-      const V softplus_d = vmax(d, cst<V>(0)) + tail;
-      const V softplus_neg_d = vmax(cst<V>(0) - d, cst<V>(0)) + tail;
-      const V s_minus_m = cst<V>(0) - log_one_minus_beta - softplus_neg_d;
-      const V t_minus_m = cst<V>(0) - log_beta - softplus_d;
+      // s - m and t - m, m = log((1 - beta) p + beta q): from the mixture where it is a normal number in every
+      // lane; else from d = (s + log(1 - beta)) - (t + log(beta)), softplus(d) = max(d, 0) + log(1 + exp(-|d|))
+      // and softplus(-d) = softplus(d) - d, exact where p and q underflow.
+      using Acc = decltype(reduce_add(V{}));
+      const V mixture = one_minus_beta * r.p + beta * r.q;
+      V s_minus_m, t_minus_m;
+      if (all(mixture >= cst<V>(std::numeric_limits<Acc>::min()))) {
+        const V log_mixture = vlog(mixture);
+        s_minus_m = s - log_mixture;
+        t_minus_m = t - log_mixture;
+      } else {
+        const V d = (s - t) + log_ratio;
+        const V tail = vlog(cst<V>(1) + exp(cst<V>(0) - abs_of(d)));
+        s_minus_m = cst<V>(0) - log_one_minus_beta - (vmax(cst<V>(0) - d, cst<V>(0)) + tail);
+        t_minus_m = cst<V>(0) - log_beta - (vmax(d, cst<V>(0)) + tail);
+      }
       r.ds = one_minus_beta * r.p * s_minus_m;
       r.dt = beta * r.q * t_minus_m;
       r.f = r.ds + r.dt;
@@ -174,18 +215,6 @@ struct JsdMath {
     return r;
   }
 };
-
-// The largest lane of a vector of non-negative values.
-template <class V>
-NPU_LOSS_SIMD_INLINE double lane_max(V v) {
-  using Acc = decltype(reduce_add(V{}));
-  constexpr int kN = sizeof(V) / sizeof(Acc);
-  Acc lanes[kN];
-  std::memcpy(lanes, &v, sizeof(lanes));
-  double top = 0;
-  for (int k = 0; k < kN; ++k) top = lanes[k] > top ? lanes[k] : top;
-  return top;
-}
 
 // The power j of row_scale (isa.h's JsdRows): a row whose gradients are at most `bound` is stored times 2^j,
 // so that its largest is below 2^14 (float16's largest finite value is 65504, near 2^16: room for the bound's
@@ -203,84 +232,105 @@ template <class IoT>
 struct JsdRow {
   using T = typename IoT::T;
   using V = typename IoT::V;
+  using A = decltype(reduce_add(V{}));  // the compute type
   static constexpr int W = IoT::kLanes;
+  // Pass 2 leaves each a_s (a_t) for pass 3 in the gradient's own row when that is of the compute type; else
+  // in a scratch row of the compute type (jsd_cache_floats), a whole vector at a time: a bfloat16 vector's
+  // lanes are in an order of their own, which the cache keeps.
+  static constexpr bool kCacheInGrad = std::is_same_v<T, A>;
+  using IoCache = std::conditional_t<kCacheInGrad, IoT, Io<DType::Float>>;
 
   const JsdMath<V>& math;
   double inv_t;
   int64_t n;
 
-  // Pass 2 (and 3 when the gradients are wanted): returns nothing, fills what the pointers ask for.
+  // Passes 1 to 3 of one row: fills what the pointers ask for. cache_s (cache_t): where a_s (a_t) waits for
+  // pass 3, when grad_s (grad_t) is wanted: grad_s itself when kCacheInGrad, else a scratch row.
   void run(const T* zs, const T* zt, const T* g, double g_scale, double* row_sum, T* values, T* grad_s,
-           T* grad_t, float* row_scale) const {
+           T* grad_t, float* row_scale, A* cache_s, A* cache_t) const {
     const RowStats stats_s = row_logsumexp<IoT>(zs, n, inv_t), stats_t = row_logsumexp<IoT>(zt, n, inv_t);
     const V vinv_t = cst<V>(inv_t), scale = cst<V>(g_scale);
     const V max_s = cst<V>(stats_s.max), log_sum_s = cst<V>(stats_s.log_sum);
     const V max_t = cst<V>(stats_t.max), log_sum_t = cst<V>(stats_t.log_sum);
-    const bool grads = grad_s != nullptr || grad_t != nullptr;
+    const int64_t n_cache = kCacheInGrad ? n : (n + W - 1) / W * W;
+    const auto log_p = [&](int64_t i) { return (load_at<IoT>(zs, i, n) * vinv_t - max_s) - log_sum_s; };
+    const auto log_q = [&](int64_t i) { return (load_at<IoT>(zt, i, n) * vinv_t - max_t) - log_sum_t; };
+    const auto weight = [&](int64_t i) { return g ? load_at<IoT>(g, i, n) * scale : scale; };
     RowSum<V> sum_f, sum_as, sum_at;
     // For row_scale: the largest |a_s|, |a_t|, p and q, whence a bound on every gradient of the row.
     V max_as = cst<V>(0), max_at = cst<V>(0), max_p = cst<V>(0), max_q = cst<V>(0);
-    const auto element = [&](int64_t i) {
-      const V s = (load_at<IoT>(zs, i, n) * vinv_t - max_s) - log_sum_s;
-      const V t = (load_at<IoT>(zt, i, n) * vinv_t - max_t) - log_sum_t;
-      return math.terms(s, t);
-    };
-    const auto weight = [&](int64_t i) { return g ? load_at<IoT>(g, i, n) * scale : scale; };
-    for (int64_t i = 0; i < n; i += W) {
-      JsdTerms<V> e = element(i);
-      if (i + W > n) {  // the tail's padding lanes add nothing
-        const auto valid = first_lanes<IoT>(n - i);
-        e.f = select(valid, e.f, cst<V>(0));
-        e.ds = select(valid, e.ds, cst<V>(0));
-        e.dt = select(valid, e.dt, cst<V>(0));
-        e.p = select(valid, e.p, cst<V>(0));
-        e.q = select(valid, e.q, cst<V>(0));
-      }
-      if (values) store_at<IoT>(values, i, n, e.f);
-      sum_f.add(e.f);
-      sum_f.end_block();
-      if (grads) {
-        const V w = weight(i);
-        const V as = w * e.ds, at = w * e.dt;
-        sum_as.add(as);
-        sum_as.end_block();
-        sum_at.add(at);
-        sum_at.end_block();
-        if (row_scale) {  // the padding lanes hold 0 (above)
-          max_as = vmax(max_as, abs_of(as));
-          max_at = vmax(max_at, abs_of(at));
-          max_p = vmax(max_p, e.p);
-          max_q = vmax(max_q, e.q);
+    for (int64_t begin = 0; begin < n; begin += kBlockVectors * W) {
+      const int64_t end = block_end<IoT>(begin, n);
+      for (int64_t i = begin; i < end; i += W) {
+        JsdTerms<V> e = math.terms(log_p(i), log_q(i));
+        if (i + W > n) {  // the tail's padding lanes add nothing
+          const auto valid = first_lanes<IoT>(n - i);
+          e.f = select(valid, e.f, cst<V>(0));
+          e.ds = select(valid, e.ds, cst<V>(0));
+          e.dt = select(valid, e.dt, cst<V>(0));
+          e.p = select(valid, e.p, cst<V>(0));
+          e.q = select(valid, e.q, cst<V>(0));
+        }
+        if (values) store_at<IoT>(values, i, n, e.f);
+        sum_f.add(e.f);
+        if (grad_s) {
+          const V as = weight(i) * e.ds;
+          sum_as.add(as);
+          store_at<IoCache>(cache_s, i, n_cache, as);
+          if (row_scale) {  // the padding lanes hold 0 (above)
+            max_as = vmax(max_as, abs_of(as));
+            max_p = vmax(max_p, e.p);
+          }
+        }
+        if (grad_t) {
+          const V at = weight(i) * e.dt;
+          sum_at.add(at);
+          store_at<IoCache>(cache_t, i, n_cache, at);
+          if (row_scale) {
+            max_at = vmax(max_at, abs_of(at));
+            max_q = vmax(max_q, e.q);
+          }
         }
       }
+      sum_f.end_block();
+      sum_as.end_block();
+      sum_at.end_block();
     }
     if (row_sum) *row_sum = sum_f.total;
-    if (!grads) return;
+    if (!grad_s && !grad_t) return;
     const V total_as = cst<V>(sum_as.total), total_at = cst<V>(sum_at.total);
     V out_scale = vinv_t;
     if (row_scale) {
       // |gradient| <= (max |a| + max p * |sum a|) / T on each side; the bound, rounded up, sets the power.
-      const double bound_s = grad_s ? (lane_max(max_as) + lane_max(max_p) * std::fabs(sum_as.total)) * inv_t : 0;
-      const double bound_t = grad_t ? (lane_max(max_at) + lane_max(max_q) * std::fabs(sum_at.total)) * inv_t : 0;
+      const double bound_s = (lane_max(max_as, 0) + lane_max(max_p, 0) * std::fabs(sum_as.total)) * inv_t;
+      const double bound_t = (lane_max(max_at, 0) + lane_max(max_q, 0) * std::fabs(sum_at.total)) * inv_t;
       const int power = row_power(bound_s > bound_t ? bound_s : bound_t);
       *row_scale = std::ldexp(1.0f, -power);
       out_scale = cst<V>(std::ldexp(inv_t, power));
     }
+    // Pass 3: one exp per side.
     for (int64_t i = 0; i < n; i += W) {
-      const JsdTerms<V> e = element(i);
-      const V w = weight(i);
-      if (grad_s) store_at<IoT>(grad_s, i, n, (w * e.ds - e.p * total_as) * out_scale);
-      if (grad_t) store_at<IoT>(grad_t, i, n, (w * e.dt - e.q * total_at) * out_scale);
+      if (grad_s) {
+        const V a = load_at<IoCache>(cache_s, i, n_cache);
+        store_at<IoT>(grad_s, i, n, (a - exp(log_p(i)) * total_as) * out_scale);
+      }
+      if (grad_t) {
+        const V a = load_at<IoCache>(cache_t, i, n_cache);
+        store_at<IoT>(grad_t, i, n, (a - exp(log_q(i)) * total_at) * out_scale);
+      }
     }
   }
 };
 
 // Rows [begin, end) of a call whose operands share one storage type and whose rows are contiguous.
 template <class IoT>
-void jsd_rows_direct(const JsdRows& c, int64_t begin, int64_t end) {
+void jsd_rows_direct(const JsdRows& c, int64_t begin, int64_t end, void* scratch) {
   using T = typename IoT::T;
+  using Row = JsdRow<IoT>;
+  using A = typename Row::A;
   const JsdMath<typename IoT::V> math(c.beta);
-  const JsdRow<IoT> row{math, c.inv_temperature, c.vocab};
+  const Row row{math, c.inv_temperature, c.vocab};
+  A* cache = static_cast<A*>(scratch);  // jsd_scratch_bytes: two rows of jsd_cache_floats unless kCacheInGrad
   const T* zs = static_cast<const T*>(c.student);
   const T* zt = static_cast<const T*>(c.teacher);
   const int64_t v = c.vocab;
@@ -296,7 +346,8 @@ void jsd_rows_direct(const JsdRows& c, int64_t begin, int64_t end) {
     row.run(zs + c.student_offsets[r], zt + c.teacher_offsets[r],
             c.grad_output ? static_cast<const T*>(c.grad_output) + k * v : nullptr, c.grad_scale,
             c.row_sums ? c.row_sums + k : nullptr, c.values ? static_cast<T*>(c.values) + k * v : nullptr, gs, gt,
-            c.row_scale ? c.row_scale + r : nullptr);
+            c.row_scale ? c.row_scale + r : nullptr, Row::kCacheInGrad ? reinterpret_cast<A*>(gs) : cache,
+            Row::kCacheInGrad ? reinterpret_cast<A*>(gt) : cache + jsd_cache_floats(v));
   }
 }
 
@@ -386,7 +437,7 @@ void jsd_converted(const JsdRows& c, int64_t begin, int64_t end, void* scratch) 
     if (c.grad_output) read_row<IoAcc>(c.result_dtype, at(c.grad_output, c.result_dtype, k), 1, gather, g, v);
     row.run(zs, zt, c.grad_output ? g : nullptr, c.grad_scale, c.row_sums ? c.row_sums + k : nullptr,
             c.values ? values : nullptr, c.grad_student ? gs : nullptr, c.grad_teacher ? gt : nullptr,
-            c.row_scale ? c.row_scale + r : nullptr);
+            c.row_scale ? c.row_scale + r : nullptr, gs, gt);
     if (c.values) write_row<IoAcc>(values, c.result_dtype, at(c.values, c.result_dtype, k), v);
     if (c.grad_student) write_row<IoAcc>(gs, c.student_dtype, at(c.grad_student, c.student_dtype, r), v);
     if (c.grad_teacher) write_row<IoAcc>(gt, c.teacher_dtype, at(c.grad_teacher, c.teacher_dtype, r), v);
@@ -398,7 +449,7 @@ void jsd(const JsdRows& c, int64_t begin, int64_t end, void* scratch) {
   if (jsd_in_float64(c)) return baseline::kRowKernels.jsd(c, begin, end, scratch);
 #endif
   if (jsd_direct(c)) {
-    with_io(c.student_dtype, [&](auto io) { jsd_rows_direct<decltype(io)>(c, begin, end); });
+    with_io(c.student_dtype, [&](auto io) { jsd_rows_direct<decltype(io)>(c, begin, end, scratch); });
     return;
   }
 #ifdef NPU_LOSS_ISA_BASELINE

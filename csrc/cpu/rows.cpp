@@ -7,13 +7,8 @@
 #include <torch/library.h>
 
 #include <cmath>
-#include <cstdint>
 #include <tuple>
 #include <vector>
-
-#if defined(__linux__)
-#include <sys/mman.h>
-#endif
 
 #include "../core/backend.h"
 #include "../core/checks.h"
@@ -103,26 +98,11 @@ JsdRows rows_of(const JsdCall& c, double* row_sums) {
   return r;
 }
 
-// An N x V result, allocated here and written once by the kernel: asks Linux to back its whole 2 MiB spans with
-// transparent huge pages (a hint, where the system offers them on request, as its default "madvise" mode does).
-// Its first touch is otherwise one page fault per 4 KiB: for a 32 MiB float32 gradient about 20 ms on one
-// thread, as much as the kernel's own work at V = 32,768; in 2 MiB pages about 5 ms (docs/cpu_kernels.md,
-// "Speed"). The values are the same either way.
-at::Tensor written_once(at::Tensor t) {
-#if defined(__linux__) && defined(MADV_HUGEPAGE)
-  constexpr uintptr_t kSpan = uintptr_t{2} << 20;
-  const auto begin = reinterpret_cast<uintptr_t>(t.const_data_ptr());
-  const uintptr_t first = (begin + kSpan - 1) & ~(kSpan - 1), last = (begin + t.nbytes()) & ~(kSpan - 1);
-  if (last > first) madvise(reinterpret_cast<void*>(first), last - first, MADV_HUGEPAGE);  // a hint: may fail
-#endif
-  return t;
-}
-
 // The gradients wanted, allocated in the logits' dtypes and contiguous (undefined where not wanted).
 std::pair<at::Tensor, at::Tensor> gradients(const JsdCall& c, std::array<bool, 2> mask, JsdRows& r) {
   at::Tensor gs, gt;
-  if (mask[0]) gs = written_once(at::empty(c.spec.logits_shape, c.student.options()));
-  if (mask[1]) gt = written_once(at::empty(c.spec.logits_shape, c.teacher.options()));
+  if (mask[0]) gs = at::empty(c.spec.logits_shape, c.student.options());
+  if (mask[1]) gt = at::empty(c.spec.logits_shape, c.teacher.options());
   r.grad_student = gs.defined() ? gs.mutable_data_ptr() : nullptr;
   r.grad_teacher = gt.defined() ? gt.mutable_data_ptr() : nullptr;
   return {gs, gt};
@@ -143,8 +123,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> forward(const JsdCall
   const auto options = c.student.options().dtype(c.spec.dtype);
   at::Tensor values;
   if (c.reduction == kNone) {
-    values = written_once(c.spec.labels ? at::empty({kept.count, c.spec.vocab}, options)
-                                        : at::empty(c.spec.logits_shape, options));
+    values = c.spec.labels ? at::empty({kept.count, c.spec.vocab}, options) : at::empty(c.spec.logits_shape, options);
     r.values = values.mutable_data_ptr();
     r.row_sums = nullptr;
   }

@@ -181,6 +181,27 @@ def test_large_vocabulary():
         _check(Case((3, 151936), 0.5, 1.0, "batchmean", dtypes=dtypes), "cpu")
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float64], ids=str)
+def test_rising_and_steep_rows(dtype):
+    """Rows whose maximum rises in every block of the statistics pass (logits increasing along the row: each
+    block's kept exps are rescaled by their own factor), the same falling, and rows steep enough that
+    log-probabilities fall below -87 (where the mixture is not a normal float and the kernel takes the softplus
+    form): values and both gradients within the dtype's tolerance of TRL's formula in float64."""
+    v = 4101
+    ramp, steep = torch.linspace(-30, 30, v), torch.linspace(-150, 10, v)
+    student = torch.stack([ramp, ramp.flip(0), steep, steep * 0.5, steep.flip(0)]).to(dtype)
+    teacher = torch.stack([ramp * 0.8, ramp, steep.flip(0), steep, steep * 0.7]).to(dtype)
+    for beta in (0.0, 0.5, 0.9, 1.0):
+        case = Case((5, v), beta, 1.0, "batchmean", labels="none", dtypes=(dtype, dtype))
+        a, b = student.clone().requires_grad_(), teacher.clone().requires_grad_()
+        out = npu_loss_ops.generalized_jsd_loss(a, b, None, beta=beta)
+        out.backward()
+        (value, gs, gt), (mv, ms, mt) = _reference(case, student, teacher, None)
+        assert_close(out, value, mv, dtype=dtype, msg=f"beta {beta}: value")
+        assert_close(a.grad, gs, ms, dtype=dtype, msg=f"beta {beta}: student's gradient")
+        assert_close(b.grad, gt, mt, dtype=dtype, msg=f"beta {beta}: teacher's gradient")
+
+
 def test_trl_itself_where_installed():
     """TRL's own GKDTrainer.generalized_jsd_loss, where trl 1.16 is installed (it is not in the default venv),
     gives the float32 values and gradients (student's and teacher's) ours gives, to float32's tolerance, and

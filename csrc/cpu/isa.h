@@ -112,19 +112,32 @@ inline bool jsd_in_float64(const JsdRows& c) {
   return c.student_dtype == DType::Double || c.teacher_dtype == DType::Double;
 }
 
-// The floats of a row's cache in the direct form (row_kernels.h's JsdRow): the row rounded up to whole
-// vectors of the widest instruction set (AVX-512's 32 floats).
+// The elements of a scratch row that waits between the row kernel's passes (row_kernels.h's RowScratch): the
+// vocabulary rounded up to whole vectors of the widest instruction set (AVX-512's 32 floats).
 inline int64_t jsd_cache_floats(int64_t vocab) {
   return (vocab + 31) / 32 * 32;
 }
 
-// The scratch bytes a thread's kernel call needs. Direct: float16 and bfloat16 gradients keep a_s and a_t in
-// a float row each between passes 2 and 3 (float32 and float64 ones in the gradient itself). Converted: six
-// rows of the compute type and one gathered row.
-inline int64_t jsd_scratch_bytes(const JsdRows& c) {
-  if (!jsd_direct(c)) return 7 * c.vocab * (jsd_in_float64(c) ? 8 : 4);
+// The most blocks a row of the vocabulary makes (row_kernels.h: blocks of 8 vectors, of one element or more).
+inline int64_t jsd_blocks(int64_t vocab) {
+  return vocab / 8 + 1;
+}
+
+// The scratch rows a thread's call needs: the exps of the statistics pass, which become p and q; and a_s's
+// and a_t's where the gradients are wanted but are not of the compute type (the direct form of float16 and
+// bfloat16; float32 and float64 gradients, and the converted form's compute-type gradient rows, keep their own).
+inline int64_t jsd_scratch_rows(const JsdRows& c) {
+  const bool grads = c.grad_student || c.grad_teacher;
   const bool wide = c.student_dtype == DType::Float || c.student_dtype == DType::Double;
-  return wide || (!c.grad_student && !c.grad_teacher) ? 0 : 2 * jsd_cache_floats(c.vocab) * 4;
+  return grads && jsd_direct(c) && !wide ? 4 : 2;
+}
+
+// The scratch bytes a thread's kernel call needs: each side's block maxima (doubles), the rows above, then, in
+// the converted form, six rows of the compute type and one gathered row.
+inline int64_t jsd_scratch_bytes(const JsdRows& c) {
+  const int64_t compute = jsd_in_float64(c) ? 8 : 4;
+  return 2 * jsd_blocks(c.vocab) * 8 +
+      compute * (jsd_scratch_rows(c) * jsd_cache_floats(c.vocab) + (jsd_direct(c) ? 0 : 7 * c.vocab));
 }
 
 // Kernels over rows [begin, end) of a call, with the calling thread's scratch memory.

@@ -7,17 +7,15 @@
 //
 // Per row, over its logits (docs/semantics.md, "Distillation", has the formulas), three passes:
 //   1. per side, in one pass a block at a time, the maximum of z / T and the sum of exp(z / T - maximum): the
-//      log-softmax's two parts (one exp per logit);
-//   2. s = log_softmax(student / T), t = log_softmax(teacher / T), p = exp(s), q = exp(t), and
-//      s - m, t - m against the mixture m = log((1 - beta) p + beta q) (one log): the row's values f, summed or
-//      written ('none'), and a_s = g * df/ds and a_t = g * df/dt (g: each element's gradient weight), summed,
-//      and kept for pass 3 in the gradient's row (float32, float64) or a float scratch row;
-//   3. the gradients w.r.t. the logits, (a_s - p * sum(a_s)) / T and (a_t - q * sum(a_t)) / T, with p (q)
-//      made again (one exp per side): a row of V = 151,936 logits of both sides is 1.2 MB in float32, more than
-//      a core's L2, so keeping p too would cost more than its exp.
-// So 5 exp and 1 log per logit with the student's gradient (6 exp with the teacher's too). Where the mixture is
-// not a normal float in every lane of a vector (log-probabilities below -87), that vector's s - m and t - m
-// come from d = s - t + log(1 - beta) - log(beta) instead: s - m = -log(1 - beta) - softplus(-d) and
+//      log-softmax's two parts. Each exp is kept in a scratch row, against its block's running maximum;
+//   2. s = log_softmax(student / T), t = log_softmax(teacher / T), p = exp(s) and q = exp(t) from the kept
+//      exps times one factor per block, and s - m, t - m against the mixture m = log((1 - beta) p + beta q)
+//      (one log): the row's values f, summed or written ('none'), and a_s = g * df/ds and a_t = g * df/dt
+//      (g: each element's gradient weight), summed; p, q, a_s and a_t wait for pass 3 (RowScratch);
+//   3. the gradients w.r.t. the logits, (a_s - p * sum(a_s)) / T and (a_t - q * sum(a_t)) / T.
+// So 2 exp and 1 log per logit, with or without the gradients. Where the mixture is not a normal float in
+// every lane of a vector (log-probabilities below -87), that vector's s - m and t - m come from
+// d = s - t + log(1 - beta) - log(beta) instead: s - m = -log(1 - beta) - softplus(-d) and
 // t - m = -log(beta) - softplus(d), exact where p and q underflow.
 //
 // Like dense_kernels.h, no code here may be shared with other translation units: it includes no header
@@ -79,10 +77,22 @@ NPU_LOSS_SIMD_INLINE void store_at(typename IoT::T* p, int64_t i, int64_t n, typ
 // The elements of a block: a row is made in blocks of kBlockVectors vectors, and each row sum adds a block's
 // vectors in their lanes, then the block's lanes (reduce_add's order) into double, the blocks in order.
 constexpr int kBlockVectors = 8;
+// How many blocks ahead the statistics pass prefetches.
+constexpr int kPrefetchBlocks = 2;
 
 template <class IoT>
 NPU_LOSS_SIMD_INLINE int64_t block_end(int64_t begin, int64_t n) {
   return begin + kBlockVectors * IoT::kLanes < n ? begin + kBlockVectors * IoT::kLanes : n;
+}
+
+// Asks for the vector `ahead` elements past element i of a row (software prefetch: past the row's end it is
+// a no-op). The statistics pass reads each row from memory for the first time, and its exps, computed from
+// L1, would otherwise leave the memory stream idle.
+template <class IoT>
+NPU_LOSS_SIMD_INLINE void prefetch_vector(const typename IoT::T* p, int64_t i, int64_t ahead) {
+  const char* at = reinterpret_cast<const char*>(p + i + ahead);
+  for (int offset = 0; offset < IoT::kLanes * static_cast<int>(sizeof(typename IoT::T)); offset += 64)
+    __builtin_prefetch(at + offset);
 }
 
 // The largest lane of a vector, or `floor` if every lane is below it.
@@ -111,18 +121,26 @@ struct RowSum {
   }
 };
 
+// The storage type of a scratch row of compute type A (float, or double for float64).
+template <class A>
+using IoRow = Io<std::is_same_v<A, double> ? DType::Double : DType::Float>;
+
 // log(sum(exp(x))) of x = z * inv_t over a row of n, as its two parts: the row's maximum M (one of its x), and
 // log(sum(exp(x - M))). One pass, a block at a time: the block's maximum first (its elements stay in L1), then
 // its exps against the running maximum; when a block raises the maximum, the sum so far is rescaled once, in
 // double. log_softmax is then (x - M) - log_sum: exact where x is near M, with no rounding of M + log_sum.
 // -inf elements add nothing (a row of -inf only has M = -inf); a NaN or +inf element makes M NaN, as torch's
-// log_softmax.
+// log_softmax. Each exp(x - top) is kept in `kept` (a scratch row of the compute type, whole vectors) and each
+// block's running maximum `top` in tops[block], so that exp(x - M - log_sum) = kept * exp(top - M - log_sum):
+// the values pass needs no exp of its own for the probabilities.
 struct RowStats {
   double max, log_sum;
+  // The factor from the kept exps of the block whose running maximum was `top` to the probabilities.
+  double factor(double top) const { return std::exp(top - max - log_sum); }
 };
 
-template <class IoT>
-RowStats row_logsumexp(const typename IoT::T* p, int64_t n, double inv_t_d) {
+template <class IoT, class A>
+RowStats row_logsumexp(const typename IoT::T* p, int64_t n, double inv_t_d, A* kept, double* tops) {
   using V = typename IoT::V;
   constexpr int W = IoT::kLanes;
   const V inv_t = cst<V>(inv_t_d), neg_inf = cst<V>(-kInfinity), zero = cst<V>(0);
@@ -145,10 +163,19 @@ RowStats row_logsumexp(const typename IoT::T* p, int64_t n, double inv_t_d) {
       total *= std::exp(top - block_top);  // 0 while top is -inf: nothing was added
       top = block_top;
     }
-    if (top == -kInfinity || top == kInfinity) continue;
+    *tops++ = top;
+    if (top == -kInfinity || top == kInfinity) {  // every element so far -inf (0), or the row is NaN
+      for (int64_t i = begin; i < end; i += W) IoRow<A>::store(kept + i, zero);
+      continue;
+    }
     const V vtop = cst<V>(top);
     RowSum<V> sum;
-    for (int64_t i = begin; i < end; i += W) sum.add(exp(element(i) - vtop));  // exp(-inf) = 0: padding
+    for (int64_t i = begin; i < end; i += W) {
+      prefetch_vector<IoT>(p, i, kPrefetchBlocks * kBlockVectors * W);
+      const V e = exp(element(i) - vtop);  // exp(-inf) = 0: padding
+      IoRow<A>::store(kept + i, e);
+      sum.add(e);
+    }
     sum.end_block();
     total += sum.total;
   }
@@ -179,10 +206,11 @@ struct JsdMath {
         log_one_minus_beta(cst<V>(b < 1 ? std::log1p(-b) : 0.0)),
         log_ratio(cst<V>(b > 0 && b < 1 ? std::log1p(-b) - std::log(b) : 0.0)) {}
 
-  NPU_LOSS_SIMD_INLINE JsdTerms<V> terms(V s, V t) const {
+  // s, t: the log-probabilities; p = exp(s), q = exp(t).
+  NPU_LOSS_SIMD_INLINE JsdTerms<V> terms(V s, V t, V p, V q) const {
     JsdTerms<V> r;
-    r.p = exp(s);
-    r.q = exp(t);
+    r.p = p;
+    r.q = q;
     if (form == JsdForm::TeacherKl) {  // exp(t) * (t - s)
       r.f = r.q * (t - s);
       r.ds = cst<V>(0) - r.q;
@@ -227,6 +255,26 @@ inline int row_power(double bound) {
   return power < -60 ? -60 : power > 60 ? 60 : power;
 }
 
+// Where a row's intermediate results wait between its passes: a thread's scratch memory (isa.h's
+// jsd_scratch_bytes), carved as block maxima (tops), then rows of the compute type A: the exps of the statistics
+// pass, which become p and q in place, then a_s and a_t where the gradients cannot hold them, then the
+// converted form's rows (`rest`).
+template <class A>
+struct RowScratch {
+  double *tops_s, *tops_t;
+  A *prob_s, *prob_t, *a_s, *a_t, *rest;
+  RowScratch(void* scratch, const JsdRows& c) {
+    const int64_t blocks = jsd_blocks(c.vocab), w = jsd_cache_floats(c.vocab);
+    tops_s = static_cast<double*>(scratch);
+    tops_t = tops_s + blocks;
+    prob_s = reinterpret_cast<A*>(tops_t + blocks);
+    prob_t = prob_s + w;
+    a_s = prob_t + w;  // within the scratch only where jsd_scratch_rows counts them
+    a_t = a_s + w;
+    rest = prob_s + jsd_scratch_rows(c) * w;
+  }
+};
+
 // One row, with the storage type IoT for every operand (the direct case: one dtype, contiguous rows).
 template <class IoT>
 struct JsdRow {
@@ -234,35 +282,43 @@ struct JsdRow {
   using V = typename IoT::V;
   using A = decltype(reduce_add(V{}));  // the compute type
   static constexpr int W = IoT::kLanes;
-  // Pass 2 leaves each a_s (a_t) for pass 3 in the gradient's own row when that is of the compute type; else
-  // in a scratch row of the compute type (jsd_cache_floats), a whole vector at a time: a bfloat16 vector's
-  // lanes are in an order of their own, which the cache keeps.
+  // p and q wait in scratch rows (RowScratch), and a_s (a_t) in the gradient's own row when that is of the
+  // compute type, else in a scratch row too. A scratch row is read and written a whole vector at a time, in
+  // the vectors' own lane order (a bfloat16 vector's is its own).
   static constexpr bool kCacheInGrad = std::is_same_v<T, A>;
-  using IoCache = std::conditional_t<kCacheInGrad, IoT, Io<DType::Float>>;
+  using IoScratch = IoRow<A>;
+  using IoCache = std::conditional_t<kCacheInGrad, IoT, IoScratch>;
 
   const JsdMath<V>& math;
   double inv_t;
   int64_t n;
 
-  // Passes 1 to 3 of one row: fills what the pointers ask for. cache_s (cache_t): where a_s (a_t) waits for
-  // pass 3, when grad_s (grad_t) is wanted: grad_s itself when kCacheInGrad, else a scratch row.
+  // Passes 1 to 3 of one row: fills what the pointers ask for, with `scratch` for what waits between them.
   void run(const T* zs, const T* zt, const T* g, double g_scale, double* row_sum, T* values, T* grad_s,
-           T* grad_t, float* row_scale, A* cache_s, A* cache_t) const {
-    const RowStats stats_s = row_logsumexp<IoT>(zs, n, inv_t), stats_t = row_logsumexp<IoT>(zt, n, inv_t);
+           T* grad_t, float* row_scale, const RowScratch<A>& scratch) const {
+    A* const prob_s = scratch.prob_s;
+    A* const prob_t = scratch.prob_t;
+    A* const cache_s = kCacheInGrad ? reinterpret_cast<A*>(grad_s) : scratch.a_s;
+    A* const cache_t = kCacheInGrad ? reinterpret_cast<A*>(grad_t) : scratch.a_t;
+    const RowStats stats_s = row_logsumexp<IoT>(zs, n, inv_t, prob_s, scratch.tops_s);
+    const RowStats stats_t = row_logsumexp<IoT>(zt, n, inv_t, prob_t, scratch.tops_t);
     const V vinv_t = cst<V>(inv_t), scale = cst<V>(g_scale);
     const V max_s = cst<V>(stats_s.max), log_sum_s = cst<V>(stats_s.log_sum);
     const V max_t = cst<V>(stats_t.max), log_sum_t = cst<V>(stats_t.log_sum);
-    const int64_t n_cache = kCacheInGrad ? n : (n + W - 1) / W * W;
+    const int64_t n_cache = kCacheInGrad ? n : jsd_cache_floats(n);
     const auto log_p = [&](int64_t i) { return (load_at<IoT>(zs, i, n) * vinv_t - max_s) - log_sum_s; };
     const auto log_q = [&](int64_t i) { return (load_at<IoT>(zt, i, n) * vinv_t - max_t) - log_sum_t; };
     const auto weight = [&](int64_t i) { return g ? load_at<IoT>(g, i, n) * scale : scale; };
     RowSum<V> sum_f, sum_as, sum_at;
     // For row_scale: the largest |a_s|, |a_t|, p and q, whence a bound on every gradient of the row.
     V max_as = cst<V>(0), max_at = cst<V>(0), max_p = cst<V>(0), max_q = cst<V>(0);
-    for (int64_t begin = 0; begin < n; begin += kBlockVectors * W) {
+    for (int64_t begin = 0, block = 0; begin < n; begin += kBlockVectors * W, ++block) {
       const int64_t end = block_end<IoT>(begin, n);
+      const V factor_s = cst<V>(stats_s.factor(scratch.tops_s[block]));
+      const V factor_t = cst<V>(stats_t.factor(scratch.tops_t[block]));
       for (int64_t i = begin; i < end; i += W) {
-        JsdTerms<V> e = math.terms(log_p(i), log_q(i));
+        JsdTerms<V> e = math.terms(log_p(i), log_q(i), IoScratch::load(prob_s + i) * factor_s,
+                                   IoScratch::load(prob_t + i) * factor_t);
         if (i + W > n) {  // the tail's padding lanes add nothing
           const auto valid = first_lanes<IoT>(n - i);
           e.f = select(valid, e.f, cst<V>(0));
@@ -277,6 +333,7 @@ struct JsdRow {
           const V as = weight(i) * e.ds;
           sum_as.add(as);
           store_at<IoCache>(cache_s, i, n_cache, as);
+          IoScratch::store(prob_s + i, e.p);
           if (row_scale) {  // the padding lanes hold 0 (above)
             max_as = vmax(max_as, abs_of(as));
             max_p = vmax(max_p, e.p);
@@ -286,6 +343,7 @@ struct JsdRow {
           const V at = weight(i) * e.dt;
           sum_at.add(at);
           store_at<IoCache>(cache_t, i, n_cache, at);
+          IoScratch::store(prob_t + i, e.q);
           if (row_scale) {
             max_at = vmax(max_at, abs_of(at));
             max_q = vmax(max_q, e.q);
@@ -308,15 +366,15 @@ struct JsdRow {
       *row_scale = std::ldexp(1.0f, -power);
       out_scale = cst<V>(std::ldexp(inv_t, power));
     }
-    // Pass 3: one exp per side.
+    // Pass 3: what pass 2 kept.
     for (int64_t i = 0; i < n; i += W) {
       if (grad_s) {
         const V a = load_at<IoCache>(cache_s, i, n_cache);
-        store_at<IoT>(grad_s, i, n, (a - exp(log_p(i)) * total_as) * out_scale);
+        store_at<IoT>(grad_s, i, n, (a - IoScratch::load(prob_s + i) * total_as) * out_scale);
       }
       if (grad_t) {
         const V a = load_at<IoCache>(cache_t, i, n_cache);
-        store_at<IoT>(grad_t, i, n, (a - exp(log_q(i)) * total_at) * out_scale);
+        store_at<IoT>(grad_t, i, n, (a - IoScratch::load(prob_t + i) * total_at) * out_scale);
       }
     }
   }
@@ -330,7 +388,7 @@ void jsd_rows_direct(const JsdRows& c, int64_t begin, int64_t end, void* scratch
   using A = typename Row::A;
   const JsdMath<typename IoT::V> math(c.beta);
   const Row row{math, c.inv_temperature, c.vocab};
-  A* cache = static_cast<A*>(scratch);  // jsd_scratch_bytes: two rows of jsd_cache_floats unless kCacheInGrad
+  const RowScratch<A> rows(scratch, c);
   const T* zs = static_cast<const T*>(c.student);
   const T* zt = static_cast<const T*>(c.teacher);
   const int64_t v = c.vocab;
@@ -346,8 +404,7 @@ void jsd_rows_direct(const JsdRows& c, int64_t begin, int64_t end, void* scratch
     row.run(zs + c.student_offsets[r], zt + c.teacher_offsets[r],
             c.grad_output ? static_cast<const T*>(c.grad_output) + k * v : nullptr, c.grad_scale,
             c.row_sums ? c.row_sums + k : nullptr, c.values ? static_cast<T*>(c.values) + k * v : nullptr, gs, gt,
-            c.row_scale ? c.row_scale + r : nullptr, Row::kCacheInGrad ? reinterpret_cast<A*>(gs) : cache,
-            Row::kCacheInGrad ? reinterpret_cast<A*>(gt) : cache + jsd_cache_floats(v));
+            c.row_scale ? c.row_scale + r : nullptr, rows);
   }
 }
 
@@ -417,7 +474,8 @@ void jsd_converted(const JsdRows& c, int64_t begin, int64_t end, void* scratch) 
   const int64_t v = c.vocab;
   const JsdMath<typename IoAcc::V> math(c.beta);
   const JsdRow<IoAcc> row{math, c.inv_temperature, v};
-  A* rows = static_cast<A*>(scratch);
+  const RowScratch<A> kept(scratch, c);
+  A* rows = kept.rest;
   A *zs = rows, *zt = rows + v, *g = rows + 2 * v, *values = rows + 3 * v, *gs = rows + 4 * v, *gt = rows + 5 * v;
   void* gather = rows + 6 * v;
   const auto at = [&](const void* base, DType dtype, int64_t row) {
@@ -437,7 +495,7 @@ void jsd_converted(const JsdRows& c, int64_t begin, int64_t end, void* scratch) 
     if (c.grad_output) read_row<IoAcc>(c.result_dtype, at(c.grad_output, c.result_dtype, k), 1, gather, g, v);
     row.run(zs, zt, c.grad_output ? g : nullptr, c.grad_scale, c.row_sums ? c.row_sums + k : nullptr,
             c.values ? values : nullptr, c.grad_student ? gs : nullptr, c.grad_teacher ? gt : nullptr,
-            c.row_scale ? c.row_scale + r : nullptr, gs, gt);
+            c.row_scale ? c.row_scale + r : nullptr, kept);
     if (c.values) write_row<IoAcc>(values, c.result_dtype, at(c.values, c.result_dtype, k), v);
     if (c.grad_student) write_row<IoAcc>(gs, c.student_dtype, at(c.grad_student, c.student_dtype, r), v);
     if (c.grad_teacher) write_row<IoAcc>(gt, c.teacher_dtype, at(c.grad_teacher, c.teacher_dtype, r), v);

@@ -17,10 +17,15 @@ baseline runs only where its projected peak (its measured multiple at the smalle
 N x V, plus the inputs) is at most --limit-gib; ours runs at every size. Every method's student gradient is
 compared with ours (max |difference| / max |ours|), which shows a baseline that computes wrong gradients.
 
-The bound beside each target: the package's vector exp and log measured per instruction set (ns per value,
-one thread, in L1), times the minimal work of a fused two-pass kernel (5 exp + 1 log per logit, as two
-threads share the rows), and the memory-bandwidth floor (the same two passes' bytes at the bandwidth of
-aten.add on N x V float32 tensors); the larger of the two, divided by the baseline's time.
+The bound beside each target, over the rows kept (an ignored row only has its gradient zeroed): the
+package's vector exp and log measured per instruction set (ns per value, one thread, in L2, without the
+call's fixed cost), times the least work of a two-pass kernel (2 exp + 1 log per logit: one exp per side for
+the softmaxes, one log for the mixture), as the threads share the rows; or the memory floor: each kept logit
+read once at the bandwidth of aten.add on 64M-float32 tensors, plus the second pass that reads both rows again
+at the bandwidth torch.sum reaches on one thread re-reading a working set of one student row and one teacher
+row (the cache effect: 256 KiB at V = 32,768 float32 fits a core's L2, 1.16 MiB at V = 151,936 may not),
+times the threads, plus each gradient allocated and written once (torch.empty(N, V).fill_(0), timed: the page
+faults of fresh memory are most of a gradient's cost); the larger of the two, divided by the baseline's time.
 
 Writes --out/bench_distill[_quick].csv, .md (the table, the targets, the bounds) and .png (needs
 matplotlib). --from-csv redraws the table and figure from a CSV without timing anything.
@@ -52,10 +57,11 @@ FULL_SHAPES = [(1024, 32768), (4096, 32768), (1024, 151936), (4096, 151936)]
 QUICK_SHAPES = [(256, 32768), (256, 151936)]
 # The targets (docs: benchmarks/README.md, "Distillation"): ours / baseline, forward + backward.
 TARGETS = {"trl-compiled": 0.25, "trl": 0.06}
-# The minimal work of a fused kernel per logit: the statistics pass (one exp per side), then the values and
-# gradients (p, q and the mixture's softplus: 3 exp and 1 log); its bytes: both rows read twice, the student's
-# gradient written once.
-MIN_EXP, MIN_LOG, MIN_STREAMS = 5, 1, 5
+# The least work of a two-pass kernel per logit (docs/cpu_kernels.md, "Rows"): one exp per side for the
+# softmaxes, one log for the mixture. Its memory: each side of a kept row read once from memory, both read
+# again for the values and gradients, and each gradient allocated and written once (fresh_write_s).
+MIN_EXP, MIN_LOG = 2, 1
+READ_STREAMS, REREAD_STREAMS = 2, 2
 
 # ---- the worker: one method, one configuration, in its own process ----
 
@@ -110,6 +116,7 @@ start = time.perf_counter()
 for _ in range(3 if cfg["method"] == "trl-compiled" else 1):  # the compiling call and two warm ones; eager: one
     step()
 compile_s = time.perf_counter() - start
+student.grad = teacher.grad = None  # the warm calls' gradients are not the inputs: the peak counts them again
 with open("/proc/self/clear_refs", "w") as f:
     f.write("5")
 before = status("VmRSS:")
@@ -132,7 +139,7 @@ if cfg["method"] != "ours":  # the baseline's student gradient against ours, a b
         scale = max(scale, b.float().abs().max().item())
     err = diff / max(scale, 1e-30)
 print(json.dumps({"times": times, "peak": peak, "warm_s": compile_s, "grad_err": err, "source": source,
-                  "isa": npu_loss_ops.build_info()["cpu_isa"]}))
+                  "isa": npu_loss_ops.build_info()["cpu_isa"], "kept": int((labels != -100).sum())}))
 """
 
 
@@ -147,22 +154,27 @@ def run_worker(cfg: dict, env: dict, timeout: float) -> dict:
 # ---- the bounds ----
 
 def vector_math_ns(isa: str) -> dict[str, float]:
-    """ns per value of the package's vector exp and log on `isa`, one thread, on 4,096 floats (in L1)."""
+    """ns per value of the package's vector exp and log on `isa`, one thread: the slope between calls on 4,096
+    and 32,768 floats (both in L2), so that a call's fixed cost (about 2 us) is not counted; the best of 7."""
     import torch
 
     import npu_loss_ops
 
-    x = torch.rand(4096) * 20 - 10
     out = {}
-    for fn, data in (("exp", x), ("log", x.abs() + 1e-3)):
-        npu_loss_ops._C._vec_math(fn, data, isa)
-        best = math.inf
-        for _ in range(5):
-            start = time.perf_counter()
-            for _ in range(500):
-                npu_loss_ops._C._vec_math(fn, data, isa)
-            best = min(best, (time.perf_counter() - start) / (500 * data.numel()))
-        out[fn] = best * 1e9
+    for fn in ("exp", "log"):
+        per_call = {}
+        for n in (4096, 32768):
+            data = torch.rand(n) * 20 - 10
+            data = data.abs() + 1e-3 if fn == "log" else data
+            npu_loss_ops._C._vec_math(fn, data, isa)
+            best = math.inf
+            for _ in range(7):
+                start = time.perf_counter()
+                for _ in range(200):
+                    npu_loss_ops._C._vec_math(fn, data, isa)
+                best = min(best, (time.perf_counter() - start) / 200)
+            per_call[n] = best
+        out[fn] = (per_call[32768] - per_call[4096]) / (32768 - 4096) * 1e9
     return out
 
 
@@ -181,13 +193,46 @@ def bandwidth_gbs(threads: int) -> float:
     return 3 * a.numel() * 4 / best / 1e9
 
 
-def bound_seconds(n: int, v: int, elsize: int, threads: int, math_ns: dict, gbs: float,
-                  both: bool = False) -> tuple[float, float]:
-    """(compute floor, memory floor) of one forward + backward of N x V logits, in seconds; `both`: the
-    teacher's gradient is written too."""
-    compute = n * v * (MIN_EXP * math_ns["exp"] + MIN_LOG * math_ns["log"]) * 1e-9 / threads
-    memory = n * v * (MIN_STREAMS + both) * elsize / (gbs * 1e9)
-    return compute, memory
+def reread_gbs(v: int, elsize: int) -> float:
+    """GB/s of torch.sum on one thread re-reading a working set of one student row and one teacher row (2 x V
+    elements of elsize bytes, read as float32): one call over a zero-stride view that repeats the set to 1 GiB,
+    so no call's overhead counts; the best of three."""
+    import torch
+
+    torch.set_num_threads(1)
+    rows = torch.rand(2 * v * elsize // 4)
+    repeated = rows.as_strided((max(1, (1 << 30) // rows.nbytes), rows.numel()), (0, 1))
+    best = math.inf
+    for _ in range(3):
+        start = time.perf_counter()
+        repeated.sum()
+        best = min(best, time.perf_counter() - start)
+    return repeated.numel() * 4 / best / 1e9
+
+
+def fresh_write_s(n: int, v: int, dtype: str, threads: int) -> float:
+    """Seconds to allocate an N x V tensor of `dtype` and write it once (torch.empty(...).fill_(0) at `threads`
+    threads, the best of three): a gradient's least cost, page faults of its fresh memory included."""
+    import torch
+
+    torch.set_num_threads(threads)
+    best = math.inf
+    for _ in range(3):
+        start = time.perf_counter()
+        torch.empty((n, v), dtype=getattr(torch, dtype)).fill_(0)
+        best = min(best, time.perf_counter() - start)
+    return best
+
+
+def bound_seconds(kept: int, v: int, elsize: int, threads: int, math_ns: dict, gbs: float, reread: float,
+                  fresh: float, both: bool = False) -> tuple[float, float]:
+    """(compute floor, memory floor) of one forward + backward of N x V logits of which `kept` rows are kept,
+    in seconds; `both`: the teacher's gradient is made too. `reread`: reread_gbs's GB/s per thread; `fresh`:
+    fresh_write_s of one gradient."""
+    compute = kept * v * (MIN_EXP * math_ns["exp"] + MIN_LOG * math_ns["log"]) * 1e-9 / threads
+    reads = kept * v * READ_STREAMS * elsize / (gbs * 1e9)
+    rereads = kept * v * REREAD_STREAMS * elsize / (reread * threads * 1e9)
+    return compute, reads + rereads + fresh * (1 + both)
 
 
 # ---- the run ----
@@ -235,25 +280,32 @@ def main() -> None:
     import npu_loss_ops
 
     isa = args.isa or npu_loss_ops.build_info()["cpu_isa"]
-    math_ns = vector_math_ns(isa)
+    every_isa = {name: vector_math_ns(name) for name in npu_loss_ops.build_info()["cpu_isas_available"]}
+    math_ns = every_isa.get(isa) or vector_math_ns(isa)
     gbs = bandwidth_gbs(args.threads)
+    sizes = sorted({torch.empty((), dtype=getattr(torch, d)).element_size() for d in dtypes})
+    rereads = {(v, size): reread_gbs(v, size) for v in sorted({v for _, v in shapes}) for size in sizes}
     meta = {"date": time.strftime("%Y-%m-%d %H:%M", time.gmtime()), "revision": git_revision(),
             "cpu": cpu_model(), "isa": isa, "threads": str(args.threads), "torch": torch.__version__,
             "exp_ns": f"{math_ns['exp']:.3f}", "log_ns": f"{math_ns['log']:.3f}", "bandwidth_gbs": f"{gbs:.1f}",
-            "load_average": f"{load_average():.2f}", "limit_gib": str(args.limit_gib)}
+            "load_average": f"{load_average():.2f}", "limit_gib": str(args.limit_gib),
+            "vector_math": "; ".join(f"{name} exp {ns['exp']:.3f} log {ns['log']:.3f}" for name, ns in every_isa.items()),
+            "reread_gbs": "; ".join(f"{2 * v * size / 2**20:.2f} MiB {gb:.1f}" for (v, size), gb in rereads.items())}
     print(f"vector math at {isa}: exp {math_ns['exp']:.2f} ns, log {math_ns['log']:.2f} ns per value (one "
-          f"thread); aten.add bandwidth {gbs:.1f} GB/s at {args.threads} threads", flush=True)
+          f"thread); aten.add bandwidth {gbs:.1f} GB/s at {args.threads} threads; every instruction set: "
+          f"{meta['vector_math']}; re-reading a row pair on one thread (working set, GB/s): {meta['reread_gbs']}",
+          flush=True)
 
     multiples: dict[tuple[str, str, str], float] = {}
     rows = []
     progress = Progress(len(configs) * len(methods))
     for dtype, n, v, grads in configs:
         elsize = torch.empty((), dtype=getattr(torch, dtype)).element_size()
-        compute, memory = bound_seconds(n, v, elsize, args.threads, math_ns, gbs, grads == "both")
+        kept = None  # the rows kept, as the first worker reports them (the same seeded labels for every method)
+        fresh = fresh_write_s(n, v, dtype, args.threads)
         for method in methods:
             progress.begin(f"{method} {n}x{v} {dtype}{' both' if grads == 'both' else ''}")
-            row = {"dtype": dtype, "n": n, "v": v, "grads": grads, "method": method, "bound_compute_s": compute,
-                   "bound_memory_s": memory}
+            row = {"dtype": dtype, "n": n, "v": v, "grads": grads, "method": method}
             known = multiples.get((method, dtype, grads))
             needs = ((known or 0) + 2) * n * v * elsize / 2**30
             if method != "ours" and known is not None and needs > args.limit_gib:
@@ -267,6 +319,10 @@ def main() -> None:
                            p80_s=quantile(r["times"], 0.8), peak_x=r["peak"], warm_s=r["warm_s"],
                            grad_err=r["grad_err"] if r["grad_err"] is not None else "", source=r["source"],
                            isa=r["isa"])
+                kept = r["kept"]
+            if kept is not None:
+                row["bound_compute_s"], row["bound_memory_s"] = bound_seconds(
+                    kept, v, elsize, args.threads, math_ns, gbs, rereads[(v, elsize)], fresh, grads == "both")
             rows.append(row)
             progress.end()
     progress.close()
@@ -337,8 +393,15 @@ def report(meta: dict, rows: list[dict], out: str, name: str) -> None:
              "",
              f"Vector math at {meta['isa']}: exp {float(meta['exp_ns']):.2f} ns and log "
              f"{float(meta['log_ns']):.2f} ns per value on one thread; aten.add moves "
-             f"{float(meta['bandwidth_gbs']):.1f} GB/s. Bound: a fused kernel's {MIN_EXP} exp + {MIN_LOG} log per "
-             f"logit over {meta['threads']} threads, or {MIN_STREAMS} element streams at that bandwidth, the larger.",
+             f"{float(meta['bandwidth_gbs']):.1f} GB/s; re-reading a student row and a teacher row on one thread "
+             f"(working set, GB/s): {meta.get('reread_gbs', '-')}. Every instruction set's vector math (ns): "
+             f"{meta.get('vector_math', '-')}.",
+             "",
+             f"Bound, over the rows kept: a two-pass kernel's {MIN_EXP} exp + {MIN_LOG} log per logit over "
+             f"{meta['threads']} threads; or each kept logit read once at aten.add's bandwidth, plus "
+             f"{REREAD_STREAMS} re-read streams at the row pair's re-read bandwidth times {meta['threads']} "
+             f"threads, plus each gradient allocated and written once (torch.empty(N, V).fill_(0), page faults "
+             f"included); the larger.",
              "",
              "Each cell: median time (p20-p80) and peak memory above the inputs (x one N x V tensor of the dtype).",
              "",

@@ -118,9 +118,13 @@ inline int64_t jsd_cache_floats(int64_t vocab) {
   return (vocab + 31) / 32 * 32;
 }
 
-// The most blocks a row of the vocabulary makes (row_kernels.h: blocks of 8 vectors, of one element or more).
+// A row is made in blocks of this many vectors (row_kernels.h: the statistics pass's running maximum, and the
+// row sums' order).
+constexpr int kRowBlockVectors = 8;
+
+// The most blocks a row of the vocabulary makes (blocks of kRowBlockVectors vectors of one element or more).
 inline int64_t jsd_blocks(int64_t vocab) {
-  return vocab / 8 + 1;
+  return vocab / kRowBlockVectors + 1;
 }
 
 // The scratch rows a thread's call needs: the exps of the statistics pass, which become p and q; and a_s's

@@ -76,7 +76,7 @@ NPU_LOSS_SIMD_INLINE void store_at(typename IoT::T* p, int64_t i, int64_t n, typ
 
 // The elements of a block: a row is made in blocks of kBlockVectors vectors, and each row sum adds a block's
 // vectors in their lanes, then the block's lanes (reduce_add's order) into double, the blocks in order.
-constexpr int kBlockVectors = 8;
+constexpr int kBlockVectors = kRowBlockVectors;  // isa.h, which sizes the block maxima by it
 // How many blocks ahead the statistics pass prefetches.
 constexpr int kPrefetchBlocks = 2;
 

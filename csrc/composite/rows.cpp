@@ -20,6 +20,79 @@
 namespace npu_loss::composite {
 namespace {
 
+// Whether a (..., V) tensor's rows are one (rows, V) view: its leading dims collapse.
+bool rows_collapse(const at::Tensor& t) {
+  int64_t expected = -1;
+  for (int64_t d = t.dim() - 2; d >= 0; --d) {
+    if (t.size(d) == 1) continue;
+    if (expected >= 0 && t.stride(d) != expected) return false;
+    expected = t.stride(d) * t.size(d);
+  }
+  return true;
+}
+
+}  // namespace
+
+c10::ScalarType result_dtype(const RowCall& c) {
+  return at::promote_types(c.student.scalar_type(), c.teacher.scalar_type());
+}
+
+at::Tensor rows_where(const at::Tensor& t, const at::Tensor& keep) {
+  return t.index_select(0, keep.nonzero().squeeze(1));
+}
+
+void row_blocks(const at::Tensor& a, const at::Tensor& b, std::vector<std::pair<at::Tensor, at::Tensor>>& out) {
+  if (a.dim() <= 2 || (rows_collapse(a) && rows_collapse(b))) {
+    out.emplace_back(a.view({-1, a.size(-1)}), b.view({-1, b.size(-1)}));
+    return;
+  }
+  for (int64_t i = 0; i < a.size(0); ++i) row_blocks(a.select(0, i), b.select(0, i), out);
+}
+
+int64_t chunk_rows(int64_t rows, int64_t vocab, int64_t itemsize, int64_t temporaries) {
+  const int64_t budget = std::min(rows * std::max<int64_t>(vocab, 1) * itemsize / 8, kChunkMaxBytes);
+  return std::max<int64_t>(1, budget / (temporaries * std::max<int64_t>(vocab, 1) * 4));
+}
+
+at::Tensor keep_mask(const std::optional<at::Tensor>& labels, int64_t ignore_index) {
+  if (!labels.has_value() || !labels->defined()) return {};
+  return labels->reshape(-1).to(at::kLong) != ignore_index;
+}
+
+KeptRows::KeptRows(const at::Tensor& keep) : before(keep.numel() + 1, 0) {
+  const at::Tensor host = keep.to(at::kCPU, at::kBool).contiguous();
+  const bool* p = host.const_data_ptr<bool>();
+  for (int64_t r = 0; r < keep.numel(); ++r) before[r + 1] = before[r] + (p[r] ? 1 : 0);
+}
+
+c10::IntArrayRef leading_shape(const at::Tensor& logits) {
+  return logits.sizes().slice(0, logits.dim() - 1);
+}
+
+at::Tensor gradient_or_empty(const at::Tensor& logits, bool wanted) {
+  return wanted ? at::empty(logits.sizes(), logits.options()) : at::empty({0}, logits.options());
+}
+
+at::Tensor rows_of(const at::Tensor& t, int64_t first, int64_t n) {
+  return t.view({-1, t.size(-1)}).narrow(0, first, n);
+}
+
+at::Tensor empty_forward(const RowCall& c, const at::Tensor& keep) {
+  const auto options = c.student.options().dtype(result_dtype(c));
+  if (c.reduction == kNone) {
+    return keep.defined() ? at::empty({keep.sum().item<int64_t>(), c.student.size(-1)}, options)
+                          : at::empty(c.student.sizes(), options);
+  }
+  return at::full({}, c.reduction == kSum ? 0.0 : std::numeric_limits<double>::quiet_NaN(), options);
+}
+
+at::Tensor row_powers(const at::Tensor& bound) {
+  const at::Tensor exponent = at::floor(at::log2(bound)) + 1;
+  return at::where((bound > 0) & at::isfinite(bound), (14 - exponent).clamp(-60, 60), 0);
+}
+
+namespace {
+
 c10::ScalarType compute_dtype(const at::Tensor& a, const at::Tensor& b) {
   return a.scalar_type() == at::kDouble || b.scalar_type() == at::kDouble ? at::kDouble : at::kFloat;
 }
@@ -71,47 +144,6 @@ std::pair<at::Tensor, at::Tensor> logit_gradients(const Terms& e, const at::Tens
   return {gs, gt};
 }
 
-c10::ScalarType result_dtype(const RowCall& c) {
-  return at::promote_types(c.student.scalar_type(), c.teacher.scalar_type());
-}
-
-// The rows of a (rows, V) tensor where a bool (rows,) mask is true.
-at::Tensor rows_where(const at::Tensor& t, const at::Tensor& keep) {
-  return t.index_select(0, keep.nonzero().squeeze(1));
-}
-
-// Whether a (..., V) tensor's rows are one (rows, V) view: its leading dims collapse.
-bool rows_collapse(const at::Tensor& t) {
-  int64_t expected = -1;
-  for (int64_t d = t.dim() - 2; d >= 0; --d) {
-    if (t.size(d) == 1) continue;
-    if (expected >= 0 && t.stride(d) != expected) return false;
-    expected = t.stride(d) * t.size(d);
-  }
-  return true;
-}
-
-// The student's and the teacher's rows as pairs of (rows, V) views, in row order.
-void row_blocks(const at::Tensor& a, const at::Tensor& b, std::vector<std::pair<at::Tensor, at::Tensor>>& out) {
-  if (a.dim() <= 2 || (rows_collapse(a) && rows_collapse(b))) {
-    out.emplace_back(a.view({-1, a.size(-1)}), b.view({-1, b.size(-1)}));
-    return;
-  }
-  for (int64_t i = 0; i < a.size(0); ++i) row_blocks(a.select(0, i), b.select(0, i), out);
-}
-
-// The rows of a chunk: a byte budget for the chunk's float32 temporaries (kTemporaries rows of V each), an
-// eighth of one N x V tensor of the logits' dtype and at most 256 MiB, and at least one row (so for N below
-// about 20 * 4 * 8 / itemsize rows, one row's temporaries, more than the eighth).
-int64_t chunk_rows(int64_t rows, int64_t vocab, int64_t itemsize) {
-  // float32 (rows, V) tensors alive at once in a chunk's formulas: the mixture with both gradients holds about
-  // 16 (the chunk's logits, s, t, p, q, d and its softplus parts, the terms, the gradients' products); 20 leaves
-  // room for the allocator's rounding.
-  constexpr int64_t kTemporaries = 20;
-  constexpr int64_t kMaxBytes = int64_t{256} << 20;
-  const int64_t budget = std::min(rows * std::max<int64_t>(vocab, 1) * itemsize / 8, kMaxBytes);
-  return std::max<int64_t>(1, budget / (kTemporaries * std::max<int64_t>(vocab, 1) * 4));
-}
 
 // A row mask's where: x's rows where `keep` (a (rows,) bool tensor) is true, 0 elsewhere; x itself without a
 // mask. A dropped row is zeroed, never multiplied by 0: a NaN or an infinity there must not reach a sum.
@@ -127,8 +159,12 @@ void for_each_chunk(const RowCall& c, const at::Tensor& keep, const Fn& fn) {
   std::vector<std::pair<at::Tensor, at::Tensor>> blocks;
   row_blocks(c.student, c.teacher, blocks);
   const int64_t vocab = c.student.size(-1);
+  // float32 (rows, V) tensors alive at once in a chunk's formulas: the mixture with both gradients holds about
+  // 16 (the chunk's logits, s, t, p, q, d and its softplus parts, the terms, the gradients' products); 20 leaves
+  // room for the allocator's rounding.
+  constexpr int64_t kTemporaries = 20;
   const int64_t chunk = chunk_rows(c.student.numel() / vocab, vocab,
-                                   std::max(c.student.element_size(), c.teacher.element_size()));
+                                   std::max(c.student.element_size(), c.teacher.element_size()), kTemporaries);
   const auto dtype = compute_dtype(c.student, c.teacher);
   int64_t first = 0;
   for (const auto& [zs, zt] : blocks) {
@@ -146,64 +182,12 @@ void for_each_chunk(const RowCall& c, const at::Tensor& keep, const Fn& fn) {
   }
 }
 
-// The rows kept: labels != ignore_index over the flattened leading dims, compared as int64 (as the CPU kernels
-// compare them: an unsigned label never wraps onto a negative index), or undefined without labels.
-at::Tensor keep_mask(const std::optional<at::Tensor>& labels, int64_t ignore_index) {
-  if (!labels.has_value() || !labels->defined()) return {};
-  return labels->reshape(-1).to(at::kLong) != ignore_index;
-}
-
-// The count of the rows kept before each row, from one copy of the mask to the host: where 'none' puts each
-// chunk's kept rows.
-struct KeptRows {
-  std::vector<int64_t> before;  // before[r]: the rows kept among rows [0, r); before.back(), all of them
-
-  explicit KeptRows(const at::Tensor& keep) : before(keep.numel() + 1, 0) {
-    const at::Tensor host = keep.to(at::kCPU, at::kBool).contiguous();
-    const bool* p = host.const_data_ptr<bool>();
-    for (int64_t r = 0; r < keep.numel(); ++r) before[r + 1] = before[r] + (p[r] ? 1 : 0);
-  }
-  int64_t total() const { return before.back(); }
-  int64_t between(int64_t first, int64_t end) const { return before[end] - before[first]; }
-};
 
 // The count "mean" divides by: the elements of the rows kept.
 at::Tensor mean_count(const RowCall& c, const at::Tensor& keep, const at::TensorOptions& options) {
   const int64_t vocab = c.student.size(-1);
   if (!keep.defined()) return at::scalar_tensor(static_cast<double>(c.student.numel()), options);
   return keep.sum().to(options.dtype()) * static_cast<double>(vocab);
-}
-
-// The leading shape of (..., V) logits: the shape of the row scales.
-c10::IntArrayRef leading_shape(const at::Tensor& logits) {
-  return logits.sizes().slice(0, logits.dim() - 1);
-}
-
-// A gradient the mask asks for, of its logits' shape and dtype, or the empty tensor the ops return instead.
-at::Tensor gradient_or_empty(const at::Tensor& logits, bool wanted) {
-  return wanted ? at::empty(logits.sizes(), logits.options()) : at::empty({0}, logits.options());
-}
-
-// Rows [first, first + n) of a (..., V) result viewed as (rows, V).
-at::Tensor rows_of(const at::Tensor& t, int64_t first, int64_t n) {
-  return t.view({-1, t.size(-1)}).narrow(0, first, n);
-}
-
-// The forward's result for empty logits (no row, or V = 0): 'none' empty, 'sum' 0, 'mean' NaN.
-at::Tensor empty_forward(const RowCall& c, const at::Tensor& keep) {
-  const auto options = c.student.options().dtype(result_dtype(c));
-  if (c.reduction == kNone) {
-    return keep.defined() ? at::empty({keep.sum().item<int64_t>(), c.student.size(-1)}, options)
-                          : at::empty(c.student.sizes(), options);
-  }
-  return at::full({}, c.reduction == kSum ? 0.0 : std::numeric_limits<double>::quiet_NaN(), options);
-}
-
-// row_power of the CPU kernels (cpu/row_kernels.h) on a tensor of the rows' largest gradients: 14 minus the
-// exponent of each (bound < 2^exponent), 0 for a row whose bound is 0 or not finite, within [-60, 60].
-at::Tensor row_powers(const at::Tensor& bound) {
-  const at::Tensor exponent = at::floor(at::log2(bound)) + 1;
-  return at::where((bound > 0) & at::isfinite(bound), (14 - exponent).clamp(-60, 60), 0);
 }
 
 }  // namespace

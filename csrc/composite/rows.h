@@ -6,14 +6,69 @@
 
 #include <ATen/core/Tensor.h>
 
+#include <algorithm>
 #include <array>
+#include <cstdint>
 #include <optional>
 #include <tuple>
+#include <utility>
+#include <vector>
 
 #include "../core/checks.h"
 #include "../losses.h"
 
 namespace npu_loss::composite {
+
+// ---- the chunking every backend without a row kernel shares (the composite below; the NPU's aclnn path) ----
+
+// The result dtype of a call: the promotion of the two logits' dtypes.
+c10::ScalarType result_dtype(const RowCall& c);
+
+// The student's and the teacher's rows as pairs of (rows, V) views, in row order (one pair when the leading
+// dims of both collapse).
+void row_blocks(const at::Tensor& a, const at::Tensor& b, std::vector<std::pair<at::Tensor, at::Tensor>>& out);
+
+// The rows of a chunk: a byte budget for the chunk's float32 temporaries (`temporaries` rows of V each, the most
+// a chunk's formulas hold alive at once), an eighth of one N x V tensor of the logits' dtype and at most
+// kChunkMaxBytes, and at least one row (so for N below about temporaries * 4 * 8 / itemsize rows, one row's
+// temporaries, more than the eighth).
+inline constexpr int64_t kChunkMaxBytes = int64_t{256} << 20;
+int64_t chunk_rows(int64_t rows, int64_t vocab, int64_t itemsize, int64_t temporaries);
+
+// The rows kept: labels != ignore_index over the flattened leading dims, compared as int64 (as the CPU kernels
+// compare them: an unsigned label never wraps onto a negative index), or undefined without labels.
+at::Tensor keep_mask(const std::optional<at::Tensor>& labels, int64_t ignore_index);
+
+// The count of the rows kept before each row, from one copy of the mask to the host: where 'none' puts each
+// chunk's kept rows.
+struct KeptRows {
+  std::vector<int64_t> before;  // before[r]: the rows kept among rows [0, r); before.back(), all of them
+
+  explicit KeptRows(const at::Tensor& keep);
+  int64_t total() const { return before.back(); }
+  int64_t between(int64_t first, int64_t end) const { return before[end] - before[first]; }
+};
+
+// The rows of a (rows, V) tensor where a bool (rows,) mask is true.
+at::Tensor rows_where(const at::Tensor& t, const at::Tensor& keep);
+
+// The leading shape of (..., V) logits: the shape of the row scales.
+c10::IntArrayRef leading_shape(const at::Tensor& logits);
+
+// A gradient the mask asks for, of its logits' shape and dtype, or the empty tensor the ops return instead.
+at::Tensor gradient_or_empty(const at::Tensor& logits, bool wanted);
+
+// Rows [first, first + n) of a (..., V) result viewed as (rows, V).
+at::Tensor rows_of(const at::Tensor& t, int64_t first, int64_t n);
+
+// The forward's result for empty logits (no row, or V = 0): 'none' empty, 'sum' 0, 'mean' NaN.
+at::Tensor empty_forward(const RowCall& c, const at::Tensor& keep);
+
+// row_power of the CPU kernels (cpu/row_kernels.h) on a tensor of the rows' largest gradients: 14 minus the
+// exponent of each (bound < 2^exponent), 0 for a row whose bound is 0 or not finite, within [-60, 60].
+at::Tensor row_powers(const at::Tensor& bound);
+
+// ---- the composite ----
 
 
 // In chunks of rows (no temporary of N x V: chunk_rows says how many rows a chunk holds), as the ops' kernels:

@@ -40,7 +40,7 @@ constexpr const char* kChipNames[] = {
     "composite fallback only (Ascend310B or an unknown chip)",
 };
 constexpr const char* kDtypeClassNames[] = {"fp32/fp16", "bf16"};
-constexpr const char* kBetaClassNames[] = {"-", "0", "tiny", "small", "normal", "inf"};
+constexpr const char* kBetaClassNames[] = {"-", "0", "tiny", "small", "normal", "inf", "(0, 1)", "1"};
 
 template <typename E, size_t N>
 constexpr const char* name_of(const char* const (&names)[N], E value) {
@@ -96,13 +96,15 @@ namespace {
 
 constexpr Chip kChips[] = {Chip::Tbe910, Chip::Tbe310P, Chip::Tbe910B, Chip::Regbase950, Chip::CompositeOnly};
 constexpr DtypeClass kDtypeClasses[] = {DtypeClass::NoBFloat16, DtypeClass::BFloat16};
-constexpr BetaClass kBetas[] = {BetaClass::Zero, BetaClass::Tiny, BetaClass::Small, BetaClass::Normal, BetaClass::Inf};
+constexpr BetaClass kBetas[] = {BetaClass::Zero,    BetaClass::Tiny,    BetaClass::Small, BetaClass::Normal,
+                                BetaClass::Inf,     BetaClass::Mixture, BetaClass::One};
 constexpr bool kBooleans[] = {false, true};
 
 // The beta classes a loss can be called with (from its scalar's rule: Huber's delta > 0 is never 0), and
 // whether log_target tells its calls apart.
 template <typename Loss>
 constexpr Set beta_domain() {
+  if constexpr (Loss::decl.kind == LossKind::Rows) return kUnitBetas;  // RowArgs::floats[0], in [0, 1]
   constexpr ScalarArg s = Loss::decl.scalar;
   if (s.kind != ScalarKind::Float) return 0;
   return s.rule == ScalarRule::Positive ? static_cast<Set>(kEveryBeta & ~set_of({BetaClass::Zero})) : kEveryBeta;
@@ -159,6 +161,37 @@ constexpr bool every_loss_is_partitioned() {
   });
   return ok;
 }
+
+// An aclnn row of a loss with declared APIs (AclnnUse) serves only chips, dtypes and betas where every API its
+// calls use is listed.
+template <typename Loss, bool Backward>
+constexpr bool rows_use_listed_apis() {
+  if constexpr (requires { Loss::aclnn_apis; }) {
+    bool ok = true;
+    for (const PathRow& row : rows_of<Loss, Backward>()) {
+      if (row.aclnn == nullptr) continue;
+      for (const AclnnUse& use : Loss::aclnn_apis) {
+        if ((use.gradients && !Backward) || (use.betas & row.betas) == 0) continue;
+        ok = ok && (row.chips & ~use.chips) == 0;
+        if (contains(row.dtypes, DtypeClass::BFloat16)) ok = ok && (row.chips & ~use.bf16_chips) == 0;
+      }
+    }
+    return ok;
+  } else {
+    return true;
+  }
+}
+
+constexpr bool every_row_uses_listed_apis() {
+  bool ok = true;
+  for_each_loss([&]<typename Loss>() {
+    ok = ok && rows_use_listed_apis<Loss, false>() && rows_use_listed_apis<Loss, true>();
+  });
+  return ok;
+}
+
+static_assert(every_row_uses_listed_apis(),
+              "an aclnn path row serves a chip or dtype where an API of its calls is not listed (losses.h, aclnn_apis)");
 
 static_assert(every_loss_is_partitioned(),
               "each call must match exactly one path row; no row may serve no call, constrain an argument its "

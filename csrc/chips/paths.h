@@ -48,13 +48,21 @@ enum class BetaClass : uint8_t {
            // tolerance
   Normal,  // every other finite beta
   Inf,     // +inf: the Ascend 950 kernel's d * (1 / beta) is NaN at d = +-inf
+  // A row loss's beta in [0, 1] (the generalized JSD's: Zero, Mixture or One).
+  Mixture,  // 0 < beta < 1: the mixture of the two distributions
+  One,      // 1: KL(student || teacher)
 };
 
 // The class of a float scalar for a result of dtype `result` (the TBE bias is judged by the result's
 // tolerance), as the kernels receive it: a float, so a double beyond float's range is +inf.
 BetaClass beta_class(double beta, Dtype result);
 
-// The table's name of a beta class: "0", "tiny", "small", "normal", "inf" ("-" for None).
+// The class of a row loss's beta in [0, 1] (the checks reject any other): Zero, Mixture or One.
+constexpr BetaClass unit_beta_class(double beta) {
+  return beta == 0 ? BetaClass::Zero : beta == 1 ? BetaClass::One : BetaClass::Mixture;
+}
+
+// The table's name of a beta class: "0", "tiny", "small", "normal", "inf", "(0, 1)", "1" ("-" for None).
 const char* beta_class_name(BetaClass beta);
 
 // What the kernels do around an aclnn call, as bits of a row's fixes.
@@ -103,6 +111,10 @@ inline constexpr Set kEveryBeta =
 inline constexpr Set kTbeBiased = set_of({BetaClass::Tiny, BetaClass::Small});
 inline constexpr Set kTbeExact = set_of({BetaClass::Zero, BetaClass::Normal, BetaClass::Inf});
 inline constexpr Set kFinite = set_of({BetaClass::Zero, BetaClass::Tiny, BetaClass::Small, BetaClass::Normal});
+// A row loss's beta classes: the two KL divergences at its ends, the mixture between them.
+inline constexpr Set kUnitBetas = set_of({BetaClass::Zero, BetaClass::Mixture, BetaClass::One});
+inline constexpr Set kKlEnds = set_of({BetaClass::Zero, BetaClass::One});
+inline constexpr Set kMixture = set_of({BetaClass::Mixture});
 inline constexpr Set kProbabilities = set_of({false});  // log_target=False
 inline constexpr Set kLogProbabilities = set_of({true});
 inline constexpr uint8_t kPrescaledMean = static_cast<uint8_t>(Fix::PrescaledMean);
@@ -180,6 +192,18 @@ constexpr auto scaled_paths(const char* why_scaled, const char* why_inf) {
   }
   return rows;
 }
+
+// An aclnn API a row loss's path calls, with the chip families whose CANN documents list it (`chips`), and
+// those that list it in bfloat16 too (`bf16_chips`); `betas`: the beta classes whose calls use it; `gradients`:
+// used only by the ops that make gradients. Checked against the loss's rows (paths.cpp): an aclnn row may serve
+// a chip, dtype class and beta class only where every API its calls use is listed.
+struct AclnnUse {
+  const char* api;
+  Set chips;
+  Set bf16_chips;
+  Set betas = kAll;
+  bool gradients = false;
+};
 
 // What serves one call: its row's API and fixes, and the row's index among its op's rows.
 struct Path {

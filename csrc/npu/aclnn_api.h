@@ -48,6 +48,43 @@ aclnnStatus aclnnMseLossGetWorkspaceSize(
 aclnnStatus aclnnMseLossBackwardGetWorkspaceSize(
     const aclTensor* gradOutput, const aclTensor* self, const aclTensor* target, int64_t reduction,
     aclTensor* gradInput, uint64_t* workspaceSize, aclOpExecutor** executor);
+
+// The generalized JSD's chunk math (npu/generalized_jsd.cpp): ops-nn (aclnnLogSoftmax, aclnnLogSoftmaxBackward)
+// and ops-math (the rest); losses.h's GeneralizedJsd::aclnn_apis lists the chips of each.
+aclnnStatus aclnnCastGetWorkspaceSize(
+    const aclTensor* self, const aclDataType dtype, aclTensor* out, uint64_t* workspaceSize, aclOpExecutor** executor);
+aclnnStatus aclnnMulsGetWorkspaceSize(
+    const aclTensor* self, const aclScalar* other, aclTensor* out, uint64_t* workspaceSize, aclOpExecutor** executor);
+aclnnStatus aclnnInplaceMulsGetWorkspaceSize(
+    aclTensor* selfRef, const aclScalar* other, uint64_t* workspaceSize, aclOpExecutor** executor);
+aclnnStatus aclnnInplaceMulGetWorkspaceSize(
+    aclTensor* selfRef, const aclTensor* other, uint64_t* workspaceSize, aclOpExecutor** executor);
+aclnnStatus aclnnAddGetWorkspaceSize(
+    const aclTensor* self, const aclTensor* other, const aclScalar* alpha, aclTensor* out, uint64_t* workspaceSize,
+    aclOpExecutor** executor);
+aclnnStatus aclnnAddsGetWorkspaceSize(
+    const aclTensor* self, const aclScalar* other, const aclScalar* alpha, aclTensor* out, uint64_t* workspaceSize,
+    aclOpExecutor** executor);
+aclnnStatus aclnnSubGetWorkspaceSize(
+    const aclTensor* self, const aclTensor* other, const aclScalar* alpha, aclTensor* out, uint64_t* workspaceSize,
+    aclOpExecutor** executor);
+aclnnStatus aclnnDivsGetWorkspaceSize(
+    const aclTensor* self, const aclScalar* other, aclTensor* out, uint64_t* workspaceSize, aclOpExecutor** executor);
+aclnnStatus aclnnExpGetWorkspaceSize(
+    const aclTensor* self, aclTensor* out, uint64_t* workspaceSize, aclOpExecutor** executor);
+aclnnStatus aclnnLogAddExpGetWorkspaceSize(
+    const aclTensor* self, const aclTensor* other, aclTensor* out, uint64_t* workspaceSize, aclOpExecutor** executor);
+aclnnStatus aclnnReduceSumGetWorkspaceSize(
+    const aclTensor* self, const aclIntArray* dim, bool keepDim, aclDataType dtype, aclTensor* out,
+    uint64_t* workspaceSize, aclOpExecutor** executor);
+aclnnStatus aclnnInplaceMaskedFillScalarGetWorkspaceSize(
+    aclTensor* selfRef, const aclTensor* mask, const aclScalar* value, uint64_t* workspaceSize,
+    aclOpExecutor** executor);
+aclnnStatus aclnnLogSoftmaxGetWorkspaceSize(
+    const aclTensor* self, int64_t dim, aclTensor* out, uint64_t* workspaceSize, aclOpExecutor** executor);
+aclnnStatus aclnnLogSoftmaxBackwardGetWorkspaceSize(
+    const aclTensor* gradOutput, const aclTensor* output, int64_t dim, aclTensor* out, uint64_t* workspaceSize,
+    aclOpExecutor** executor);
 }
 
 namespace npu_loss::npu {
@@ -67,6 +104,13 @@ template <>
 struct fills_param<at::Tensor, const aclTensor*> : std::true_type {};
 template <>
 struct fills_param<at::Tensor, aclTensor*> : std::true_type {};
+// Scalars, int arrays and dtypes, which EXEC_NPU_CMD_EXT converts with op-plugin's ConvertType.
+template <>
+struct fills_param<at::Scalar, const aclScalar*> : std::true_type {};
+template <>
+struct fills_param<at::IntArrayRef, const aclIntArray*> : std::true_type {};
+template <>
+struct fills_param<at::ScalarType, aclDataType> : std::true_type {};
 
 template <typename Prototype, typename Passed>
 struct call_matches;

@@ -57,7 +57,7 @@ compile() {  # compile OUT.o SRC FLAGS...
   "$CXX" -std=c++20 "${COMMON[@]}" "$@" -c "$src" -o "$out" &
   pids+=($!)
 }
-OPS_SRCS=(ops_base ops_more ops_loss)
+OPS_SRCS=(ops_base ops_more ops_rows ops_loss)
 for s in "${OPS_SRCS[@]}"; do compile "$OBJ/$s.o" "$HERE/src/$s.cpp" "$OPT" "${TORCH_INC[@]}"; done
 compile "$OBJ/runtime.o" "$HERE/src/runtime.cpp" -O2
 compile "$OBJ/nnopbase.o" "$HERE/src/nnopbase.cpp" -O2

@@ -73,6 +73,10 @@ aclnnStatus submit(const char* api, uint64_t* ws, aclOpExecutor** ex, std::funct
 // Second phase: run (and free) the executor under the compute guard, count it in the trace.
 aclnnStatus run(const char* api, aclOpExecutor* ex);
 
+// Counts "<api>:undocumented" in the trace when the documents of one of the generalized JSD's APIs do not list
+// this chip, or bfloat16 on it, for these tensors (ops_rows.cpp); nothing for any other API.
+void documented(const char* api, std::initializer_list<const TensorDesc*> tensors);
+
 // The SoC family the emulator runs as (see npuemu_soc_family()).
 std::string family();
 

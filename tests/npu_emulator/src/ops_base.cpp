@@ -420,7 +420,7 @@ using emu::any_empty;
   EMU_API aclnnStatus aclnn##NAME##GetWorkspaceSize(const aclTensor* self, aclTensor* out, uint64_t* ws,    \
                                                     aclOpExecutor** ex) {                                  \
     ACLNN_CHECK_NOTNULL("aclnn" #NAME, self, out);                                                        \
-    auto a = T(self), o = T(out);                                                                          \
+    auto a = T(self), o = T(out); emu::documented("aclnn" #NAME, {&a, &o});                                 \
     return emu::submit("aclnn" #NAME, ws, ex, [=] {                                                        \
       at::Tensor x = a.get();                                                                              \
       o.write(EXPR);                                                                                       \
@@ -432,7 +432,7 @@ using emu::any_empty;
 #define EMU_INPLACE_UNARY(NAME, EXPR)                                                                      \
   EMU_API aclnnStatus aclnnInplace##NAME##GetWorkspaceSize(aclTensor* self, uint64_t* ws, aclOpExecutor** ex) { \
     ACLNN_CHECK_NOTNULL("aclnnInplace" #NAME, self);                                                      \
-    auto a = T(self);                                                                                      \
+    auto a = T(self); emu::documented("aclnnInplace" #NAME, {&a});                                          \
     return emu::submit("aclnnInplace" #NAME, ws, ex, [=] {                                                 \
       at::Tensor x = a.get();                                                                              \
       a.write(EXPR);                                                                                       \
@@ -449,7 +449,7 @@ using emu::any_empty;
   EMU_API aclnnStatus aclnn##NAME##GetWorkspaceSize(const aclTensor* self, const aclTensor* other,          \
                                                     aclTensor* out, uint64_t* ws, aclOpExecutor** ex) {    \
     ACLNN_CHECK_NOTNULL("aclnn" #NAME, self, other, out);                                                 \
-    auto a = T(self), b = T(other), o = T(out);                                                            \
+    auto a = T(self), b = T(other), o = T(out); emu::documented("aclnn" #NAME, {&a, &b, &o});               \
     return emu::submit("aclnn" #NAME, ws, ex, [=] {                                                        \
       at::Tensor x = a.get(), y = b.get();                                                                 \
       o.write(EXPR);                                                                                       \
@@ -462,7 +462,7 @@ using emu::any_empty;
   EMU_API aclnnStatus aclnnInplace##NAME##GetWorkspaceSize(aclTensor* self, const aclTensor* other,         \
                                                            uint64_t* ws, aclOpExecutor** ex) {             \
     ACLNN_CHECK_NOTNULL("aclnnInplace" #NAME, self, other);                                               \
-    auto a = T(self), b = T(other);                                                                        \
+    auto a = T(self), b = T(other); emu::documented("aclnnInplace" #NAME, {&a, &b});                        \
     return emu::submit("aclnnInplace" #NAME, ws, ex, [=] {                                                 \
       at::Tensor x = a.get(), y = b.get();                                                                 \
       a.write(EXPR);                                                                                       \
@@ -475,7 +475,7 @@ using emu::any_empty;
   EMU_API aclnnStatus aclnn##NAME##GetWorkspaceSize(const aclTensor* self, const aclScalar* other,          \
                                                     aclTensor* out, uint64_t* ws, aclOpExecutor** ex) {    \
     ACLNN_CHECK_NOTNULL("aclnn" #NAME, self, other, out);                                                 \
-    auto a = T(self), o = T(out);                                                                          \
+    auto a = T(self), o = T(out); emu::documented("aclnn" #NAME, {&a, &o});                                 \
     at::Scalar s = S(other);                                                                               \
     return emu::submit("aclnn" #NAME, ws, ex, [=] {                                                        \
       at::Tensor x = a.get();                                                                              \
@@ -489,7 +489,7 @@ using emu::any_empty;
   EMU_API aclnnStatus aclnnInplace##NAME##GetWorkspaceSize(aclTensor* self, const aclScalar* other,         \
                                                            uint64_t* ws, aclOpExecutor** ex) {             \
     ACLNN_CHECK_NOTNULL("aclnnInplace" #NAME, self, other);                                               \
-    auto a = T(self);                                                                                      \
+    auto a = T(self); emu::documented("aclnnInplace" #NAME, {&a});                                          \
     at::Scalar s = S(other);                                                                               \
     return emu::submit("aclnnInplace" #NAME, ws, ex, [=] {                                                 \
       at::Tensor x = a.get();                                                                              \
@@ -517,6 +517,7 @@ EMU_API aclnnStatus aclnnCastGetWorkspaceSize(const aclTensor* self, aclDataType
                                               aclOpExecutor** ex) {
   ACLNN_CHECK_NOTNULL("aclnnCast", self, out);
   auto a = T(self), o = T(out);
+  emu::documented("aclnnCast", {&a, &o});
   (void)dtype;  // the out tensor carries it
   return emu::submit("aclnnCast", ws, ex, [=] { o.write(a.get()); }, any_empty({&a, &o}));
 }
@@ -533,7 +534,7 @@ EMU_INPLACE_BINARY(Copy, y)
                                                     const aclScalar* alpha, aclTensor* out, uint64_t* ws,  \
                                                     aclOpExecutor** ex) {                                  \
     ACLNN_CHECK_NOTNULL("aclnn" #NAME, self, other, out);                                                 \
-    auto a = T(self), b = T(other), o = T(out);                                                            \
+    auto a = T(self), b = T(other), o = T(out); emu::documented("aclnn" #NAME, {&a, &b, &o});               \
     at::Scalar al = alpha ? S(alpha) : at::Scalar(1);                                                      \
     return emu::submit("aclnn" #NAME, ws, ex,                                                              \
                        [=] { o.write(at::OP(a.get(), b.get(), al)); }, any_empty({&a, &b, &o}));           \
@@ -544,6 +545,7 @@ EMU_INPLACE_BINARY(Copy, y)
                                                      aclOpExecutor** ex) {                                 \
     ACLNN_CHECK_NOTNULL("aclnn" #NAME "s", self, other, out);                                             \
     auto a = T(self), o = T(out);                                                                          \
+    emu::documented("aclnn" #NAME "s", {&a, &o});                                                          \
     at::Scalar s = S(other), al = alpha ? S(alpha) : at::Scalar(1);                                        \
     return emu::submit("aclnn" #NAME "s", ws, ex,                                                          \
                        [=] { o.write(at::OP(a.get(), s, al)); }, any_empty({&a, &o}));                     \
@@ -554,6 +556,7 @@ EMU_INPLACE_BINARY(Copy, y)
                                                            aclOpExecutor** ex) {                           \
     ACLNN_CHECK_NOTNULL("aclnnInplace" #NAME, self, other);                                               \
     auto a = T(self), b = T(other);                                                                        \
+    emu::documented("aclnnInplace" #NAME, {&a, &b});                                                       \
     at::Scalar al = alpha ? S(alpha) : at::Scalar(1);                                                      \
     return emu::submit("aclnnInplace" #NAME, ws, ex,                                                       \
                        [=] { a.write(at::OP(a.get(), b.get(), al)); }, any_empty({&a, &b}));               \
@@ -835,6 +838,11 @@ EMU_API aclnnStatus aclnnInplaceMaskedFillScalarGetWorkspaceSize(aclTensor* self
                                                                  aclOpExecutor** ex) {
   ACLNN_CHECK_NOTNULL("aclnnInplaceMaskedFillScalar", self, mask, value);
   auto a = T(self), m = T(mask);
+  emu::documented("aclnnInplaceMaskedFillScalar", {&a});
+  // 161002: selfRef's shape is the broadcast shape of selfRef and mask
+  if (!emu::broadcastable(a.sizes, m.sizes) || emu::broadcast_shape(a.sizes, m.sizes) != a.sizes) {
+    return emu::reject("aclnnInplaceMaskedFillScalar", ACLNN_ERR_PARAM_INVALID, "mask does not broadcast to selfRef");
+  }
   at::Scalar s = S(value);
   return emu::submit("aclnnInplaceMaskedFillScalar", ws, ex, [=] {
     a.write(at::masked_fill(a.get(), m.get().to(at::kBool), s));

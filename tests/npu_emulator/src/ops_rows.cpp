@@ -1,0 +1,127 @@
+// The aclnn APIs of the generalized JSD's NPU path (csrc/losses.h, GeneralizedJsd::aclnn_apis), as the CANN
+// documents list them chip by chip (docs/aclnn_reference.md, section 10):
+//   ops-math v9.1.0: math/log_add_exp/docs/aclnnLogAddExp.md, math/add/docs/aclnnAdd&aclnnInplaceAdd.md,
+//     math/add/docs/aclnnAdds.md, math/sub/docs/aclnnSub&aclnnInplaceSub.md, math/mul/docs/aclnnMul&aclnnInplaceMul.md,
+//     math/mul/docs/aclnnMuls&aclnnInplaceMuls.md, math/div/docs/aclnnDivs&aclnnInplaceDivs.md,
+//     math/exp/docs/aclnnExp&aclnnInplaceExp.md, math/reduce_sum/docs/aclnnReduceSum.md,
+//     math/cast/docs/aclnnCast.md, conversion/masked_fill/docs/aclnnInplaceMaskedFillScalar.md;
+//   ops-nn v9.1.0: activation/log_softmax_v2/docs/aclnnLogSoftmax.md,
+//     activation/log_softmax_grad/docs/aclnnLogSoftmaxBackward.md;
+//   the CANN 8.3.RC1 API reference (hiascend.com) for aclnnExp on the Atlas training and inference series, which
+//   ops-math's product table leaves out.
+//
+// aclnnLogAddExp is implemented here with its validation. The others are implemented with torch_npu's ordinary
+// ops (ops_base.cpp, ops_more.cpp), which torch_npu itself calls on every chip in dtypes the documents do not
+// list there (bfloat16 on 910 and 310P, everything on 310B): rejecting those would fail torch_npu's own kernels,
+// not this package's. A call outside a document's listing is therefore counted in the trace as
+// "<api>:undocumented" (documented() below), and the package's tests assert that its aclnn path makes none.
+#include <map>
+#include <string>
+
+#include "ops.h"
+
+using emu::T;
+using emu::any_empty;
+
+namespace {
+
+enum Family : unsigned { k910 = 1, k310P = 2, k910B = 4, k950 = 8, k310B = 16 };
+
+unsigned family_bit() {
+  const std::string f = emu::family();
+  if (f == "910") return k910;
+  if (f == "310P") return k310P;
+  if (f == "910B" || f == "910_93") return k910B;
+  if (f == "950") return k950;
+  return k310B;
+}
+
+// The families whose documents list an API, and those that list it in bfloat16.
+struct Listing {
+  unsigned chips, bf16_chips;
+};
+
+constexpr unsigned kTrainingAndInference = k910 | k310P | k910B | k950;
+constexpr unsigned kBf16 = k910B | k950;
+
+const std::map<std::string, Listing>& listings() {
+  static const std::map<std::string, Listing> table = {
+      {"aclnnCast", {kTrainingAndInference, kBf16}},
+      {"aclnnMuls", {kTrainingAndInference, kBf16}},
+      {"aclnnInplaceMuls", {kTrainingAndInference, kBf16}},
+      {"aclnnMul", {kTrainingAndInference, kBf16}},
+      {"aclnnInplaceMul", {kTrainingAndInference, kBf16}},
+      {"aclnnAdds", {kTrainingAndInference, kBf16}},
+      {"aclnnAdd", {k910 | k910B | k950, kBf16}},   // aclnnAdd's product table leaves out 310P
+      {"aclnnSub", {k910 | k910B | k950, kBf16}},   // as does aclnnSub's (which lists 310B, without bf16)
+      {"aclnnDivs", {k910 | k910B | k950, kBf16}},  // and aclnnDivs'
+      {"aclnnExp", {kTrainingAndInference, kBf16}},
+      {"aclnnReduceSum", {kTrainingAndInference, kBf16}},
+      {"aclnnInplaceMaskedFillScalar", {kTrainingAndInference, kBf16}},
+      {"aclnnLogSoftmax", {kTrainingAndInference, kBf16}},
+      {"aclnnLogSoftmaxBackward", {kTrainingAndInference, kBf16}},
+  };
+  return table;
+}
+
+}  // namespace
+
+namespace emu {
+
+void documented(const char* api, std::initializer_list<const TensorDesc*> tensors) {
+  const auto& table = listings();
+  const auto it = table.find(api);
+  if (it == table.end()) return;
+  const unsigned here = family_bit();
+  bool listed = (it->second.chips & here) != 0;
+  for (const TensorDesc* t : tensors) {
+    if (t->defined && t->dtype == ACL_BF16 && (it->second.bf16_chips & here) == 0) listed = false;
+  }
+  if (!listed) npuemu_trace_add((std::string(api) + ":undocumented").c_str(), 1);
+}
+
+}  // namespace emu
+
+// aclnnLogAddExp(self, other, out): log(e^self + e^other), ops-math math/log_add_exp/docs/aclnnLogAddExp.md
+// (v9.1.0; 950 from v9.1.0 on, CANN 8.0.RC3's reference lists 310P, 910 and A2).
+EMU_API aclnnStatus aclnnLogAddExpGetWorkspaceSize(const aclTensor* self, const aclTensor* other, aclTensor* out,
+                                                   uint64_t* ws, aclOpExecutor** ex) {
+  const char* api = "aclnnLogAddExp";
+  // 161001: self, other or out null
+  ACLNN_CHECK_NOTNULL(api, self, other, out);
+  auto a = T(self), b = T(other), o = T(out);
+  const unsigned here = family_bit();
+  if ((here & kTrainingAndInference) == 0) {
+    return emu::reject(api, ACLNN_ERR_PARAM_INVALID, "not listed for this chip (Ascend 310B)");
+  }
+  // 161002: self/other: FLOAT16, FLOAT, DOUBLE, the integer types, BOOL (and BFLOAT16 on A2/A3/950); out: FLOAT,
+  // FLOAT16 (and BFLOAT16 on A2/A3/950); self and other castable to out
+  const bool bf16 = (here & kBf16) != 0;
+  for (const emu::TensorDesc* t : {&a, &b}) {
+    const bool ok = t->dtype == ACL_FLOAT || t->dtype == ACL_FLOAT16 || t->dtype == ACL_DOUBLE ||
+        t->dtype == ACL_UINT8 || t->dtype == ACL_INT8 || t->dtype == ACL_UINT16 || t->dtype == ACL_INT16 ||
+        t->dtype == ACL_UINT32 || t->dtype == ACL_INT32 || t->dtype == ACL_UINT64 || t->dtype == ACL_INT64 ||
+        t->dtype == ACL_BOOL || (bf16 && t->dtype == ACL_BF16);
+    if (!ok) return emu::reject(api, ACLNN_ERR_PARAM_INVALID, std::string("input dtype ") + emu::dtype_name(t->dtype));
+  }
+  if (!(o.dtype == ACL_FLOAT || o.dtype == ACL_FLOAT16 || (bf16 && o.dtype == ACL_BF16))) {
+    return emu::reject(api, ACLNN_ERR_PARAM_INVALID, std::string("out dtype ") + emu::dtype_name(o.dtype));
+  }
+  for (const emu::TensorDesc* t : {&a, &b}) {
+    if (!c10::canCast(t->scalar_type(), o.scalar_type())) {
+      return emu::reject(api, ACLNN_ERR_PARAM_INVALID, "an input cannot be cast to out's dtype");
+    }
+  }
+  // 161002: at most 8 dims; self and other broadcast; out's shape is the broadcast shape
+  if (a.dim() > 8 || b.dim() > 8 || o.dim() > 8) return emu::reject(api, ACLNN_ERR_PARAM_INVALID, "more than 8 dims");
+  if (!emu::broadcastable(a.sizes, b.sizes)) {
+    return emu::reject(api, ACLNN_ERR_PARAM_INVALID, "self and other do not broadcast");
+  }
+  if (emu::broadcast_shape(a.sizes, b.sizes) != o.sizes) {
+    return emu::reject(api, ACLNN_ERR_PARAM_INVALID, "out's shape is not the broadcast shape");
+  }
+  return emu::submit(api, ws, ex, [=] {
+    o.write(at::logaddexp(a.get().to(at::kFloat), b.get().to(at::kFloat)));
+  }, any_empty({&a, &b, &o}));
+}
+ACLNN_RUN(aclnnLogAddExp)

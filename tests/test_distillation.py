@@ -20,7 +20,7 @@ import torch
 
 import npu_loss_ops
 from helpers import package_parent
-from reference import RTOL, assert_close, jsd_magnitudes, trl_generalized_jsd_loss
+from reference import RTOL, assert_close, assert_close_on_device, jsd_magnitudes, trl_generalized_jsd_loss
 
 # The ops this file exercises (tests/test_registration.py checks that every registered op is some test's).
 OPS = ("generalized_jsd_loss", "generalized_jsd_loss_backward", "_generalized_jsd_loss_and_grads")
@@ -847,6 +847,100 @@ def test_bad_reduction_and_grad_output_of_the_ops():
         ops.generalized_jsd_loss_backward(torch.ones(3), s, t, None, 2, 0.5, 1.0, -100, [True, True])
     with pytest.raises(RuntimeError, match="grad_output of 'none' must have the logits' shape"):
         ops.generalized_jsd_loss_backward(torch.ones(3, 6), s, t, None, 0, 0.5, 1.0, -100, [True, True])
+
+
+# ---- the three ops on the device: every beta class, reduction and labels, against TRL and the CPU kernels ----
+
+OP_DEVICE_CASES = [Case((2, 3, 33), b, 2.0, r, lab, "slice", d) for b in (0.0, 0.5, 1.0) for r in OP_REDUCTIONS
+                   for lab in ("none", "some")
+                   for d in ((torch.float32, torch.float32), (torch.bfloat16, torch.bfloat16),
+                             (torch.float16, torch.float32))]
+
+
+@pytest.mark.parametrize("case", OP_DEVICE_CASES, ids=[c.id for c in OP_DEVICE_CASES])
+def test_ops_on_device(case, device):
+    """The forward, the backward op (a grad_output that is not ones) and the forward with both gradients (row
+    scales applied) on `device`: within the dtype's tolerance of TRL's formula in float64 and of the CPU
+    kernels. On the NPU this is the aclnn path where the chip's row names an API (docs/npu_paths.md), else the
+    composite."""
+    student, teacher, labels = _inputs(case)
+    red = OP_REDUCTIONS[case.reduction]
+
+    def args(dev):
+        return (student.to(dev), teacher.to(dev), None if labels is None else labels.to(dev), red, case.beta,
+                case.temperature, -100)
+
+    result_dtype = torch.promote_types(*case.dtypes)
+    cpu_value = ops.generalized_jsd_loss(*args("cpu"))
+    g = torch.randn(cpu_value.shape, generator=torch.Generator().manual_seed(7)).to(result_dtype)
+    (rv, rs, rt), (mv, ms, mt) = _reference(case, student, teacher, labels, g)
+    value = ops.generalized_jsd_loss(*args(device))
+    assert_close_on_device(value, rv, mv, result_dtype, f"{case.id}: value", device=device, cpu=cpu_value)
+    cpu_gs, cpu_gt = ops.generalized_jsd_loss_backward(g, *args("cpu"), [True, True])
+    gs, gt = ops.generalized_jsd_loss_backward(g.to(device), *args(device), [True, True])
+    assert_close_on_device(gs, rs, ms, case.dtypes[0], f"{case.id}: backward's student gradient", device=device,
+                           cpu=cpu_gs)
+    assert_close_on_device(gt, rt, mt, case.dtypes[1], f"{case.id}: backward's teacher gradient", device=device,
+                           cpu=cpu_gt)
+    if red == 0:
+        return  # the forward with gradients makes those of a reduced loss
+    (rv, rs, rt), (mv, ms, mt) = _reference(case, student, teacher, labels)
+    results = []
+    for dev in (device, "cpu"):
+        value, gs, gt, row_scale = ops._generalized_jsd_loss_and_grads(*args(dev), [True, True])
+        scale = row_scale.unsqueeze(-1)
+        results.append((value, (gs.float() * scale).to(gs.dtype), (gt.float() * scale).to(gt.dtype)))
+    (value, gs, gt), (cpu_value, cpu_gs, cpu_gt) = results
+    assert_close_on_device(value, rv, mv, result_dtype, f"{case.id}: with_grads' value", device=device, cpu=cpu_value)
+    assert_close_on_device(gs, rs, ms, case.dtypes[0], f"{case.id}: with_grads' student gradient", device=device,
+                           cpu=cpu_gs)
+    assert_close_on_device(gt, rt, mt, case.dtypes[1], f"{case.id}: with_grads' teacher gradient", device=device,
+                           cpu=cpu_gt)
+
+
+@pytest.mark.parametrize("mask", [(True, False), (False, True)], ids=["student", "teacher"])
+@pytest.mark.parametrize("beta", [0.0, 0.5, 1.0])
+def test_one_gradient_on_device(device, beta, mask):
+    """The backward op and the forward with gradients asked for one gradient: that one as with both, and an empty
+    tensor for the other."""
+    student, teacher, labels = _inputs(Case((4, 17), beta, 1.0, "sum", "some"))
+    args = [student.to(device), teacher.to(device), labels.to(device), 2, beta, 1.0, -100]
+    both = ops.generalized_jsd_loss_backward(torch.tensor(1.5, device=device), *args, [True, True])
+    one = ops.generalized_jsd_loss_backward(torch.tensor(1.5, device=device), *args, list(mask))
+    kept = 0 if mask[0] else 1
+    torch.testing.assert_close(one[kept].cpu(), both[kept].cpu())
+    assert one[1 - kept].numel() == 0
+    forward = ops._generalized_jsd_loss_and_grads(*args, list(mask))
+    torch.testing.assert_close(forward[1 + kept].cpu(), both[kept].cpu() / 1.5)
+    assert forward[2 - kept].numel() == 0
+
+
+def test_every_row_dropped_on_device(device):
+    """Every row dropped: 'mean' NaN and 'sum' 0, zero gradients, empty 'none' values; on every device."""
+    student, teacher, _ = _inputs(Case((4, 9), labels="none"))
+    labels = torch.full((4,), -100, device=device)
+    s, t = student.to(device), teacher.to(device)
+    for beta in (0.0, 0.5, 1.0):
+        value, gs, gt, _ = ops._generalized_jsd_loss_and_grads(s, t, labels, 1, beta, 1.0, -100, [True, True])
+        assert value.cpu().isnan() and not gs.cpu().any() and not gt.cpu().any()
+        assert ops.generalized_jsd_loss(s, t, labels, 2, beta, 1.0, -100).item() == 0
+        assert ops.generalized_jsd_loss(s, t, labels, 0, beta, 1.0, -100).shape == (0, 9)
+        gs, gt = ops.generalized_jsd_loss_backward(torch.tensor(2.0, device=device), s, t, labels, 2, beta, 1.0, -100,
+                                                   [True, True])
+        assert not gs.cpu().any() and not gt.cpu().any()
+
+
+@pytest.mark.parametrize("name,kwargs,error,match", BAD, ids=[b[0] for b in BAD])
+def test_bad_input_on_device(name, kwargs, error, match, device):
+    """The same exception and message on every device (the checks run before any kernel). The logits and labels
+    are on the device; num_items_in_batch stays a CPU tensor (on another device only its shape is checked: reading
+    its value would wait for the device every step)."""
+    args = dict(student_logits=torch.randn(3, 7), teacher_logits=torch.randn(3, 7), labels=torch.tensor([1, 2, -100]))
+    args.update(kwargs)
+    args = {k: v.to(device) if k != "num_items_in_batch" and isinstance(v, torch.Tensor) and v.device.type == "cpu"
+            else v for k, v in args.items()}
+    with pytest.raises(error, match=match):
+        npu_loss_ops.generalized_jsd_loss(**args)
 
 
 # ---- memory: the process's peak resident size above the inputs, in a fresh process ----

@@ -21,8 +21,12 @@ from samples import BACKWARD_OP
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "npu_emulator"))
 import emulator  # noqa: E402
 
-# The aclnn APIs the chip paths name (what a call may run); which one each call must run is written out below.
-LOSS_APIS = {row["api"] for row in npu_loss_ops._C._chip_paths() if row["api"] != "composite"}
+# The aclnn APIs the elementwise losses' chip paths name (what a call may run); which one each call must run is
+# written out below. The row losses' paths are tested apart (test_jsd_path_per_chip).
+_ELEMENTWISE_OPS = {op for d in npu_loss_ops._C._losses() if d["kind"] == "elementwise"
+                    for op in (d["forward"], d["backward"])}
+LOSS_APIS = {row["api"] for row in npu_loss_ops._C._chip_paths()
+             if row["api"] != "composite" and row["op"] in _ELEMENTWISE_OPS}
 DTYPES = [torch.float32, torch.float16, torch.bfloat16]
 # The tolerance each dtype's NPU result is compared with the CPU kernels' by: the largest error the paths
 # accepts from the TBE kernels' beta + 1e-6 divisor (reference.py says why those numbers), which also holds
@@ -313,6 +317,82 @@ def test_older_cann_without_the_loss_apis_runs_the_composite(npu):
         got, want, trace = call(op, dtype, beta, log_target, npu)
         assert not set(trace) & LOSS_APIS
         torch.testing.assert_close(got, want, rtol=TOLERANCE[dtype], atol=TOLERANCE[dtype])
+
+
+# ---- the generalized JSD: its aclnn path or the chunked composite, per chip, beta class and dtype ----
+
+JSD_PATH_APIS = {"aclnnLogAddExp", "aclnnKlDivTargetBackward", "aclnnLogSoftmaxBackward"}
+
+
+def jsd_row_api(gradients, dtype, beta):
+    """The API the generalized JSD's row names for a call (docs/npu_paths.md), or None for the composite:
+    Ascend 910B/910_93 and 950 in every dtype; Ascend 910 in float32/float16, but for the gradients at beta 0
+    and 1 (no aclnnKlDivTargetBackward there); 310P (no aclnnAdd, aclnnSub, aclnnDivs) and 310B never."""
+    fam = family()
+    ends = beta in (0.0, 1.0)
+    if not (fam in ("910B", "950") or (fam == "910" and dtype != torch.bfloat16 and not (gradients and ends))):
+        return None
+    if not ends:
+        return "aclnnLogAddExp"
+    if gradients:
+        return "aclnnKlDivTargetBackward" if have("aclnnKlDivTargetBackward") else None
+    return "aclnnLogSoftmax"
+
+
+JSD_CASES = [(op, dt, beta, mask) for op in ("forward", "backward", "with_grads") for dt in DTYPES
+             for beta in (0.0, 0.5, 1.0)
+             for mask in ([(True, True)] if op == "forward" else [(True, True), (True, False), (False, True)])]
+
+
+@pytest.mark.parametrize("op,dtype,beta,mask", JSD_CASES,
+                         ids=[f"{op}-{str(dt)[6:]}-beta{beta:g}-{int(m[0])}{int(m[1])}" for op, dt, beta, m in JSD_CASES])
+def test_jsd_path_per_chip(npu, op, dtype, beta, mask):
+    """What each call of the three ops ran, from the trace: on an aclnn row, aclnnLogSoftmax, aclnnLogAddExp for
+    the mixture, and for the gradients aclnnLogSoftmaxBackward, with aclnnKlDivTargetBackward for the teacher's at
+    beta 0 and the student's at beta 1; on a composite row none of those three and the composite's aclnnDivs
+    (its logits over T). No call of the aclnn path outside its API's documented chips and dtypes, no call
+    rejected; the results within tolerance of the CPU kernels'."""
+    gen = torch.Generator().manual_seed(4)
+    s, t = (torch.randn(5, 37, generator=gen).mul(3).to(dtype) for _ in range(2))
+    labels = torch.tensor([1, -100, 2, 3, -100])
+    ops = torch.ops.npu_loss
+
+    def run(dev):
+        args = (s.to(dev), t.to(dev), labels.to(dev), 2, beta, 1.5, -100)
+        if op == "forward":
+            return [ops.generalized_jsd_loss(*args)]
+        if op == "backward":
+            return list(ops.generalized_jsd_loss_backward(torch.tensor(0.75, dtype=dtype, device=dev), *args,
+                                                          list(mask)))
+        value, gs, gt, row_scale = ops._generalized_jsd_loss_and_grads(*args, list(mask))
+        scale = row_scale.unsqueeze(-1)  # float16's gradients are stored times a power of two per row
+        return [value, gs.float() * scale if gs.numel() else gs, gt.float() * scale if gt.numel() else gt]
+
+    want = run("cpu")
+    torch.npu.synchronize()
+    emulator.trace_reset()
+    got = [r.cpu() for r in run(npu)]
+    torch.npu.synchronize()
+    trace = emulator.trace()
+    gradients = op != "forward"
+    api = jsd_row_api(gradients, dtype, beta)
+    assert not [k for k in trace if "GetWorkspaceSize:" in k or k.startswith("aclop:")], trace
+    ran = set(trace) & JSD_PATH_APIS
+    if api is None:
+        # torch_npu's own kernels, which on 310P and 310B include APIs their documents do not list there
+        assert not ran and "aclnnDivs" in trace, f"{family()}: expected the composite, the trace is {trace}"
+    else:
+        assert not [k for k in trace if k.endswith(":undocumented")], trace
+        assert "aclnnLogSoftmax" in trace and "aclnnDivs" not in trace, trace
+        expected = {"aclnnLogAddExp"} if beta not in (0.0, 1.0) else set()
+        if gradients:
+            expected.add("aclnnLogSoftmaxBackward")
+            if (beta == 0.0 and mask[1]) or (beta == 1.0 and mask[0]):
+                expected.add("aclnnKlDivTargetBackward")
+        assert ran == expected, f"{op} on {family()}: ran {sorted(ran)}, expected {sorted(expected)}"
+    for g, w in zip(got, want):  # each result within its dtype's tolerance of its largest element
+        tol = TOLERANCE[dtype]
+        torch.testing.assert_close(g, w, rtol=tol, atol=tol * float(w.abs().max()) if w.numel() else 0.0)
 
 
 FRACTAL_NZ = 29

@@ -1,5 +1,9 @@
 """aclnn launches per call on the emulated NPU: this package's ops against torch_npu's own F, per chip family.
 
+The generalized JSD's rows (jsd_cases) compare its three ops with the chunked composite on the same chip (the
+composite's kernels called directly), per call and per chunk, and with TRL 1.16's function through torch_npu's
+own kernels, at N = 1,024 and 4,096 rows of V = 512 (the counts do not depend on V).
+
 Run inside an emulated-CANN process (scripts/run_npu_emulated.sh runs it once per chip family, as
 launches-<family>): for every loss x dtype x reduction (KL: both target forms), one forward call and one
 backward call (loss.backward(g), g made before counting), each counted apart from the emulator's trace
@@ -38,6 +42,23 @@ def cases():
 
 def key(loss: str, dtype: str, reduction: str) -> str:
     return f"{loss} {dtype} {reduction}"
+
+
+# The generalized JSD: op x dtype x beta x rows, 'sum', V = JSD_VOCAB, labels dropping every fourth row.
+JSD_OPS = ("forward", "forward with gradients", "backward")
+JSD_VOCAB = 512
+
+
+def jsd_cases():
+    for op in JSD_OPS:
+        for dtype in ("float32", "bfloat16"):
+            for beta in (0.0, 0.5, 1.0):
+                for rows in (1024, 4096):
+                    yield op, dtype, beta, rows
+
+
+def jsd_key(op: str, dtype: str, beta: float, rows: int) -> str:
+    return f"generalized_jsd {op} {dtype} beta={beta:g} N={rows}"
 
 
 # ---- measuring, on the emulated NPU --------------------------------------------------------------------------
@@ -118,7 +139,79 @@ def measure() -> dict:
                     ops.append(qualified)
         return ops
 
+    sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "tests"))
+    from reference import trl_generalized_jsd_loss
+
+    def jsd_trl(op, dtype, beta, rows):
+        """TRL 1.16's function (restated line by line in tests/reference.py, which test_distillation checks against
+        TRL's own) through torch_npu's kernels: 'forward' without gradients, 'forward with gradients' the
+        forward and backward() of both logits, 'backward' the backward() alone."""
+        gen = torch.Generator().manual_seed(0)
+        dt = getattr(torch, dtype)
+        grads = op != "forward"
+        s, t = (torch.randn(rows, JSD_VOCAB, generator=gen).to(dev, dt).requires_grad_(grads) for _ in range(2))
+        labels = torch.arange(rows).remainder(7)
+        labels[::4] = -100
+        labels = labels.to(dev)
+        counts = {}
+        try:
+            torch.npu.synchronize()
+            emulator.trace_reset()
+            loss = trl_generalized_jsd_loss(s, t, labels, beta, 1.0, "sum")
+            torch.npu.synchronize()
+            counts["forward"] = emulator.trace()
+            if grads:
+                emulator.trace_reset()
+                loss.backward()
+                torch.npu.synchronize()
+                counts["backward"] = emulator.trace()
+        except Exception as e:  # noqa: BLE001
+            return {"note": f"fails on the emulator: {type(e).__name__}: {str(e).splitlines()[0][:80]}"}
+        missing = ", ".join(n for n in (lacking(c) for c in counts.values()) if n)
+        if missing:
+            return {"note": f"the emulator lacks what this call needs ({missing})"}
+        phases = {"forward": ("forward",), "forward with gradients": ("forward", "backward"),
+                  "backward": ("backward",)}[op]
+        ops = {}
+        for phase in phases:
+            for name, n in launches(counts[phase])[1].items():
+                ops[name] = ops.get(name, 0) + n
+        return {"launches": sum(ops.values()), "chunks": 0}
+
+    def jsd_one(composite: bool, op, dtype, beta, rows):
+        """{launches, chunks (two log-softmaxes each), ops} of one call of a JSD op (or of its composite)."""
+        gen = torch.Generator().manual_seed(0)
+        dt = getattr(torch, dtype)
+        s, t = (torch.randn(rows, JSD_VOCAB, generator=gen).to(dev, dt) for _ in range(2))
+        labels = torch.arange(rows).remainder(7)
+        labels[::4] = -100
+        labels = labels.to(dev)
+        args = (s, t, labels, 2, beta, 1.0, -100)
+        packet = {"forward": torch.ops.npu_loss.generalized_jsd_loss,
+                  "forward with gradients": torch.ops.npu_loss._generalized_jsd_loss_and_grads,
+                  "backward": torch.ops.npu_loss.generalized_jsd_loss_backward}[op].default
+        if op == "forward with gradients":
+            args = (*args, [True, True])
+        elif op == "backward":
+            args = (torch.tensor(1.0, device=dev, dtype=dt), *args, [True, True])
+        fn = (lambda *a: packet._op_dk(torch._C.DispatchKey.CompositeExplicitAutograd, *a)) if composite else packet
+        try:
+            torch.npu.synchronize()
+            emulator.trace_reset()
+            fn(*args)
+            torch.npu.synchronize()
+            trace = emulator.trace()
+        except Exception as e:  # noqa: BLE001
+            return {"note": f"fails on the emulator: {type(e).__name__}: {str(e).splitlines()[0][:120]}"}
+        if lacking(trace):
+            return {"note": f"the emulator lacks what this call needs ({lacking(trace)})"}
+        n, ops = launches(trace)
+        counted = {"launches": n, "chunks": ops.get("aclnnLogSoftmax", 0) // 2}
+        return counted if composite else {**counted, "ops": ops}  # ours' operators, for --check's message
+
     family = os.environ.get("NPU_EMU_SOC", "?")
+    jsd_rows = {jsd_key(*case): {"ours": jsd_one(False, *case), "composite": jsd_one(True, *case)}
+                for case in jsd_cases()}
     # Ours first, every row: a call of torch_npu's F that fails may leave its task queue unusable.
     ours = {key(*case): one(getattr(npu_loss_ops, case[0].split("[")[0]), *case) for case in cases()}
     rows = {}
@@ -129,7 +222,9 @@ def measure() -> dict:
         if on_host and "note" not in theirs:
             theirs["host"] = on_host
         rows[key(loss, dtype, reduction)] = {"ours": ours[key(loss, dtype, reduction)], "F": theirs}
-    return {"soc": family, "rows": rows}
+    for case in jsd_cases():  # last, as F: a failing call of torch_npu's may leave its task queue unusable
+        jsd_rows[jsd_key(*case)]["TRL"] = jsd_trl(*case)
+    return {"soc": family, "rows": rows, "jsd_rows": jsd_rows}
 
 
 # ---- the table ---------------------------------------------------------------------------------------------
@@ -157,6 +252,56 @@ def why(ours: dict) -> str:
         if sum(ops.values()) > 1:
             parts.append(f"{phase}: " + ", ".join(f"{k.removeprefix('aclnn')} {v}" for k, v in sorted(ops.items())))
     return "; ".join(parts) or "–"
+
+
+def jsd_cell(side: dict) -> tuple[str, str, str]:
+    """(launches, chunks, launches per chunk) of a JSD call, or its note."""
+    if "note" in side:
+        return side["note"], "", ""
+    if not side["chunks"]:
+        return str(side["launches"]), "–", "–"
+    per = f"{side['launches'] / side['chunks']:.1f}" if side["chunks"] else "–"
+    return str(side["launches"]), str(side["chunks"]), per
+
+
+def jsd_markdown(results: dict) -> list[str]:
+    lines = [
+        "## The generalized JSD",
+        "",
+        "One call of each op (`_generalized_jsd_loss_and_grads` and `generalized_jsd_loss_backward` with both "
+        f"gradients), 'sum', N rows of V = {JSD_VOCAB:,}, labels dropping every fourth row, temperature 1. Ours: "
+        "the op as registered (the aclnn path where the chip's row names an API, "
+        "[docs/npu_paths.md](../../docs/npu_paths.md)); composite: the chunked composite's kernel of the same op on "
+        "the same chip. A chunk is a block of rows (two log-softmaxes): ours hold at most 8 float32 rows of V "
+        "per row of a chunk, the composite 20, each within an eighth of one N x V tensor of the logits, so the "
+        "chunk count does not grow with N (below the 256 MiB cap). TRL: TRL 1.16's function as "
+        "`tests/reference.py` restates it line by line (checked against TRL's own on the CPU), through torch_npu's "
+        "own kernels (`LogSumExp`, `Stack`, `Index` and `Nonzero` among them, all emulated), without chunks: its "
+        "'forward with gradients' is the forward and `backward()`, its 'backward' the `backward()` alone; the "
+        "column 'ours / TRL' is the ratio of launches.",
+        "",
+    ]
+    for family in sorted(results, key=lambda f: FAMILY_ORDER.index(f) if f in FAMILY_ORDER else 99):
+        rows = results[family].get("jsd_rows", {})
+        if not rows:
+            continue
+        lines += [f"### {family} ({results[family]['soc']}): generalized JSD", "",
+                  "| op | dtype | beta | N | ours | ours' chunks | ours per chunk | composite | composite's chunks "
+                  "| composite per chunk | TRL | ours / TRL |",
+                  "|---|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
+        for op, dtype, beta, n in jsd_cases():
+            row = rows.get(jsd_key(op, dtype, beta, n))
+            if row is None:
+                continue
+            ours, comp = jsd_cell(row["ours"]), jsd_cell(row["composite"])
+            trl = row.get("TRL", {"note": "not measured"})
+            trl_cell = trl["note"] if "note" in trl else str(trl["launches"])
+            ratio = (f"{row['ours']['launches'] / trl['launches']:.2f}x"
+                     if "launches" in trl and "launches" in row["ours"] and trl["launches"] else "–")
+            lines.append(f"| {op} | {dtype} | {beta:g} | {n:,} | {' | '.join(ours)} | {' | '.join(comp)} "
+                         f"| {trl_cell} | {ratio} |")
+        lines.append("")
+    return lines
 
 
 def markdown(results: dict) -> str:
@@ -188,7 +333,7 @@ def markdown(results: dict) -> str:
         lines.append("")
         if on_host:
             lines += [f"On the host through torch_npu's CPU fallback: {', '.join(f'`{op}`' for op in on_host)}.", ""]
-    return "\n".join(lines)
+    return "\n".join(lines + jsd_markdown(results))
 
 
 def check(measured: dict, committed_path: str) -> list[str]:
@@ -209,6 +354,14 @@ def check(measured: dict, committed_path: str) -> list[str]:
             if phase in was and (phase not in now or now[phase] > was[phase]):
                 worse.append(f"{family} {name} {phase}: {now.get(phase, now.get('note'))} launches, "
                              f"the committed table has {was[phase]} ({now.get(phase + '_ops')})")
+    for name, row in measured.get("jsd_rows", {}).items():
+        was = committed[family].get("jsd_rows", {}).get(name, {}).get("ours")
+        now = row["ours"]
+        if was is None:
+            worse.append(f"{family} {name}: not in the committed table")
+        elif "launches" in was and now.get("launches", float("inf")) > was["launches"]:
+            worse.append(f"{family} {name}: {now.get('launches', now.get('note'))} launches, the committed table "
+                         f"has {was['launches']} ({now.get('ops')})")
     return worse
 
 
@@ -224,6 +377,8 @@ def main() -> int:
         for path in args.combine:
             with open(path) as f:
                 one = json.load(f)
+            for row in one.get("jsd_rows", {}).values():
+                row["ours"].pop("ops", None)  # the counts are the table; the operators are the run's log
             results[family_of(one["soc"])] = one
         with open(args.json, "w") as f:
             json.dump(results, f, indent=1, sort_keys=True)
@@ -235,7 +390,9 @@ def main() -> int:
     with open(args.json, "w") as f:
         json.dump(measured, f, indent=1, sort_keys=True)
     total = sum(row["ours"].get("fwd", 0) + row["ours"].get("bwd", 0) for row in measured["rows"].values())
-    print(f"NPU launches {family_of(measured['soc'])}: {len(measured['rows'])} rows, {total} launches of ours")
+    jsd = sum(row["ours"].get("launches", 0) for row in measured["jsd_rows"].values())
+    print(f"NPU launches {family_of(measured['soc'])}: {len(measured['rows'])} rows, {total} launches of ours; "
+          f"generalized JSD {len(measured['jsd_rows'])} rows, {jsd} launches of ours")
     if args.check:
         worse = check(measured, args.check)
         if worse:

@@ -982,8 +982,8 @@ print((status("VmHWM:") - before) / (n * v * student.element_size()))
 # The bounds of forward + backward, in units of one N x V tensor of the logits' dtype (docs/semantics.md,
 # "Distillation").
 BOUNDS = {"student": 1.25, "both": 2.25, "no_grad": 0.25}
-# The CPU kernels through autograd, at both shapes in both dtypes; the composite (the NPU's path for now: the
-# same ATen ops, on the CPU) through the op autograd's forward calls, at both shapes in bfloat16, where its
+# The CPU kernels through autograd, at both shapes in both dtypes; the composite (the NPU's path on the chips
+# without the aclnn path: the same ATen ops, on the CPU) through the op autograd's forward calls, at both shapes in bfloat16, where its
 # float32 temporaries weigh most against the unit (it takes seconds a call on the CPU). That op is the
 # composite's whole peak: the backward only scales its gradients in place. The shapes are whole: a chunk is at
 # least one row, which at a quarter of the rows would already be a third of N x V.
@@ -1005,4 +1005,31 @@ def test_memory_bounds(n, v, dtype, mode, path):
     assert result.returncode == 0, result.stderr[-2000:]
     peak = float(result.stdout.strip().splitlines()[-1])
     print(f"peak {peak:.3f} x N*V")  # shown with -s
+    assert peak <= BOUNDS[mode], f"peak {peak:.3f} x N*V, bound {BOUNDS[mode]}"
+
+
+@pytest.mark.parametrize("mode", list(BOUNDS))
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
+def test_memory_bounds_on_device(device, dtype, mode):
+    """On the NPU, the allocator's peak above the inputs (torch.npu.max_memory_allocated) of a forward and
+    backward through autograd, as users call it, within the same bounds, whatever the chip's path (the aclnn
+    path's chunks or the composite's). A quarter of the rows are dropped."""
+    if device == "cpu":
+        pytest.skip("the CPU's bounds are test_memory_bounds' (the process's resident size, in a fresh process)")
+    n, v = 256, 16384
+    gen = torch.Generator().manual_seed(0)
+    s = torch.randn(n, v, generator=gen).to(device, dtype).requires_grad_(mode != "no_grad")
+    t = torch.randn(n, v, generator=gen).to(device, dtype).requires_grad_(mode == "both")
+    labels = torch.arange(n).remainder(7)
+    labels[::4] = -100
+    labels = labels.to(device)
+    torch.npu.synchronize()
+    torch.npu.reset_peak_memory_stats()
+    base = torch.npu.memory_allocated()
+    with torch.set_grad_enabled(mode != "no_grad"):
+        loss = npu_loss_ops.generalized_jsd_loss(s, t, labels, beta=0.5, temperature=2.0)
+        if mode != "no_grad":
+            loss.backward()
+    torch.npu.synchronize()
+    peak = (torch.npu.max_memory_allocated() - base) / (n * v * s.element_size())
     assert peak <= BOUNDS[mode], f"peak {peak:.3f} x N*V, bound {BOUNDS[mode]}"

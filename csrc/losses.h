@@ -259,42 +259,42 @@ struct GeneralizedJsd {
                .index = {ScalarKind::Int, "ignore_index", "-100"}},
       .with_grads = "_generalized_jsd_loss_and_grads"};
   // The aclnn APIs of its NPU path (npu/generalized_jsd.cpp), as ops-math and ops-nn v9.1.0 list them
-  // (docs/aclnn_reference.md, section 10, cites each document). aclnnExp's product table in ops-math leaves
+  // (docs/aclnn_reference.md, section 10, cites each document): the chips of each, those with bf16, the beta
+  // classes whose calls use it and whether only the gradients do. aclnnExp's product table in ops-math leaves
   // out the Atlas training and inference series, which the CANN 8.0 to 8.3 API reference lists (and whose exp
-  // the composite needs as well): it counts here as on 910 and 310P.
+  // the composite needs as well): it counts here as on 910 and 310P. 'none' with labels places the kept rows'
+  // values and grad_output rows with torch_npu's index_select and index_put_, as the composite does.
+  static constexpr chips::Set kListed = chips::k910 | chips::k310P | chips::k910B | chips::k950;
+  static constexpr chips::Set kNot310P = chips::k910 | chips::k910B | chips::k950;
+  static constexpr chips::Set kWithBf16 = chips::k910B | chips::k950;
   static constexpr chips::AclnnUse aclnn_apis[] = {
-      {"aclnnCast", chips::k910 | chips::k310P | chips::k910B | chips::k950, chips::k910B | chips::k950},
-      {"aclnnMuls", chips::k910 | chips::k310P | chips::k910B | chips::k950, chips::k910B | chips::k950},
-      {"aclnnInplaceMuls", chips::k910 | chips::k310P | chips::k910B | chips::k950, chips::k910B | chips::k950},
-      {"aclnnInplaceMul", chips::k910 | chips::k310P | chips::k910B | chips::k950, chips::k910B | chips::k950},
-      {"aclnnLogSoftmax", chips::k910 | chips::k310P | chips::k910B | chips::k950, chips::k910B | chips::k950},
-      {"aclnnExp", chips::k910 | chips::k310P | chips::k910B | chips::k950, chips::k910B | chips::k950},
-      // 'none' with labels places the kept rows' values and weights with index_select and index_put_, torch_npu's.
-      {"aclnnSub", chips::k910 | chips::k910B | chips::k950, chips::k910B | chips::k950},
-      {"aclnnReduceSum", chips::k910 | chips::k310P | chips::k910B | chips::k950, chips::k910B | chips::k950},
-      {"aclnnDivs", chips::k910 | chips::k910B | chips::k950, chips::k910B | chips::k950},
-      {"aclnnInplaceMaskedFillScalar", chips::k910 | chips::k310P | chips::k910B | chips::k950,
-       chips::k910B | chips::k950},
-      {"aclnnAdds", chips::k910 | chips::k310P | chips::k910B | chips::k950, chips::k910B | chips::k950,
-       chips::kMixture},
-      {"aclnnAdd", chips::k910 | chips::k910B | chips::k950, chips::k910B | chips::k950, chips::kMixture},
-      {"aclnnLogAddExp", chips::k910 | chips::k310P | chips::k910B | chips::k950, chips::k910B | chips::k950,
-       chips::kMixture},
-      {"aclnnLogSoftmaxBackward", chips::k910 | chips::k310P | chips::k910B | chips::k950,
-       chips::k910B | chips::k950, chips::kAll, true},
-      {"aclnnKlDivTargetBackward", chips::k910B | chips::k950, chips::k910B | chips::k950, chips::kKlEnds, true},
+      {"aclnnCast", kListed, kWithBf16},
+      {"aclnnMuls", kListed, kWithBf16},
+      {"aclnnInplaceMuls", kListed, kWithBf16},
+      {"aclnnInplaceMul", kListed, kWithBf16},
+      {"aclnnLogSoftmax", kListed, kWithBf16},
+      {"aclnnExp", kListed, kWithBf16},
+      {"aclnnSub", kNot310P, kWithBf16},
+      {"aclnnReduceSum", kListed, kWithBf16},
+      {"aclnnDivs", kNot310P, kWithBf16},
+      {"aclnnInplaceMaskedFillScalar", kListed, kWithBf16},
+      {"aclnnAdds", kListed, kWithBf16, chips::kMixture},
+      {"aclnnAdd", kNot310P, kWithBf16, chips::kMixture},
+      {"aclnnLogAddExp", kListed, kWithBf16, chips::kMixture},
+      {"aclnnLogSoftmaxBackward", kListed, kWithBf16, chips::kAll, true},
+      {"aclnnKlDivTargetBackward", kWithBf16, kWithBf16, chips::kKlEnds, true},
   };
-  static constexpr const char* kNoSub = "ops-math v9.1.0 lists aclnnSub, aclnnAdd and aclnnDivs for Ascend 310P not at all";
-  static constexpr const char* kNoBf16 = "the ops-math and ops-nn documents list bf16 from Ascend 910B on";
-  static constexpr const char* kNo310B = "Ascend 310B has none of the path's APIs (aclnnLogSoftmax, aclnnExp, ...)";
+  static constexpr const char* kWhy310P = "ops-math v9.1.0 does not list aclnnAdd, aclnnSub or aclnnDivs for Ascend 310P";
+  static constexpr const char* kWhyBf16 = "the ops-math and ops-nn documents list bf16 from Ascend 910B on";
+  static constexpr const char* kWhy310B = "Ascend 310B has none of the path's APIs (aclnnLogSoftmax, aclnnExp, ...)";
   static constexpr chips::PathRow forward_paths[] = {
       {.chips = chips::k910B | chips::k950, .betas = chips::kKlEnds, .aclnn = "aclnnLogSoftmax"},
       {.chips = chips::k910B | chips::k950, .betas = chips::kMixture, .aclnn = "aclnnLogAddExp"},
       {.chips = chips::k910, .dtypes = chips::kNoBf16, .betas = chips::kKlEnds, .aclnn = "aclnnLogSoftmax"},
       {.chips = chips::k910, .dtypes = chips::kNoBf16, .betas = chips::kMixture, .aclnn = "aclnnLogAddExp"},
-      {.chips = chips::k910, .dtypes = chips::kBf16, .why = kNoBf16},
-      {.chips = chips::k310P, .why = kNoSub},
-      {.chips = chips::k310B, .why = kNo310B},
+      {.chips = chips::k910, .dtypes = chips::kBf16, .why = kWhyBf16},
+      {.chips = chips::k310P, .why = kWhy310P},
+      {.chips = chips::k310B, .why = kWhy310B},
   };
   static constexpr chips::PathRow backward_paths[] = {
       {.chips = chips::k910B | chips::k950, .betas = chips::kKlEnds, .aclnn = "aclnnKlDivTargetBackward",
@@ -303,9 +303,9 @@ struct GeneralizedJsd {
       {.chips = chips::k910, .dtypes = chips::kNoBf16, .betas = chips::kMixture, .aclnn = "aclnnLogAddExp"},
       {.chips = chips::k910, .dtypes = chips::kNoBf16, .betas = chips::kKlEnds,
        .why = "the Atlas training series (910) has no aclnnKlDivTargetBackward kernel"},
-      {.chips = chips::k910, .dtypes = chips::kBf16, .why = kNoBf16},
-      {.chips = chips::k310P, .why = kNoSub},
-      {.chips = chips::k310B, .why = kNo310B},
+      {.chips = chips::k910, .dtypes = chips::kBf16, .why = kWhyBf16},
+      {.chips = chips::k310P, .why = kWhy310P},
+      {.chips = chips::k310B, .why = kWhy310B},
   };
 };
 

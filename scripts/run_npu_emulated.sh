@@ -115,7 +115,8 @@ for family in "${FAMILIES[@]}"; do
   run "suite-$family" "$family" "" python -m pytest "$REPO_ROOT/tests" -q -p no:cacheprovider "${PYTEST_ARGS[@]}"
   # The launch table's rows for this family; fails if a row of ours launches more than the committed table.
   run "launches-$family" "$family" "" python "$REPO_ROOT/benchmarks/npu_launches.py" \
-    --json "$LOG_DIR/launches-$family.json" --check "${NPU_LOSS_OPS_LAUNCH_TABLE:-$LAUNCH_TABLE}"
+    --json "$LOG_DIR/launches-$family.json" --check "${NPU_LOSS_OPS_LAUNCH_TABLE:-$LAUNCH_TABLE}" \
+    ${NPU_LOSS_OPS_LAUNCH_BASELINES:+--baselines}
 done
 if (($# == 0)); then
   run "older-cann-910B" 910B without-loss-apis \

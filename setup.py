@@ -134,11 +134,12 @@ def cpu_flags():
         flags.append("-fopenmp")
         link.append("-fopenmp")
     if SANITIZE:
-        # After the package's own flags, so they win: -O1 (-O0 under DEBUG=1) with debug info for the
-        # reports' file:line, and -fno-wrapv, because Python's -fwrapv makes signed overflow defined and
-        # GCC then drops UBSan's overflow checks. The link keeps the debug info and the runtimes.
+        # After the package's own flags, so they win: -O1 with -g1, the line tables for the reports' file:line
+        # (full -g doubles every compile and adds only local variables; DEBUG=1 keeps its -O0 -g), and
+        # -fno-wrapv, because Python's -fwrapv makes signed overflow defined and GCC then drops UBSan's
+        # overflow checks. The link keeps the debug info and the runtimes.
         sanitize = f"-fsanitize={','.join(SANITIZE)}"
-        flags += ([] if DEBUG else ["-O1"]) + ["-g", "-fno-omit-frame-pointer", "-fno-wrapv", sanitize]
+        flags += ([] if DEBUG else ["-O1", "-g1"]) + ["-fno-omit-frame-pointer", "-fno-wrapv", sanitize]
         link = [arg for arg in link if arg != "-Wl,--strip-debug"] + [sanitize]
     # build_info() reports the optimization level and the sanitizers (tests/test_sanitizer.py).
     level = "0" if DEBUG else "1" if SANITIZE else "3"

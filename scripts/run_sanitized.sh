@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The test suite under AddressSanitizer and UBSan (docs/usage.md, "A sanitized build"). In the venv
 # .venv-sanitize (the same torch as .venv), npu_loss_ops is installed with NPU_LOSS_OPS_SANITIZE=address,undefined
-# (-O1 -g -fno-wrapv, the runtimes linked), then pytest runs with the ASan runtime preloaded (torch is not
+# (-O1 -g1 -fno-wrapv, the runtimes linked), then pytest runs with the ASan runtime preloaded (torch is not
 # instrumented, so it must come first) and every report written under build/sanitizer-logs/. Any report
 # fails the run, a spawned worker's (DDP, DTensor) too.
 #
@@ -20,7 +20,7 @@ set -euo pipefail
 source "$(dirname "${BASH_SOURCE[0]}")/setup_env.sh"
 SANITIZERS=address,undefined
 t0=$SECONDS
-setup_venv "$REPO_ROOT/.venv-sanitize" pytest expecttest numpy hypothesis
+setup_venv "$REPO_ROOT/.venv-sanitize" pytest pytest-xdist==3.8.0 expecttest numpy hypothesis
 _setup_log "building npu_loss_ops with NPU_LOSS_OPS_SANITIZE=$SANITIZERS (MAX_JOBS=${MAX_JOBS:-2}; log: build/pip-build-sanitize.log)"
 mkdir -p "$REPO_ROOT/build"
 (cd "$REPO_ROOT" && NPU_LOSS_OPS_SANITIZE=$SANITIZERS MAX_JOBS="${MAX_JOBS:-2}" python -m pip install -v \
@@ -46,8 +46,12 @@ export NPU_LOSS_OPS_EXPECT_SANITIZERS=$SANITIZERS
 unset NPU_LOSS_OPS_CPU_ISA
 
 # From outside the checkout, so that the installed (sanitized) package is imported, not the source folder.
+workers="$(test_workers)"
+# In pytest-xdist workers (scripts/run_tests.sh): each inherits LD_PRELOAD and the options, and the reports
+# are per process (log_path.PID).
 run_pytest() {
-  (cd "$(mktemp -d)" && python -m pytest -q -p no:cacheprovider -rs "$@")
+  # shellcheck disable=SC2086  # $workers is "-n N" or "-p no:xdist"
+  (cd "$(mktemp -d)" && python -m pytest $workers -q -p no:cacheprovider -rs "$@")
 }
 status=0
 if (($#)); then

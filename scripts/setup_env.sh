@@ -283,6 +283,18 @@ sources_digest() {
   _source_files "$@" | (cd "$REPO_ROOT" && xargs -0r sha256sum) | sha256sum | cut -d' ' -f1
 }
 
+# The pytest-xdist workers the test scripts start: NPU_LOSS_OPS_TEST_WORKERS, or the CPUs this process may
+# use, at most 4 (a distillation test holds up to 2 GB); 1 runs the tests in pytest's own process.
+test_workers() {
+  local n="${NPU_LOSS_OPS_TEST_WORKERS:-}"
+  if [[ -z "$n" ]]; then
+    n="$(nproc 2>/dev/null || echo 1)"
+    ((n <= 4)) || n=4
+  fi
+  [[ "$n" =~ ^[1-9][0-9]*$ ]] || { echo "NPU_LOSS_OPS_TEST_WORKERS must be a positive integer, got '$n'" >&2; return 1; }
+  if ((n == 1)); then echo "-p no:xdist"; else echo "-n $n"; fi
+}
+
 # setup_venv DIR [pip packages...]: the prerequisites, the venv DIR (activated), torch and the build tools.
 setup_venv() {
   local dir="$1" py t0=$SECONDS

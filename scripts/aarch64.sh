@@ -23,7 +23,8 @@
 #              it. Its build/objects is the checkout's build/objects, so both architectures' objects share one
 #              store, apart by setup.py's build key (which names the architecture)
 #   venv-npu/, src-npu/   the same torch (through a .pth, not a second 4 GB copy) plus the aarch64 torch-npu
-#              wheel, and npu_loss_ops built with its NPU kernels from a copy of its own
+#              wheel, and npu_loss_ops built with its NPU kernels from a copy of its own; its build/objects
+#              is the same store, so that build compiles only _C_npu's objects
 #   bin/       the C++ compiler torch.compile's inductor gets in the tests (see write_runtime_cxx)
 #   *.log      the builds' and the test runs' output
 #
@@ -330,11 +331,17 @@ pip_build() {
 
 # The CPU build: an editable install of the source copy into the venv (the compiled libraries land in
 # src/npu_loss_ops/, where the tests import them). src/build/objects is the checkout's build/objects.
+# share_objects SRC: SRC compiles into the checkout's build/objects, whose directories setup.py names by build
+# key. The NPU build's static library and _C have the cross-build's key, so it compiles only _C_npu's objects.
+share_objects() {
+  mkdir -p "$1/build" "$REPO_ROOT/build/objects"
+  [[ -L "$1/build/objects" ]] || rm -rf "$1/build/objects"
+  ln -sfn "$REPO_ROOT/build/objects" "$1/build/objects"
+}
+
 cross_build() {
   sync_sources "$SRC"
-  mkdir -p "$SRC/build" "$REPO_ROOT/build/objects"
-  [[ -L "$SRC/build/objects" ]] || rm -rf "$SRC/build/objects"
-  ln -sfn "$REPO_ROOT/build/objects" "$SRC/build/objects"
+  share_objects "$SRC"
   local digest
   digest="$(build_digest "$SRC" "$VENV")"
   if [[ "${NPU_LOSS_OPS_REBUILD:-0}" != 1 && -f "$SRC/.aarch64-build" && "$(cat "$SRC/.aarch64-build")" == "$digest" ]] \
@@ -394,6 +401,7 @@ npu_build_check() {
     [[ "$have" == "$npu_release" ]] || _die "torch-npu==$npu_release did not install (found '$have')"
   fi
   sync_sources "$NPU_SRC"
+  share_objects "$NPU_SRC"
   digest="$(build_digest "$NPU_SRC" "$NPU_VENV")"
   if [[ "${NPU_LOSS_OPS_REBUILD:-0}" != 1 && -f "$NPU_SRC/.aarch64-build" && "$(cat "$NPU_SRC/.aarch64-build")" == "$digest" ]]; then
     _log "npu_loss_ops with _C_npu in $NPU_VENV is up to date (NPU_LOSS_OPS_REBUILD=1 forces a build)"

@@ -80,12 +80,16 @@ PY
 }
 
 # run NAME FAMILY VARIANT COMMAND...: one emulated process, its output in $LOG_DIR/NAME.log.
-declare -a SUMMARY=()
-status=0
+# Runs go NPU_LOSS_OPS_EMU_JOBS at a time (default 2: each is one process, mostly single-threaded Python, and
+# the families are independent); each writes its log, its report (the lines below) and its summary line into
+# LOG_DIR, printed in the order the runs started once all have finished.
+JOBS="${NPU_LOSS_OPS_EMU_JOBS:-2}"
+[[ "$JOBS" =~ ^[1-9][0-9]*$ ]] || { echo "NPU_LOSS_OPS_EMU_JOBS must be a positive integer, got '$JOBS'" >&2; exit 2; }
+declare -a NAMES=()
 run() {
   local name="$1" family="$2" variant="$3"
   shift 3
-  local t0=$SECONDS rc=0 log="$LOG_DIR/$name.log"
+  local t0=$SECONDS rc=0 log="$LOG_DIR/$name.log" report="$LOG_DIR/$name.report"
   _emu_log "[$name] emulated $family${variant:+ ($variant)}: $*"
   (
     eval "$(emulator_exports "$family" "$variant")"
@@ -94,37 +98,58 @@ run() {
     cd "$(mktemp -d)"  # import the installed package, never the source tree
     "$@"
   ) >"$log" 2>&1 || rc=$?
-  # The per-kind counts and the pytest summary, into CI's log.
-  grep -E '^(npu-suite|NPU |=+ .*(passed|failed|error)|[0-9]+ (passed|failed)|OK:|MISMATCH)' "$log" || tail -n 30 "$log"
-  if [[ "$name" == launches-* ]]; then
-    : # torch_npu's own F may reach aclop or an API the emulator lacks: the table says so in that cell
-  else
-    print_trace "$name" "$LOG_DIR/$name.trace.json" "$LOSS_APIS" || rc=1
-  fi
-  SUMMARY+=("$(printf '%-28s %-6s %4ss  %s' "$name" "$([[ $rc == 0 ]] && echo ok || echo FAIL)" "$((SECONDS - t0))" \
-    "$(grep -Eo '[0-9]+ passed[^=]*' "$log" | tail -n 1)")")
-  if ((rc != 0)); then
-    status=1
-    _emu_log "[$name] failed (exit $rc); last lines of $log:"
-    tail -n 40 "$log" >&2
-  fi
+  {
+    # The per-kind counts and the pytest summary, into CI's log.
+    grep -E '^(npu-suite|NPU |=+ .*(passed|failed|error)|[0-9]+ (passed|failed)|OK:|MISMATCH)' "$log" || tail -n 30 "$log"
+    if [[ "$name" == launches-* ]]; then
+      : # torch_npu's own F may reach aclop or an API the emulator lacks: the table says so in that cell
+    else
+      print_trace "$name" "$LOG_DIR/$name.trace.json" "$LOSS_APIS" || rc=1
+    fi
+    if ((rc != 0)); then
+      echo "[$name] failed (exit $rc); last lines of $log:"
+      tail -n 40 "$log"
+    fi
+  } >"$report" 2>&1
+  printf '%-28s %-6s %4ss  %s\n' "$name" "$([[ $rc == 0 ]] && echo ok || echo FAIL)" "$((SECONDS - t0))" \
+    "$(grep -Eo '[0-9]+ passed[^=]*' "$log" | tail -n 1)" >"$LOG_DIR/$name.summary"
+  _emu_log "[$name] $([[ $rc == 0 ]] && echo ok || echo FAILED) after $((SECONDS - t0))s"
+  return "$rc"
+}
+# start NAME ...: run in the background once fewer than JOBS runs are going.
+start() {
+  while (($(jobs -rp | wc -l) >= JOBS)); do wait -n || true; done
+  rm -f "$LOG_DIR/$1.report" "$LOG_DIR/$1.summary"
+  NAMES+=("$1")
+  run "$@" &
 }
 
 LAUNCH_TABLE="$REPO_ROOT/benchmarks/results/npu_launches.json"
+t_all=$SECONDS
 for family in "${FAMILIES[@]}"; do
-  run "suite-$family" "$family" "" python -m pytest "$REPO_ROOT/tests" -q -p no:cacheprovider "${PYTEST_ARGS[@]}"
+  start "suite-$family" "$family" "" python -m pytest "$REPO_ROOT/tests" -q -p no:cacheprovider "${PYTEST_ARGS[@]}"
   # The launch table's rows for this family; fails if a row of ours launches more than the committed table.
-  run "launches-$family" "$family" "" python "$REPO_ROOT/benchmarks/npu_launches.py" \
+  start "launches-$family" "$family" "" python "$REPO_ROOT/benchmarks/npu_launches.py" \
     --json "$LOG_DIR/launches-$family.json" --check "${NPU_LOSS_OPS_LAUNCH_TABLE:-$LAUNCH_TABLE}" \
     ${NPU_LOSS_OPS_LAUNCH_BASELINES:+--baselines}
 done
 if (($# == 0)); then
-  run "older-cann-910B" 910B without-loss-apis \
+  start "older-cann-910B" 910B without-loss-apis \
     python -m pytest "$REPO_ROOT/tests/test_npu_paths.py" -q -p no:cacheprovider "${PYTEST_ARGS[@]}"
-  run "example-train-910B" 910B "" python "$REPO_ROOT/examples/train.py" --device npu
-  run "example-distill-910B" 910B "" python "$REPO_ROOT/examples/distill.py" --device npu --steps 5 --vocab 2048
+  start "example-train-910B" 910B "" python "$REPO_ROOT/examples/train.py" --device npu
+  start "example-distill-910B" 910B "" python "$REPO_ROOT/examples/distill.py" --device npu --steps 5 --vocab 2048
 fi
+wait
 
-echo "emulated NPU runs (logs in $LOG_DIR):"
-printf '  %s\n' "${SUMMARY[@]}"
+status=0
+for name in "${NAMES[@]}"; do
+  echo "== $name"
+  cat "$LOG_DIR/$name.report" 2>/dev/null || { echo "[$name] wrote no report"; status=1; }
+done
+echo "emulated NPU runs, $JOBS at a time, $((SECONDS - t_all))s in all (logs in $LOG_DIR):"
+for name in "${NAMES[@]}"; do
+  line="$(cat "$LOG_DIR/$name.summary" 2>/dev/null || printf '%-28s FAIL   (no summary)' "$name")"
+  printf '  %s\n' "$line"
+  [[ "$line" =~ ^[^[:space:]]+[[:space:]]+ok[[:space:]] ]] || status=1
+done
 exit "$status"

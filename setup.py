@@ -336,11 +336,34 @@ class BuildClib(build_clib):
             super().run()
 
 
+def torch_headers(directory):
+    """torch's include directory and its copy in the build key's directory, made (with the files' times) by
+    the first build of that key. Every venv with this torch build compiles against the copy, so their
+    compile commands are the same and ninja reuses the objects another venv compiled (.venv's in .venv-npu,
+    the default build's in the rebuild check) instead of recompiling each one whose -I path changed."""
+    source = os.path.join(os.path.dirname(os.path.abspath(torch.__file__)), "include")
+    copy = os.path.join(directory, "torch-include")
+    if not os.path.isdir(copy):
+        staging = tempfile.mkdtemp(dir=directory)
+        shutil.copytree(source, os.path.join(staging, "include"), symlinks=True)
+        os.rename(os.path.join(staging, "include"), copy)
+        os.rmdir(staging)
+    return source, copy
+
+
 class BuildExt(BuildExtension.with_options(use_ninja=True)):
     """BuildExtension (ninja) that builds the static library first, compiles each extension in the directory
-    of its build key, always links (ninja recompiles only what changed; distutils' own check would keep a
-    library linked for another torch because it is newer than the sources), and records the torch it builds
-    against."""
+    of its build key against that key's copy of torch's headers, always links (ninja recompiles only what
+    changed; distutils' own check would keep a library linked for another torch because it is newer than the
+    sources), and records the torch it builds against."""
+
+    def finalize_options(self):
+        super().finalize_options()
+        # distutils adds a venv's own include directory, which holds no file in a venv pip made: dropped when
+        # empty, its path no longer makes each venv's compile commands differ.
+        venv_include = os.path.abspath(os.path.join(sys.exec_prefix, "include"))
+        if not any(files for _, _, files in os.walk(venv_include)):
+            self.include_dirs = [d for d in self.include_dirs if os.path.abspath(d) != venv_include]
 
     def run(self):
         # Beside the library it describes: in the source folder for in-place (editable) builds, in the build
@@ -355,6 +378,9 @@ class BuildExt(BuildExtension.with_options(use_ninja=True)):
     def build_extension(self, ext):
         base = self.build_temp
         with exclusive(object_dir(with_npu=ext.name.endswith("_C_npu"))) as self.build_temp:
+            source, copy = torch_headers(self.build_temp)
+            ext.include_dirs = [copy + d[len(source):] if d == source or d.startswith(source + os.sep) else d
+                                for d in ext.include_dirs]
             try:
                 super().build_extension(ext)
             finally:

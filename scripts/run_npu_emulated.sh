@@ -2,7 +2,8 @@
 # Run the NPU kernels for real without an NPU: the unmodified torch_npu 2.13.0 over the host-emulated CANN
 # in tests/npu_emulator/, once per emulated chip family, each in its own process.
 #
-#   bash scripts/run_npu_emulated.sh                 # all six families, then the older-CANN run and the examples
+#   bash scripts/run_npu_emulated.sh                 # all six families (910_93, the 910B family's second SoC:
+#                                                    # its chip-path tests), the older-CANN run, the examples
 #   bash scripts/run_npu_emulated.sh 910B 950        # only these families
 #   NPU_EMU_PYTEST_ARGS="-x -k backward" bash scripts/run_npu_emulated.sh 910B
 #
@@ -126,8 +127,18 @@ start() {
 
 LAUNCH_TABLE="$REPO_ROOT/benchmarks/results/npu_launches.json"
 t_all=$SECONDS
+# 910_93 (Atlas A3) is the 910B family's second SoC: the same chip paths (csrc/chips/paths.cpp) and, in the
+# emulator, the same kernels. In the run of all families it takes the chip-path tests (which API each op
+# runs there, its SoC name's family) and the launch check; named on the command line, the whole suite.
+SAME_AS_910B=()
+(($#)) || SAME_AS_910B=(910_93)
 for family in "${FAMILIES[@]}"; do
-  start "suite-$family" "$family" "" python -m pytest "$REPO_ROOT/tests" -q -p no:cacheprovider "${PYTEST_ARGS[@]}"
+  if [[ " ${SAME_AS_910B[*]} " == *" $family "* ]]; then
+    start "paths-$family" "$family" "" python -m pytest "$REPO_ROOT/tests/test_npu_paths.py" -q -p no:cacheprovider \
+      "${PYTEST_ARGS[@]}"
+  else
+    start "suite-$family" "$family" "" python -m pytest "$REPO_ROOT/tests" -q -p no:cacheprovider "${PYTEST_ARGS[@]}"
+  fi
   # The launch table's rows for this family; fails if a row of ours launches more than the committed table.
   start "launches-$family" "$family" "" python "$REPO_ROOT/benchmarks/npu_launches.py" \
     --json "$LOG_DIR/launches-$family.json" --check "${NPU_LOSS_OPS_LAUNCH_TABLE:-$LAUNCH_TABLE}" \

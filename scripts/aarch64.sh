@@ -22,9 +22,8 @@
 #              npu_loss_ops/_build_torch.py, the x86 build's record of its torch, under the engineers using
 #              it. Its build/objects is the checkout's build/objects, so both architectures' objects share one
 #              store, apart by setup.py's build key (which names the architecture)
-#   venv-npu/, src-npu/   the same torch (through a .pth, not a second 4 GB copy) plus the aarch64 torch-npu
-#              wheel, and npu_loss_ops built with its NPU kernels from a copy of its own; its build/objects
-#              is the same store, so that build compiles only _C_npu's objects
+#   venv-npu/  the same torch (through a .pth, not a second 4 GB copy) plus the aarch64 torch-npu wheel, and
+#              npu_loss_ops with its NPU kernels built (not editable) from src/: only _C_npu's objects compile
 #   bin/       the C++ compiler torch.compile's inductor gets in the tests (see write_runtime_cxx)
 #   *.log      the builds' and the test runs' output
 #
@@ -234,7 +233,6 @@ if [[ "$TORCH_VERSION" == "$("$HOST_PYTHON" "$REPO_ROOT/build_config.py" --torch
 VENV="$WORK/venv$SUFFIX"
 NPU_VENV="$WORK/venv-npu$SUFFIX"
 SRC="$WORK/src$SUFFIX"
-NPU_SRC="$WORK/src-npu$SUFFIX"
 # mypy at the release scripts/run_tests.sh pins (tests/test_typing.py runs it).
 MYPY_PIN="$(grep -o 'mypy==[0-9.]*' "$REPO_ROOT/scripts/run_tests.sh" | head -n 1)"
 TOOLS=(pip setuptools wheel pytest expecttest hypothesis numpy ${MYPY_PIN:-mypy})
@@ -295,7 +293,7 @@ sync_sources() {
   (cd "$REPO_ROOT" && printf '%s\n' "$list" | xargs -r -d '\n' cp -p --parents -t "$dest")
   printf '%s\n' "$list" >"$dest/.aarch64-manifest"
   grep -qxF .aarch64-manifest "$dest/.git/info/exclude" 2>/dev/null \
-    || { git -C "$dest" init -q && printf '%s\n' .aarch64-manifest .aarch64-build >>"$dest/.git/info/exclude"; }
+    || { git -C "$dest" init -q && printf '%s\n' .aarch64-manifest .aarch64-build .aarch64-npu-build >>"$dest/.git/info/exclude"; }
 }
 
 # The cross compilers, and the sysroot's Python headers ahead of the host's: the include directory torch
@@ -329,16 +327,16 @@ pip_build() {
   fi
 }
 
-# The CPU build: an editable install of the source copy into the venv (the compiled libraries land in
-# src/npu_loss_ops/, where the tests import them). src/build/objects is the checkout's build/objects.
 # share_objects SRC: SRC compiles into the checkout's build/objects, whose directories setup.py names by build
-# key. The NPU build's static library and _C have the cross-build's key, so it compiles only _C_npu's objects.
+# key (which names the architecture).
 share_objects() {
   mkdir -p "$1/build" "$REPO_ROOT/build/objects"
   [[ -L "$1/build/objects" ]] || rm -rf "$1/build/objects"
   ln -sfn "$REPO_ROOT/build/objects" "$1/build/objects"
 }
 
+# The CPU build: an editable install of the source copy into the venv (the compiled libraries land in
+# src/npu_loss_ops/, where the tests import them). src/build/objects is the checkout's build/objects.
 cross_build() {
   sync_sources "$SRC"
   share_objects "$SRC"
@@ -400,24 +398,27 @@ npu_build_check() {
     have="$(installed_version "$site" torch_npu)"
     [[ "$have" == "$npu_release" ]] || _die "torch-npu==$npu_release did not install (found '$have')"
   fi
-  sync_sources "$NPU_SRC"
-  share_objects "$NPU_SRC"
-  digest="$(build_digest "$NPU_SRC" "$NPU_VENV")"
-  if [[ "${NPU_LOSS_OPS_REBUILD:-0}" != 1 && -f "$NPU_SRC/.aarch64-build" && "$(cat "$NPU_SRC/.aarch64-build")" == "$digest" ]]; then
+  # The same source copy as the cross-build, built (not editable) into venv-npu: its static library and _C
+  # are the cross-build's objects, the same commands in the same build key's directory, so only _C_npu
+  # compiles; the editable build's in-place files stay as they are (a wheel build writes under build/).
+  sync_sources "$SRC"
+  share_objects "$SRC"
+  digest="$(build_digest "$SRC" "$NPU_VENV")"
+  if [[ "${NPU_LOSS_OPS_REBUILD:-0}" != 1 && -f "$SRC/.aarch64-npu-build" && "$(cat "$SRC/.aarch64-npu-build")" == "$digest" ]]; then
     _log "npu_loss_ops with _C_npu in $NPU_VENV is up to date (NPU_LOSS_OPS_REBUILD=1 forces a build)"
   else
-    rm -f "$NPU_SRC/.aarch64-build"
+    rm -f "$SRC/.aarch64-npu-build"
     # Without CANN, torch_npu's backend autoload would make `import torch` in setup.py fail.
-    TORCH_DEVICE_BACKEND_AUTOLOAD=0 NPU_LOSS_OPS_NPU=1 pip_build "$NPU_SRC" "$NPU_VENV" "$WORK/build-npu$SUFFIX.log" \
+    TORCH_DEVICE_BACKEND_AUTOLOAD=0 NPU_LOSS_OPS_NPU=1 pip_build "$SRC" "$NPU_VENV" "$WORK/build-npu$SUFFIX.log" \
       --force-reinstall .
-    echo "$digest" >"$NPU_SRC/.aarch64-build"
+    echo "$digest" >"$SRC/.aarch64-npu-build"
   fi
   # The check's own compiles (the guard probes) use $CXX; NPU_LOSS_OPS_SYSROOT tells the symbol guard where
   # the paths the aarch64 interpreter reports (its libpython) are on this machine; CPLUS_INCLUDE_PATH finds
   # the sysroot's multiarch pyconfig.h, as CPPFLAGS does for the build.
   (cd "$(mktemp -d)" && env CXX=aarch64-linux-gnu-g++ NPU_LOSS_OPS_SYSROOT="$SYSROOT" \
     CPLUS_INCLUDE_PATH="$SYSROOT/usr/include" TORCH_DEVICE_BACKEND_AUTOLOAD=0 \
-    "$NPU_VENV/bin/python" "$NPU_SRC/scripts/check_npu_build.py")
+    "$NPU_VENV/bin/python" "$SRC/scripts/check_npu_build.py")
 }
 
 # ---------------------------------------------------------------------------------------------------------

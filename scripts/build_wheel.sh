@@ -89,6 +89,8 @@ for so in "$unpacked"/npu_loss_ops/*.so; do
   floor="$(readelf -V --wide "$so" | grep -o 'Name: GLIBC_[0-9.]*' | sed 's/Name: //' | sort -uV | tail -n 1)"
   echo "glibc floor: $floor ($(basename "$so"))"
 done
+# The emulated runs' test-harness step (tests/npu_emulator/c10_keys.py) must never ship.
+python3 "$REPO_ROOT/tests/npu_emulator/c10_keys.py" --absent "$unpacked"
 log "wheel ready in $((SECONDS - t0))s"
 ((run_tests)) || exit 0
 

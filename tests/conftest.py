@@ -21,17 +21,19 @@ DEVICE_VARIABLE = "NPU_LOSS_OPS_TEST_DEVICE"
 DEVICE_SUITE = bool(os.environ.get(DEVICE_VARIABLE, "").strip())
 DEVICES = [d.strip() for d in os.environ.get(DEVICE_VARIABLE, "").split(",") if d.strip()] or ["cpu"]
 
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "npu_emulator"))
+import emulator  # noqa: E402  (import_torch_npu; torch_npu's per-thread JIT-compile mode: pin_jit_compile_off)
+
 _torch_npu_error = None
 if "npu" in DEVICES:
     try:
-        import torch_npu  # noqa: F401  (before npu_loss_ops, which registers its NPU kernels only with it)
+        # Before npu_loss_ops, which registers its NPU kernels only with torch_npu. In an emulated run, through the
+        # test harness's step that lets torch_npu load into a CUDA build of torch (npu_emulator/c10_keys.py).
+        emulator.import_torch_npu()
     except Exception as exc:  # without CANN torch_npu raises more than ImportError
         _torch_npu_error = f"import torch_npu failed: {type(exc).__name__}: {exc}"
 
 import npu_loss_ops  # noqa: E402
-
-sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "npu_emulator"))
-import emulator  # noqa: E402  (torch_npu's per-thread JIT-compile mode: pin_jit_compile_off)
 
 
 def _npu_problem() -> str | None:

@@ -5,6 +5,7 @@
 # located with importlib.util.find_spec and never imported (it cannot import without CANN). Writes
 #   OUT_DIR/lib/                        the stand-in libraries torch_npu loads
 #   OUT_DIR/lib-without-loss-apis/      the same, but libopapi.so lacks the loss APIs (an older CANN)
+#   OUT_DIR/harness/libc10_keys.so      c10_keys.py's helper (torch_npu on a CUDA build of torch; README.md)
 # Nothing here is installed by `pip install .` of the project.
 set -euo pipefail
 
@@ -24,8 +25,9 @@ OBJ="$OUT/obj"
 GEN="$OUT/gen"
 LIB="$OUT/lib"
 VAR="$OUT/lib-without-loss-apis"
-rm -rf "$OBJ" "$GEN" "$LIB" "$VAR"
-mkdir -p "$OBJ" "$GEN" "$LIB" "$VAR"
+HARNESS="$OUT/harness"
+rm -rf "$OBJ" "$GEN" "$LIB" "$VAR" "$HARNESS"
+mkdir -p "$OBJ" "$GEN" "$LIB" "$VAR" "$HARNESS"
 
 # Locate torch and torch_npu without importing torch_npu (torch is imported with the backend autoload off).
 eval "$(TORCH_DEVICE_BACKEND_AUTOLOAD=0 "$PY" - <<'EOF'
@@ -106,6 +108,10 @@ done
 rm -rf "$OUT/ascend"
 mkdir -p "$OUT/ascend/runtime" "$OUT/ascend/compiler" "$OUT/ascend/opp/vendors"
 printf 'version=%s\n' "${NPU_EMU_CANN_VERSION:-8.5.0}" > "$OUT/ascend/ascend_toolkit_install.info"
+
+# The test-harness step's helper (c10_keys.py): outside lib/, so torch_npu never loads it, and loaded only by
+# the step, in the emulated runs.
+"$CXX" -std=c++17 -O1 "${COMMON[@]}" "${LDSO[@]}" -o "$HARNESS/libc10_keys.so" "$HERE/src/c10_keys.cpp"
 
 # Summary.
 n_ops=$(nm -D --defined-only "$LIB/libopapi.so" | awk '{print $3}' | grep -E '^aclnn.*GetWorkspaceSize$' | wc -l)

@@ -5,6 +5,8 @@ Importable as a plain module by path; it imports nothing heavy at module level (
     SOCS                     the SoC name each chip family runs as (what aclrtGetSocName returns)
     env(family, lib_dir, without_loss_apis=False) -> dict
                              the environment of a subprocess that runs on the emulator
+    import_torch_npu()       `import torch_npu` as the emulated runs do it: through c10_keys.py's step, which
+                             lets torch_npu load into a CUDA build of torch (README.md)
     active() -> bool         whether this process runs on the emulator (its libopapi.so is loaded)
     trace() -> dict          counts of executed aclnn operators, rejected GetWorkspaceSize calls
                              ("<api>GetWorkspaceSize:<status>") and aclop fallbacks ("aclop:<optype>")
@@ -61,8 +63,25 @@ def env(family, lib_dir, without_loss_apis=False):
     if os.path.isdir(ascend):  # the stand-in install tree build.sh writes (silences torch_npu's warning)
         e["ASCEND_HOME_PATH"] = ascend
         e["ASCEND_OPP_PATH"] = os.path.join(ascend, "opp")
-    e.pop("TORCH_DEVICE_BACKEND_AUTOLOAD", None)  # torch_npu imports fine on the emulator
+    # torch_npu is imported only through import_torch_npu(), in every process of the run (Inductor's workers and
+    # spawned processes included): the backend autoload would import it inside `import torch`, before the step.
+    e["TORCH_DEVICE_BACKEND_AUTOLOAD"] = "0"
+    e["NPU_EMU_C10_KEYS_LIB"] = os.path.join(out, "harness", "libc10_keys.so")
     return e
+
+
+def import_torch_npu():
+    """`import torch_npu` in an emulated run: after `import torch`, c10_keys.py's step (on a CUDA build of torch,
+    it removes the two allocator keys torch_npu registers again), then the import. Outside an emulated run
+    (no NPU_EMU_C10_KEYS_LIB, as on a real NPU) a plain import."""
+    if not os.environ.get("NPU_EMU_C10_KEYS_LIB"):
+        import torch_npu
+
+        return torch_npu
+    sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+    import c10_keys
+
+    return c10_keys.import_torch_npu()
 
 
 def _loaded_lib():

@@ -8,8 +8,7 @@ check) that CI does not run, with its counts and the commit it ran on.
     release_table.py verify TABLE             CI's check: every row passed, on a commit whose csrc/compat
                                               and table of releases (build_config.py's DEFAULT_TORCH and
                                               TESTED_RELEASES) are today's; it lists (without failing) the
-                                              checks of a release that neither CI nor a row has run yet, and
-                                              the rows this machine could not run (BLOCKED, with the reason)
+                                              checks of a release that neither CI nor a row has run yet
 
 What CI runs at each release is build_config.ROLES: the default release in full and the oldest torch_npu
 line's NPU build check and emulated 910B suite (with a slice of its CPU suite); at the newest torch only the
@@ -73,32 +72,9 @@ def counts(log):
     return found[-1] if found else None
 
 
-# Failures this machine cannot get past, recognised in a check's log: (pattern, reason). A row so blocked
-# says why, and verify lists it without failing.
-BLOCKERS = (
-    (r"Duplicated key '(\w+)' found in device-specific configuration parser hook registration",
-     "torch_npu cannot load into the registry's CUDA build of torch (both register the allocator setting "
-     "'{0}'); it needs the +cpu build from download.pytorch.org, which this machine cannot reach"),
-)
-
-
-def blocker(log):
-    with open(log, errors="replace") as f:
-        text = f.read()
-    for pattern, reason in BLOCKERS:
-        found = re.search(pattern, text)
-        if found:
-            return reason.format(*found.groups())
-    return None
-
-
 def record(table, commit, torch, arch, check, log, status, seconds):
     summary = counts(log)
-    reason = blocker(log) if status != "0" else None
-    if reason:
-        result = f"BLOCKED: {reason}"
-    else:
-        result = ("passed" if status == "0" else f"FAILED (exit {status})") + (f": {summary}" if summary else "")
+    result = ("passed" if status == "0" else f"FAILED (exit {status})") + (f": {summary}" if summary else "")
     row = [torch, build_config.TESTED_RELEASES.get(torch) or "none", arch, check, result,
            f"{int(seconds) // 60} min", commit[:12], datetime.date.today().isoformat()]
     rows = [r for r in read_rows(table) if (r[0], r[2], r[3]) != (torch, arch, check)] + [row]
@@ -121,9 +97,7 @@ def verify(table):
     rows = read_rows(table)
     for torch, _, arch, check, result, _, commit, _ in rows:
         where = f"{table}: torch {torch} {arch} {check} ({commit})"
-        if result.startswith("BLOCKED"):
-            print(f"release table: {where}: {result}")
-        elif not result.startswith("passed"):
+        if not result.startswith("passed"):
             problems.append(f"{where}: {result}")
         if subprocess.run(["git", "cat-file", "-e", f"{commit}^{{commit}}"], cwd=ROOT,
                           capture_output=True).returncode != 0:

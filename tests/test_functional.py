@@ -56,7 +56,7 @@ def test_build_info_names_the_torch_npu_release_built_against():
         return
     assert info["torch_npu_version"] == importlib.metadata.version("torch-npu")
     if info["torch_npu_version"] == build_config.torch_npu_release(torch.__version__):
-        assert info["npu_tested"] == build_config.NPU_TESTED[build_config.release_of(torch.__version__)]
+        assert info["npu_tested"] == build_config.npu_tested(torch.__version__)
     else:
         assert info["npu_tested"] is None, info
 

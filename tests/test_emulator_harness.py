@@ -102,7 +102,9 @@ print(json.dumps({"form": c10_keys.key_set()[0], "before": sorted(before), "remo
                   "after": sorted(after), "final": sorted(c10_keys.keys())}))
 """)
     before, after, final = set(result["before"]), set(result["after"]), set(result["final"])
-    assert result["form"] in ("accessor", "storage")
+    # "none" only on a torch whose c10 has no key set (2.7), where nothing can clash.
+    assert result["form"] in ("accessor", "storage") or (result["form"] == "none" and not result["before"])
+    assert (result["form"] == "none") == (not c10_keys._declares_the_set())
     assert result["removed"] == _expected_removal()
     assert after == before - set(result["removed"])  # nothing else touched
     assert set(result["removed"]) <= final  # torch_npu registered them itself
@@ -118,6 +120,8 @@ def test_the_step_refuses_once_torch_npu_is_imported(emulated):
 
 
 def test_a_torch_without_the_set_names_the_symbols(emulated):
+    if not c10_keys._declares_the_set():
+        pytest.skip("this torch's c10 has no allocator key set (torch 2.7): the step has nothing to look for")
     result, _ = _fresh("""
 c10_keys._ACCESSOR, c10_keys._STORAGE, c10_keys._GUARD = "no_such_accessor", "no_such_storage", "no_such_guard"
 try:
@@ -130,6 +134,8 @@ except c10_keys.HarnessError as exc:
 
 
 def test_an_unknown_clashing_key_is_named_and_nothing_removed(emulated):
+    if not c10_keys._declares_the_set():
+        pytest.skip("this torch's c10 has no allocator key set (torch 2.7): no key can clash")
     """Were every key of the set registered by another library (libc10.so naming none of them), torch_npu, which
     names c10's own keys too, would clash on keys outside MEASURED: the step names them and removes nothing."""
     result, _ = _fresh("""

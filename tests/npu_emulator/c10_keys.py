@@ -16,7 +16,9 @@ replaces CUDA's: what a +cpu torch has anyway.
                                          torch, or a line whose torch_npu registers no key of the CUDA build's)
     REMOVED                              what the step removed in this process
     key_set() -> (form, address)         where c10's set is: "accessor" (getMutableKeys() exported, 2.13 on)
-                                         or "storage" (the accessor inline, its static exported, 2.10 to 2.12)
+                                         or "storage" (the accessor inline, its static exported, 2.10 to 2.12);
+                                         "none" on a torch without it (no getMutableKeys in its
+                                         c10/core/AllocatorConfig.h, 2.7): nothing can clash there
     keys() -> set                        the keys in the set now
     containing(paths) -> list            the files under paths that hold any of MARKERS (the step's names): the
                                          scope check of tests/test_harness_scope.py and scripts/build_wheel.sh
@@ -70,9 +72,20 @@ def _address(lib, name):
         return None
 
 
+def _declares_the_set():
+    """Whether this torch's c10 has the key set: its header declares getMutableKeys (2.8 on; 2.7 has neither)."""
+    header = os.path.join(os.path.dirname(_torch_lib_dir()), "include", "c10", "core", "AllocatorConfig.h")
+    if not os.path.isfile(header):
+        return False
+    with open(header, errors="replace") as f:
+        return "getMutableKeys" in f.read()
+
+
 def key_set():
-    """("accessor" | "storage", address of the set), or ("storage", None) when the set was never constructed
-    (nothing registered a key, so nothing can clash)."""
+    """("accessor" | "storage", address of the set); ("storage", None) when the set was never constructed, and
+    ("none", None) on a torch without it (nothing registered a key, or nothing can: nothing can clash)."""
+    if not _declares_the_set():
+        return "none", None
     lib, path = _libc10()
     accessor = _address(lib, _ACCESSOR)
     if accessor is not None:
@@ -82,8 +95,9 @@ def key_set():
         # The Itanium ABI's guard: its first byte is set once the function-local static is constructed.
         return "storage", storage if ctypes.c_ubyte.from_address(guard).value else None
     raise HarnessError(f"c10_keys: {path} exports neither the key set's accessor {_ACCESSOR} nor its storage "
-                       f"{_STORAGE} (with its guard {_GUARD}); this torch keeps c10's allocator keys elsewhere, "
-                       "so the step must be re-checked for it")
+                       f"{_STORAGE} (with its guard {_GUARD}), though c10/core/AllocatorConfig.h declares "
+                       "getMutableKeys; this torch keeps c10's allocator keys elsewhere, so the step must be "
+                       "re-checked for it")
 
 
 def _helper():

@@ -249,6 +249,10 @@ def pytest_terminal_summary(terminalreporter, exitstatus, config):
         terminalreporter.write_line(
             f"{prefix} {chip} npu_kernels_available()={npu_loss_ops.npu_kernels_available()} "
             f"chip family: {info.get('npu_chip', '-')} ({info['npu_reason']})")
+        harness = sys.modules.get("c10_keys")  # the emulated runs' step (npu_emulator/c10_keys.py), when it ran
+        if harness is not None:
+            terminalreporter.write_line(f"{prefix} {chip} torch {torch.__version__}: the harness step removed "
+                                        f"{harness.REMOVED or 'nothing'} before import torch_npu")
     total = collections.Counter()
     for kind in sorted(_counts):
         c = _counts[kind]

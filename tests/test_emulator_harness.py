@@ -75,6 +75,15 @@ def emulated(device):
     return device
 
 
+@pytest.fixture
+def fresh(emulated):
+    """The tests that start processes of their own: the step does not depend on the chip, so they run on the 910B
+    family only, which every emulated run has (and each process costs seconds of imports)."""
+    if not os.environ.get("NPU_EMU_SOC", "").startswith("Ascend910B"):
+        pytest.skip("the step in a fresh process runs on the emulated 910B family (it does not depend on the chip)")
+    return emulated
+
+
 def _fresh(code):
     """Runs code in a new process of this emulated run, after `import torch` and c10_keys; returns its JSON line."""
     script = f"import json, sys, torch\nsys.path.insert(0, {os.path.join(HERE, 'npu_emulator')!r})\nimport c10_keys\n"
@@ -92,7 +101,7 @@ def test_the_suite_process_removed_what_clashed(emulated):
     assert set(c10_keys.REMOVED) <= c10_keys.keys()
 
 
-def test_the_step_in_a_fresh_process(emulated):
+def test_the_step_in_a_fresh_process(fresh):
     result, stderr = _fresh("""
 before = c10_keys.keys()
 removed = c10_keys.release_duplicated_keys()
@@ -119,7 +128,7 @@ def test_the_step_refuses_once_torch_npu_is_imported(emulated):
         c10_keys.release_duplicated_keys()
 
 
-def test_a_torch_without_the_set_names_the_symbols(emulated):
+def test_a_torch_without_the_set_names_the_symbols(fresh):
     if not c10_keys._declares_the_set():
         pytest.skip("this torch's c10 has no allocator key set (torch 2.7): the step has nothing to look for")
     result, _ = _fresh("""
@@ -133,7 +142,7 @@ except c10_keys.HarnessError as exc:
     assert result["error"] and "no_such_accessor" in result["error"] and "no_such_storage" in result["error"]
 
 
-def test_an_unknown_clashing_key_is_named_and_nothing_removed(emulated):
+def test_an_unknown_clashing_key_is_named_and_nothing_removed(fresh):
     if not c10_keys._declares_the_set():
         pytest.skip("this torch's c10 has no allocator key set (torch 2.7): no key can clash")
     """Were every key of the set registered by another library (libc10.so naming none of them), torch_npu, which

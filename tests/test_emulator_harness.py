@@ -111,7 +111,7 @@ print(json.dumps({"form": c10_keys.key_set()[0], "before": sorted(before), "remo
                   "after": sorted(after), "final": sorted(c10_keys.keys())}))
 """)
     before, after, final = set(result["before"]), set(result["after"]), set(result["final"])
-    # "none" only on a torch whose c10 has no key set (2.7), where nothing can clash.
+    # "none" only on a torch whose c10 has no key set (2.7, 2.8), where nothing can clash.
     assert result["form"] in ("accessor", "storage") or (result["form"] == "none" and not result["before"])
     assert (result["form"] == "none") == (not c10_keys._declares_the_set())
     assert result["removed"] == _expected_removal()
@@ -130,7 +130,7 @@ def test_the_step_refuses_once_torch_npu_is_imported(emulated):
 
 def test_a_torch_without_the_set_names_the_symbols(fresh):
     if not c10_keys._declares_the_set():
-        pytest.skip("this torch's c10 has no allocator key set (torch 2.7): the step has nothing to look for")
+        pytest.skip("this torch's c10 has no allocator key set (torch 2.7, 2.8): the step has nothing to look for")
     result, _ = _fresh("""
 c10_keys._ACCESSOR, c10_keys._STORAGE, c10_keys._GUARD = "no_such_accessor", "no_such_storage", "no_such_guard"
 try:
@@ -143,20 +143,28 @@ except c10_keys.HarnessError as exc:
 
 
 def test_an_unknown_clashing_key_is_named_and_nothing_removed(fresh):
+    """Were every key of the set registered by another library (libc10.so naming none of them) and named by
+    torch_npu's library (a stand-in file naming them all), keys outside MEASURED would clash: the step names them
+    and removes nothing."""
     if not c10_keys._declares_the_set():
-        pytest.skip("this torch's c10 has no allocator key set (torch 2.7): no key can clash")
-    """Were every key of the set registered by another library (libc10.so naming none of them), torch_npu, which
-    names c10's own keys too, would clash on keys outside MEASURED: the step names them and removes nothing."""
+        pytest.skip("this torch's c10 has no allocator key set (torch 2.7, 2.8): no key can clash")
     result, _ = _fresh("""
+import tempfile
 before = c10_keys.keys()
+with tempfile.NamedTemporaryFile("wb", suffix=".so", delete=False) as fake:
+    fake.write(b"\\0" + b"\\0".join(key.encode() for key in sorted(before)) + b"\\0")
 real_names = c10_keys._names
+c10_keys._libtorch_npu = lambda: fake.name
 c10_keys._names = lambda path, keys: set() if path.endswith("libc10.so") else real_names(path, keys)
 try:
     c10_keys.release_duplicated_keys()
     error = None
 except c10_keys.HarnessError as exc:
     error = str(exc)
-print(json.dumps({"error": error, "unchanged": c10_keys.keys() == before, "removed": c10_keys.REMOVED}))
+print(json.dumps({"error": error, "unchanged": c10_keys.keys() == before, "removed": c10_keys.REMOVED,
+                  "before": sorted(before)}))
 """)
-    assert result["error"] and "max_split_size_mb" in result["error"], result
+    unknown = [key for key in result["before"] if key not in c10_keys.MEASURED]
+    assert unknown and result["error"], result
+    assert all(repr(key) in result["error"] for key in unknown), result
     assert result["unchanged"] and result["removed"] == []

@@ -18,7 +18,7 @@ replaces CUDA's: what a +cpu torch has anyway.
     key_set() -> (form, address)         where c10's set is: "accessor" (getMutableKeys() exported, 2.13 on)
                                          or "storage" (the accessor inline, its static exported, 2.10 to 2.12);
                                          "none" on a torch without it (no getMutableKeys in its
-                                         c10/core/AllocatorConfig.h, 2.7): nothing can clash there
+                                         c10/core/AllocatorConfig.h, 2.7 and 2.8): nothing can clash there
     keys() -> set                        the keys in the set now
     containing(paths) -> list            the files under paths that hold any of MARKERS (the step's names): the
                                          scope check of tests/test_harness_scope.py and scripts/build_wheel.sh
@@ -73,7 +73,7 @@ def _address(lib, name):
 
 
 def _declares_the_set():
-    """Whether this torch's c10 has the key set: its header declares getMutableKeys (2.8 on; 2.7 has neither)."""
+    """Whether this torch's c10 has the key set: its header declares getMutableKeys (2.9 on; 2.7 and 2.8 have neither)."""
     header = os.path.join(os.path.dirname(_torch_lib_dir()), "include", "c10", "core", "AllocatorConfig.h")
     if not os.path.isfile(header):
         return False

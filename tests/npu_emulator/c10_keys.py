@@ -82,7 +82,8 @@ def _declares_the_set():
 
 
 def key_set():
-    """("accessor" | "storage", address of the set); ("storage", None) when the set was never constructed, and
+    """("accessor" | "storage", address of the set); ("storage", None) when the set was never constructed (2.9:
+    nothing registers a key), and
     ("none", None) on a torch without it (nothing registered a key, or nothing can: nothing can clash)."""
     if not _declares_the_set():
         return "none", None

@@ -1,6 +1,6 @@
 """Test harness only: the step that lets torch_npu load into the registry's CUDA build of torch (README.md in
 this directory, "torch_npu on a CUDA build of torch"). It is never part of npu_loss_ops, its wheel or csrc/
-(tests/test_harness_scope.py checks).
+(tests/test_emulator_harness.py checks).
 
 torch_npu's wheels are made for torch's +cpu build. On a CUDA build, libc10_cuda.so registers its allocator
 settings' keys in c10's one process-wide key set during `import torch`; on some torch_npu lines libtorch_npu.so
@@ -21,7 +21,7 @@ replaces CUDA's: what a +cpu torch has anyway.
                                          c10/core/AllocatorConfig.h, 2.7 and 2.8): nothing can clash there
     keys() -> set                        the keys in the set now
     containing(paths) -> list            the files under paths that hold any of MARKERS (the step's names): the
-                                         scope check of tests/test_harness_scope.py and scripts/build_wheel.sh
+                                         scope check of tests/test_emulator_harness.py and scripts/build_wheel.sh
     python c10_keys.py --absent PATH...  that check from the shell: exits 1 naming each such file
 
 It edits a c10 internal (the set's symbols and a std::unordered_set's layout): re-check it at each torch release.
@@ -83,8 +83,7 @@ def _declares_the_set():
 
 def key_set():
     """("accessor" | "storage", address of the set); ("storage", None) when the set was never constructed (2.9:
-    nothing registers a key), and
-    ("none", None) on a torch without it (nothing registered a key, or nothing can: nothing can clash)."""
+    nothing registers a key); ("none", None) on a torch without it (2.7, 2.8). In both, nothing can clash."""
     if not _declares_the_set():
         return "none", None
     lib, path = _libc10()

@@ -36,10 +36,11 @@ from torch._jit_internal import is_scripting as _is_scripting
 from torch.nn import _reduction as _Reduction
 from torch.overrides import handle_torch_function, has_torch_function_variadic
 
-from . import _dtensor
+from . import _dtensor, _fused_linear
 from ._reduction import get_enum as _reduction_enum
 
-__all__ = ["smooth_l1_loss", "huber_loss", "l1_loss", "kl_div", "mse_loss", "generalized_jsd_loss"]
+__all__ = ["smooth_l1_loss", "huber_loss", "l1_loss", "kl_div", "mse_loss", "generalized_jsd_loss",
+           "fused_linear_jsd_loss"]
 
 
 def _legacy_reduction(size_average: bool | None, reduce: bool | None) -> str:
@@ -521,3 +522,139 @@ def generalized_jsd_loss(
         return total / student_logits.numel()
     count = (labels != ignore_index).sum() * student_logits.size(-1)
     return torch.where(count > 0, total / count.clamp(min=1), torch.full_like(total, float("nan")))
+
+
+# ---- distillation from hidden states: the fused linear form ----------------------------------------------------
+
+_FUSED_REDUCTIONS = ("batchmean", "sum", "mean")
+_FUSED_DTYPES = (torch.float32, torch.bfloat16, torch.float16, torch.float64)
+
+
+def _check_linear_side(side: str, x: Tensor, w: Tensor, b: Tensor | None) -> None:
+    name = f"fused_linear_jsd_loss: {side}"
+    for arg, t in ((f"{side}_input", x), (f"{side}_weight", w), (f"{side}_bias", b)):
+        if t is not None and t.dtype not in _FUSED_DTYPES:
+            raise TypeError(f"fused_linear_jsd_loss: {arg} must be float32, bfloat16, float16 or float64, got {t.dtype}")
+    if x.dim() < 1:
+        raise RuntimeError(f"{name}_input must have at least one dimension (..., H), got a 0-dim tensor")
+    if w.dim() != 2:
+        raise RuntimeError(f"{name}_weight must be 2-D (V, H), got shape {tuple(w.shape)}")
+    if w.size(1) != x.size(-1):
+        raise RuntimeError(f"{name}_weight's hidden size {w.size(1)} differs from {side}_input's {x.size(-1)} "
+                           f"(shapes {tuple(w.shape)} and {tuple(x.shape)})")
+    if w.dtype != x.dtype:
+        raise TypeError(f"{name}_weight's dtype {w.dtype} differs from {side}_input's {x.dtype}")
+    if b is not None:
+        if b.shape != (w.size(0),):
+            raise RuntimeError(f"{name}_bias must have shape ({w.size(0)},), got {tuple(b.shape)}")
+        if b.dtype != x.dtype:
+            raise TypeError(f"{name}_bias's dtype {b.dtype} differs from {side}_input's {x.dtype}")
+
+
+def fused_linear_jsd_loss(
+    student_input: Tensor,
+    student_weight: Tensor,
+    teacher_input: Tensor,
+    teacher_weight: Tensor,
+    labels: Tensor | None = None,
+    *,
+    student_bias: Tensor | None = None,
+    teacher_bias: Tensor | None = None,
+    beta: float = 0.5,
+    temperature: float = 1.0,
+    ignore_index: int = -100,
+    reduction: str = "batchmean",
+    weight_hard_loss: float = 0.0,
+    weight_soft_loss: float = 1.0,
+    chunk_size: int | None = None,
+    return_soft_hard_loss: bool = False,
+) -> Tensor | tuple[Tensor, Tensor, Tensor]:
+    """The generalized JSD between a student's and a teacher's distributions, from their hidden states and
+    ``lm_head`` weights, without making the N x V logits (docs/semantics.md, "The fused linear JSD")::
+
+        weight_soft_loss * generalized_jsd_loss(student_input @ student_weight.T + student_bias,
+                                                teacher_input @ teacher_weight.T + teacher_bias,
+                                                labels, beta, temperature, reduction, ignore_index=ignore_index)
+        + weight_hard_loss * cross_entropy(student_input @ student_weight.T + student_bias, labels)
+
+    The rows are taken in chunks; each chunk's logits are made, used for the loss and all gradients, and
+    freed. The cross entropy (the hard loss) is on the untempered student logits, summed for ``'sum'`` and
+    otherwise divided by the kept tokens clamped to at least 1, as Liger-Kernel's ``LigerFusedLinearJSDLoss``
+    does: under ``'mean'`` the JSD is divided by K * V (the kept elements) but the cross entropy by K.
+
+    Args:
+        student_input (Tensor): the student's hidden states, ``(..., H_s)``.
+        student_weight (Tensor): its ``lm_head`` weight, ``(V, H_s)``, of the input's dtype.
+        teacher_input (Tensor): the teacher's hidden states, ``(..., H_t)``, the same leading shape; ``H_t`` may
+            differ from ``H_s``, and the teacher's dtype from the student's.
+        teacher_weight (Tensor): ``(V, H_t)``: the same ``V``.
+        labels (Tensor, optional): integer, of the leading shape; rows whose label is ``ignore_index`` are left
+            out. Required when ``weight_hard_loss != 0``, and then every kept label must be in ``[0, V)``.
+        student_bias, teacher_bias (Tensor, optional): ``(V,)``, of their input's dtype.
+        beta (float): in ``[0, 1]``. Default: ``0.5``
+        temperature (float): ``> 0``; divides the logits of the JSD, not of the cross entropy. Default: ``1.0``
+        ignore_index (int): Default: ``-100``
+        reduction (str): ``'batchmean'``, ``'sum'`` or ``'mean'`` (``'none'`` is a ``ValueError``: the fused
+            form's gradients are made for a scalar loss). Default: ``'batchmean'``
+        weight_hard_loss (float): Default: ``0.0`` (TRL's use of Liger; Liger's own default is 0.5)
+        weight_soft_loss (float): Default: ``1.0`` (Liger's own: 0.5)
+        chunk_size (int, optional): rows per chunk; by default as many as keep a chunk's temporaries within
+            256 MiB and within an eighth of one N x V tensor of the logits' dtype.
+        return_soft_hard_loss (bool): also return the two parts, unweighted (as Liger does), detached.
+
+    Returns:
+        The 0-dim loss in the promoted dtype of the two inputs, or ``(loss, soft_loss, hard_loss)``.
+
+    Gradients reach both inputs, weights and biases (the teacher's whenever they require grad); they are
+    made in the forward, so one backward is supported per call, and not double backward. Logit softcapping
+    is not supported.
+    """
+    if reduction not in _FUSED_REDUCTIONS:
+        raise ValueError(f"fused_linear_jsd_loss: reduction must be one of "
+                         f"{', '.join(map(repr, _FUSED_REDUCTIONS))} ('none' is not supported), got {reduction!r}")
+    if not 0.0 <= beta <= 1.0:
+        raise ValueError(f"fused_linear_jsd_loss: beta must be in [0, 1], got {beta}")
+    if not temperature > 0.0:
+        raise ValueError(f"fused_linear_jsd_loss: temperature must be > 0, got {temperature}")
+    if weight_hard_loss != 0.0 and labels is None:
+        raise ValueError("fused_linear_jsd_loss: weight_hard_loss != 0 needs labels (the cross entropy's targets)")
+    if chunk_size is not None and (isinstance(chunk_size, bool) or not isinstance(chunk_size, int)
+                                   or chunk_size < 1):
+        raise ValueError(f"fused_linear_jsd_loss: chunk_size must be a positive int or None, got {chunk_size!r}")
+    _check_linear_side("student", student_input, student_weight, student_bias)
+    _check_linear_side("teacher", teacher_input, teacher_weight, teacher_bias)
+    if teacher_weight.size(0) != student_weight.size(0):
+        raise RuntimeError(f"fused_linear_jsd_loss: teacher_weight's vocabulary {teacher_weight.size(0)} differs "
+                           f"from student_weight's {student_weight.size(0)}")
+    if teacher_input.shape[:-1] != student_input.shape[:-1]:
+        raise RuntimeError(f"fused_linear_jsd_loss: teacher_input's leading shape {tuple(teacher_input.shape[:-1])} "
+                           f"differs from student_input's {tuple(student_input.shape[:-1])}")
+    tensors = [t for t in (student_input, student_weight, teacher_input, teacher_weight, labels, student_bias,
+                           teacher_bias) if t is not None]
+    if len({t.device for t in tensors}) > 1:
+        raise RuntimeError("fused_linear_jsd_loss: the tensors are on different devices: "
+                           + ", ".join(sorted({str(t.device) for t in tensors})))
+    vocab = student_weight.size(0)
+    if labels is not None:
+        if labels.dtype.is_floating_point or labels.dtype.is_complex or labels.dtype == torch.bool:
+            raise TypeError(f"fused_linear_jsd_loss: labels must be of an integer dtype, got {labels.dtype}")
+        if labels.shape != student_input.shape[:-1]:
+            raise RuntimeError(f"fused_linear_jsd_loss: labels' shape {tuple(labels.shape)} is not the inputs' "
+                               f"leading shape {tuple(student_input.shape[:-1])}")
+        labels = labels.reshape(-1).to(torch.int64)  # the kept labels' range is checked by the op (it reads them)
+    # What 'batchmean' divides by without labels: the first dimension of the logits the formula would make.
+    divisor_rows = student_input.size(0) if student_input.dim() >= 2 else vocab
+    xs = student_input.reshape(-1, student_input.size(-1))
+    xt = teacher_input.reshape(-1, teacher_input.size(-1))
+    mask = [t is not None and t.requires_grad and torch.is_grad_enabled()
+            for t in (student_input, student_weight, student_bias, teacher_input, teacher_weight, teacher_bias)]
+    if chunk_size is None:
+        chunk_size = _fused_linear.default_chunk_rows(
+            xs.size(0), vocab, student_input.dtype, teacher_input.dtype, any(mask[3:]), weight_hard_loss != 0.0)
+    loss, soft, hard, *_ = torch.ops.npu_loss._fused_linear_jsd(
+        xs, student_weight, student_bias, xt, teacher_weight, teacher_bias, labels, reduction, divisor_rows,
+        float(beta), float(temperature), int(ignore_index), float(weight_hard_loss), float(weight_soft_loss),
+        int(chunk_size), mask)
+    if return_soft_hard_loss:
+        return loss, soft, hard
+    return loss

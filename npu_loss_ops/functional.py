@@ -589,7 +589,8 @@ def fused_linear_jsd_loss(
             differ from ``H_s``, and the teacher's dtype from the student's.
         teacher_weight (Tensor): ``(V, H_t)``: the same ``V``.
         labels (Tensor, optional): integer, of the leading shape; rows whose label is ``ignore_index`` are left
-            out. Required when ``weight_hard_loss != 0``, and then every kept label must be in ``[0, V)``.
+            out. Required when ``weight_hard_loss != 0``. Where the cross entropy is computed (its weight is not 0,
+            or ``return_soft_hard_loss``), every kept label must be in ``[0, V)``.
         student_bias, teacher_bias (Tensor, optional): ``(V,)``, of their input's dtype.
         beta (float): in ``[0, 1]``. Default: ``0.5``
         temperature (float): ``> 0``; divides the logits of the JSD, not of the cross entropy. Default: ``1.0``
@@ -644,17 +645,20 @@ def fused_linear_jsd_loss(
         labels = labels.reshape(-1).to(torch.int64)  # the kept labels' range is checked by the op (it reads them)
     # What 'batchmean' divides by without labels: the first dimension of the logits the formula would make.
     divisor_rows = student_input.size(0) if student_input.dim() >= 2 else vocab
+    # The cross entropy where it is weighted in or returned (as Liger); it needs labels (without them the part
+    # returned is 0).
+    compute_hard = labels is not None and (weight_hard_loss != 0.0 or return_soft_hard_loss)
     xs = student_input.reshape(-1, student_input.size(-1))
     xt = teacher_input.reshape(-1, teacher_input.size(-1))
     mask = [t is not None and t.requires_grad and torch.is_grad_enabled()
             for t in (student_input, student_weight, student_bias, teacher_input, teacher_weight, teacher_bias)]
     if chunk_size is None:
         chunk_size = _fused_linear.default_chunk_rows(
-            xs.size(0), vocab, student_input.dtype, teacher_input.dtype, any(mask[3:]), weight_hard_loss != 0.0)
+            xs.size(0), vocab, student_input.dtype, teacher_input.dtype, any(mask[3:]), compute_hard)
     loss, soft, hard, *_ = torch.ops.npu_loss._fused_linear_jsd(
         xs, student_weight, student_bias, xt, teacher_weight, teacher_bias, labels, reduction, divisor_rows,
         float(beta), float(temperature), int(ignore_index), float(weight_hard_loss), float(weight_soft_loss),
-        int(chunk_size), mask)
+        compute_hard, int(chunk_size), mask)
     if return_soft_hard_loss:
         return loss, soft, hard
     return loss

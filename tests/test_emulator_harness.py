@@ -149,7 +149,7 @@ def test_an_unknown_clashing_key_is_named_and_nothing_removed(fresh):
     if not c10_keys._declares_the_set():
         pytest.skip("this torch's c10 has no allocator key set (torch 2.7, 2.8): no key can clash")
     result, _ = _fresh("""
-import tempfile
+import os, tempfile
 before = c10_keys.keys()
 with tempfile.NamedTemporaryFile("wb", suffix=".so", delete=False) as fake:
     fake.write(b"\\0" + b"\\0".join(key.encode() for key in sorted(before)) + b"\\0")
@@ -161,6 +161,8 @@ try:
     error = None
 except c10_keys.HarnessError as exc:
     error = str(exc)
+finally:
+    os.unlink(fake.name)
 print(json.dumps({"error": error, "unchanged": c10_keys.keys() == before, "removed": c10_keys.REMOVED,
                   "before": sorted(before), "set": c10_keys.key_set()[1] is not None}))
 """)

@@ -90,6 +90,29 @@ struct RowArgs {
   ScalarArg index = {};
 };
 
+// The linear form of a row loss (LinearForm): its logits made chunk by chunk from hidden states and `lm_head`
+// weights (student and teacher), never whole, with a hard loss (cross entropy on the first logits, untempered)
+// beside the row loss (the soft loss), each with its weight:
+//   <forward>(Tensor <inputs[0]>, Tensor <weights[0]>, Tensor <inputs[1]>, Tensor <weights[1]>,
+//             Tensor? <labels>=None, Tensor? <biases[0]>=None, Tensor? <biases[1]>=None,
+//             str reduction="batchmean", float <floats[0]>=..., float <floats[1]>=..., int <index>=...,
+//             float <weights_of[0]>=..., float <weights_of[1]>=..., int? chunk_size=None,
+//             bool return_soft_hard_loss=False) -> (Tensor, Tensor, Tensor)
+//     (the loss, and the soft and hard parts unweighted; every argument positional, as DTensor's rules read
+//     them; the Python function makes all but the first five keyword-only)
+//   <with_grads>(<the forward's arguments, positional, no defaults>, bool[6] output_mask)
+//     -> (Tensor x 10): the three results, the gradients of the loss w.r.t. the two inputs, weights and biases
+//     (in that order, per side; empty where the mask says no), and the scales they are stored at (float32, one
+//     per side: the gradient is the stored tensor times its side's; 1 but for float16, composite/linear.h).
+struct LinearForm {
+  const char* forward = nullptr;
+  const char* with_grads = nullptr;
+  const char* inputs[2] = {};
+  const char* weights[2] = {};
+  const char* biases[2] = {};
+  ScalarArg weights_of[2] = {};  // the hard loss's weight, then the soft loss's
+};
+
 // A field a block leaves out takes the common case: ATen's elementwise loss of self with no scalar (as MSE is).
 struct LossDecl {
   const char* forward;                      // the forward op, e.g. "smooth_l1_loss"
@@ -108,6 +131,7 @@ struct LossDecl {
   LossKind kind = LossKind::Elementwise;
   RowArgs rows = {};                  // a row loss's arguments
   const char* with_grads = nullptr;   // a row loss's forward that also makes the gradients, in one pass
+  LinearForm linear = {};             // a row loss's linear form, if it has one
 };
 
 // Beside `decl`, each block has `forward_paths` and `backward_paths`: what serves each call of its forward
@@ -257,7 +281,15 @@ struct GeneralizedJsd {
                .floats = {{ScalarKind::Float, "beta", "0.5", false, ScalarRule::UnitInterval},
                           {ScalarKind::Float, "temperature", "1.0", false, ScalarRule::Positive}},
                .index = {ScalarKind::Int, "ignore_index", "-100"}},
-      .with_grads = "_generalized_jsd_loss_and_grads"};
+      .with_grads = "_generalized_jsd_loss_and_grads",
+      // Liger-Kernel's LigerFusedLinearJSDLoss, with TRL's weights as the defaults (Liger's own are 0.5 / 0.5).
+      .linear = {.forward = "fused_linear_jsd_loss",
+                 .with_grads = "_fused_linear_jsd_loss_and_grads",
+                 .inputs = {"student_input", "teacher_input"},
+                 .weights = {"student_weight", "teacher_weight"},
+                 .biases = {"student_bias", "teacher_bias"},
+                 .weights_of = {{ScalarKind::Float, "weight_hard_loss", "0.0", false, ScalarRule::NonNegative},
+                                {ScalarKind::Float, "weight_soft_loss", "1.0", false, ScalarRule::NonNegative}}}};
   // The aclnn APIs of its NPU path (npu/generalized_jsd.cpp), as ops-math and ops-nn v9.1.0 list them
   // (docs/aclnn_reference.md, section 10, cites each document): the chips of each, those with bf16, the beta
   // classes whose calls use it and whether only the gradients do. aclnnExp's product table in ops-math leaves

@@ -97,6 +97,19 @@ pybind11::list losses() {
       row["labels"] = r.labels;
       row["floats"] = std::vector<std::string>{r.floats[0].name, r.floats[1].name};
       row["index"] = r.index.name;
+      const LinearForm& f = d.linear;
+      if (f.forward != nullptr) {
+        pybind11::dict linear;
+        linear["forward"] = f.forward;
+        linear["with_grads"] = f.with_grads;
+        linear["inputs"] = std::vector<std::string>{f.inputs[0], f.inputs[1]};
+        linear["weights"] = std::vector<std::string>{f.weights[0], f.weights[1]};
+        linear["biases"] = std::vector<std::string>{f.biases[0], f.biases[1]};
+        linear["weights_of"] = std::vector<std::string>{f.weights_of[0].name, f.weights_of[1].name};
+        row["linear"] = linear;
+      } else {
+        row["linear"] = pybind11::none();
+      }
       rows.append(row);
       return;
     }

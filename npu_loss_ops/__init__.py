@@ -167,8 +167,9 @@ def _unloadable_npu_kernels(reason: str) -> None:
 _load_npu_kernels()
 
 from . import _dtensor, _fake  # noqa: E402
-from .functional import generalized_jsd_loss, huber_loss, kl_div, l1_loss, mse_loss, smooth_l1_loss  # noqa: E402
-from .modules import HuberLoss, JSDLoss, KLDivLoss, L1Loss, MSELoss, SmoothL1Loss  # noqa: E402
+from .functional import (fused_linear_jsd_loss, generalized_jsd_loss, huber_loss, kl_div, l1_loss,  # noqa: E402
+                         mse_loss, smooth_l1_loss)
+from .modules import FusedLinearJSDLoss, HuberLoss, JSDLoss, KLDivLoss, L1Loss, MSELoss, SmoothL1Loss  # noqa: E402
 from ._enable import disable, enable, is_enabled  # noqa: E402  (routes torch's own losses here; off at import)
 
 # The row losses' fake kernels (Python: 'none' with labels has a size only the data tells).
@@ -212,12 +213,14 @@ __all__ = [
     "kl_div",
     "mse_loss",
     "generalized_jsd_loss",
+    "fused_linear_jsd_loss",
     "SmoothL1Loss",
     "HuberLoss",
     "L1Loss",
     "KLDivLoss",
     "MSELoss",
     "JSDLoss",
+    "FusedLinearJSDLoss",
     "enable",
     "disable",
     "is_enabled",

@@ -47,7 +47,7 @@ if TYPE_CHECKING:
     from torch.distributed.tensor._op_schema import OpSchema, OpStrategy
     from torch.distributed.tensor.placement_types import Placement
 
-__all__ = ["LossRow", "LOSSES", "RowLossOps", "ROW_LOSSES", "any_dtensor", "install", "register"]
+__all__ = ["LossRow", "LOSSES", "LinearFormOps", "RowLossOps", "ROW_LOSSES", "any_dtensor", "install", "register"]
 
 _DTENSOR_MODULE = "torch.distributed.tensor"
 _NONE, _MEAN = 0, 1  # the ops' reduction enum (at::Reduction)
@@ -291,6 +291,15 @@ def _register_op_strategy() -> _Register:
 
 
 @dataclass(frozen=True)
+class LinearFormOps:
+    """The two ops of a row loss's linear form (hidden states and lm_head weights in, the logits never made)."""
+
+    forward: str
+    with_grads: str
+    weights: tuple[str, str]
+
+
+@dataclass(frozen=True)
 class RowLossOps:
     """The ops of one row loss, from its declaration."""
 
@@ -298,13 +307,17 @@ class RowLossOps:
     with_grads: str
     backward: str
     logits: tuple[str, str]
+    linear: LinearFormOps | None = None
 
 
 def _row_losses() -> tuple[RowLossOps, ...]:
     from . import _C  # type: ignore[attr-defined]  # compiled: no Python source to check
 
     return tuple(
-        RowLossOps(d["forward"], d["with_grads"], d["backward"], (d["logits"][0], d["logits"][1]))
+        RowLossOps(d["forward"], d["with_grads"], d["backward"], (d["logits"][0], d["logits"][1]),
+                   None if d["linear"] is None else LinearFormOps(
+                       d["linear"]["forward"], d["linear"]["with_grads"],
+                       (d["linear"]["weights"][0], d["linear"]["weights"][1])))
         for d in _C._losses()
         if d["kind"] == "rows"
     )
@@ -358,6 +371,31 @@ def _row_strategy(row: RowLossOps, which: str) -> Callable[[OpSchema], OpStrateg
     return strategy
 
 
+# A linear form's ops: every tensor replicated (DTensor gathers sharded hidden states first), the results
+# replicated. A weight sharded on its vocabulary dimension (dim 0) is refused with a clear error: each rank would
+# need the whole row's softmax.
+
+
+def _linear_strategy(linear: LinearFormOps, outputs: int) -> Callable[[OpSchema], OpStrategy]:
+    def strategy(op_schema: OpSchema) -> OpStrategy:
+        from torch.distributed.tensor._op_schema import OpStrategy
+        from torch.distributed.tensor._ops.utils import expand_to_full_mesh_op_strategy
+        from torch.distributed.tensor.placement_types import Replicate, Shard
+
+        args = op_schema.args_schema
+        for name, k in zip(linear.weights, (1, 3)):
+            for placement in _placements(args[k]):
+                if isinstance(placement, Shard) and placement.dim % 2 == 0:
+                    raise ValueError(
+                        f"{linear.forward}: {name} is sharded on the vocabulary dimension ({placement}); replicate "
+                        "it (the hidden states may be sharded: they are gathered)")
+        tensors = sum(isinstance(a, OpStrategy) for a in args)
+        rules: list[list[Placement | None]] = [[Replicate()] * (outputs + tensors)]
+        return expand_to_full_mesh_op_strategy(op_schema.get_mesh_from_args(), op_schema, rules, input_index=outputs)
+
+    return strategy
+
+
 def register() -> None:
     """Registers the rules of every op in `LOSSES` and `ROW_LOSSES` with DTensor (imports
     torch.distributed.tensor)."""
@@ -376,6 +414,11 @@ def register() -> None:
             # The labels (possibly None) and every argument after them are part of the cache key.
             register_op_strategy(getattr(torch.ops.npu_loss, name).default,
                                  RuntimeSchemaInfo(first_scalar))(_row_strategy(row_loss, which))
+        if row_loss.linear is not None:
+            # The labels, the biases and every argument after them are part of the cache key.
+            for name, outputs in ((row_loss.linear.forward, 3), (row_loss.linear.with_grads, 10)):
+                register_op_strategy(getattr(torch.ops.npu_loss, name).default,
+                                     RuntimeSchemaInfo(4))(_linear_strategy(row_loss.linear, outputs))
 
 
 def _register_or_warn() -> None:

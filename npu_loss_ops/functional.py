@@ -39,7 +39,8 @@ from torch.overrides import handle_torch_function, has_torch_function_variadic
 from . import _dtensor
 from ._reduction import get_enum as _reduction_enum
 
-__all__ = ["smooth_l1_loss", "huber_loss", "l1_loss", "kl_div", "mse_loss", "generalized_jsd_loss"]
+__all__ = ["smooth_l1_loss", "huber_loss", "l1_loss", "kl_div", "mse_loss", "generalized_jsd_loss",
+           "fused_linear_jsd_loss"]
 
 
 def _legacy_reduction(size_average: bool | None, reduce: bool | None) -> str:
@@ -521,3 +522,83 @@ def generalized_jsd_loss(
         return total / student_logits.numel()
     count = (labels != ignore_index).sum() * student_logits.size(-1)
     return torch.where(count > 0, total / count.clamp(min=1), torch.full_like(total, float("nan")))
+
+
+def fused_linear_jsd_loss(
+    student_input: Tensor,
+    student_weight: Tensor,
+    teacher_input: Tensor,
+    teacher_weight: Tensor,
+    labels: Tensor | None = None,
+    *,
+    student_bias: Tensor | None = None,
+    teacher_bias: Tensor | None = None,
+    beta: float = 0.5,
+    temperature: float = 1.0,
+    ignore_index: int = -100,
+    reduction: str = "batchmean",
+    weight_hard_loss: float = 0.0,
+    weight_soft_loss: float = 1.0,
+    chunk_size: int | None = None,
+    return_soft_hard_loss: bool = False,
+) -> Tensor | tuple[Tensor, Tensor, Tensor]:
+    """The generalized JSD between a student's and a teacher's distributions, from their hidden states and
+    ``lm_head`` weights, without making the N x V logits (docs/semantics.md, "The fused linear JSD")::
+
+        weight_soft_loss * generalized_jsd_loss(student_input @ student_weight.T + student_bias,
+                                                teacher_input @ teacher_weight.T + teacher_bias,
+                                                labels, beta, temperature, reduction, ignore_index=ignore_index)
+        + weight_hard_loss * cross_entropy(student_input @ student_weight.T + student_bias, labels)
+
+    The rows are taken in chunks; each chunk's logits are made, used for the loss and every gradient, and
+    overwritten by the next chunk's. The cross entropy (the hard loss) is on the untempered student logits,
+    summed for ``'sum'`` and otherwise divided by the kept tokens clamped to at least 1, as Liger-Kernel's
+    ``LigerFusedLinearJSDLoss`` does: under ``'mean'`` the JSD is divided by K * V (the kept elements) but the
+    cross entropy by K.
+
+    Args:
+        student_input (Tensor): the student's hidden states, ``(..., H_s)``.
+        student_weight (Tensor): its ``lm_head`` weight, ``(V, H_s)``, of the input's dtype.
+        teacher_input (Tensor): the teacher's hidden states, ``(..., H_t)``, the same leading shape; ``H_t`` may
+            differ from ``H_s``, and the teacher's dtype from the student's.
+        teacher_weight (Tensor): ``(V, H_t)``: the same ``V``, of the teacher input's dtype.
+        labels (Tensor, optional): integer, of the leading shape; rows whose label is ``ignore_index`` are left
+            out. Required when ``weight_hard_loss != 0``. Where the cross entropy is computed (its weight is not 0,
+            or ``return_soft_hard_loss``), every kept label must be in ``[0, V)``.
+        student_bias, teacher_bias (Tensor, optional): ``(V,)``, of their input's dtype.
+        beta (float): in ``[0, 1]``. Default: ``0.5``
+        temperature (float): ``> 0``; divides the logits of the JSD, not those of the cross entropy.
+            Default: ``1.0``
+        ignore_index (int): Default: ``-100``
+        reduction (str): ``'batchmean'``, ``'sum'`` or ``'mean'`` (``'none'`` is a ``ValueError``: the gradients
+            are made for a scalar loss). Default: ``'batchmean'``
+        weight_hard_loss (float): ``>= 0``. Default: ``0.0`` (TRL's use of Liger; Liger's own default is 0.5)
+        weight_soft_loss (float): ``>= 0``. Default: ``1.0`` (Liger's own: 0.5)
+        chunk_size (int, optional): rows per chunk; by default as many as keep a chunk's buffers within a sixth
+            of one N x V tensor of the result's dtype (and 1 GiB).
+        return_soft_hard_loss (bool): also return the two parts, unweighted (as Liger does), not differentiable.
+            Without labels the hard part is 0.
+
+    Returns:
+        The 0-dim loss in the promoted dtype of the two inputs, or ``(loss, soft_loss, hard_loss)``.
+
+    Gradients reach both inputs, weights and biases (the teacher's whenever they require grad); they are made
+    in the forward, so double backward is not supported. Logit softcapping is not supported.
+
+    Raises:
+        ValueError: ``beta``, ``temperature``, the weights, ``reduction`` or ``chunk_size`` out of range; the
+            hard loss without labels; a kept label outside ``[0, V)`` where the cross entropy reads it.
+        TypeError: a dtype other than float32, bfloat16, float16 (float64 off the NPU), a weight or bias whose
+            dtype is not its input's, labels not of an integer dtype.
+        RuntimeError: shapes that do not agree (each names the argument), tensors on different devices.
+    """
+    if chunk_size is not None and (isinstance(chunk_size, bool) or not isinstance(chunk_size, int)):
+        raise TypeError(f"fused_linear_jsd_loss: chunk_size must be an int or None, got {chunk_size!r}")
+    results: tuple[Tensor, Tensor, Tensor] = torch.ops.npu_loss.fused_linear_jsd_loss(
+        student_input, student_weight, teacher_input, teacher_weight, labels, student_bias, teacher_bias, reduction,
+        float(beta), float(temperature), int(ignore_index), float(weight_hard_loss), float(weight_soft_loss),
+        chunk_size, bool(return_soft_hard_loss))
+    loss, soft, hard = results
+    if return_soft_hard_loss:
+        return loss, soft, hard
+    return loss

@@ -12,7 +12,7 @@ from torch.nn.modules.loss import _Loss
 
 from . import functional
 
-__all__ = ["SmoothL1Loss", "HuberLoss", "L1Loss", "KLDivLoss", "MSELoss", "JSDLoss"]
+__all__ = ["SmoothL1Loss", "HuberLoss", "L1Loss", "KLDivLoss", "MSELoss", "JSDLoss", "FusedLinearJSDLoss"]
 
 
 class _LossOfReduction(_Loss):
@@ -300,3 +300,71 @@ class JSDLoss(Module):
     def extra_repr(self) -> str:
         return (f"beta={self.beta}, temperature={self.temperature}, ignore_index={self.ignore_index}, "
                 f"reduction={self.reduction!r}")
+
+
+_FUSED_REDUCTIONS = ("batchmean", "sum", "mean")
+
+
+class FusedLinearJSDLoss(Module):
+    """The generalized JSD from hidden states and ``lm_head`` weights, without the logits:
+    :func:`npu_loss_ops.functional.fused_linear_jsd_loss` as a module (Liger-Kernel's
+    ``LigerFusedLinearJSDLoss``'s role, with TRL's defaults for the weights: hard 0.0, soft 1.0).
+
+    Args:
+        beta (float): in ``[0, 1]``. Default: ``0.5``
+        temperature (float): ``> 0``. Default: ``1.0``
+        ignore_index (int): Default: ``-100``
+        reduction (str): ``'batchmean'``, ``'sum'`` or ``'mean'``. Default: ``'batchmean'``
+        weight_hard_loss (float): the cross entropy's weight, ``>= 0``. Default: ``0.0``
+        weight_soft_loss (float): the JSD's weight, ``>= 0``. Default: ``1.0``
+        chunk_size (int, optional): rows per chunk; ``None`` sizes it by bytes. Default: ``None``
+
+    Raises:
+        ValueError: at construction, for a ``beta`` outside ``[0, 1]``, a ``temperature`` that is not ``> 0``,
+            a negative weight, a ``reduction`` outside the three or a ``chunk_size`` that is not a positive int.
+
+    Called as ``loss(student_input, student_weight, teacher_input, teacher_weight, labels=None,
+    student_bias=None, teacher_bias=None)``.
+    """
+
+    def __init__(self, beta: float = 0.5, temperature: float = 1.0, ignore_index: int = -100,
+                 reduction: str = "batchmean", weight_hard_loss: float = 0.0, weight_soft_loss: float = 1.0,
+                 chunk_size: int | None = None) -> None:
+        super().__init__()
+        if not 0.0 <= beta <= 1.0:
+            raise ValueError(f"FusedLinearJSDLoss: beta must be in [0, 1], got {beta}")
+        if not temperature > 0.0:
+            raise ValueError(f"FusedLinearJSDLoss: temperature must be > 0, got {temperature}")
+        for name, weight in (("weight_hard_loss", weight_hard_loss), ("weight_soft_loss", weight_soft_loss)):
+            if not weight >= 0.0:
+                raise ValueError(f"FusedLinearJSDLoss: {name} must be >= 0, got {weight}")
+        if reduction not in _FUSED_REDUCTIONS:
+            raise ValueError(f"FusedLinearJSDLoss: reduction must be one of "
+                             f"{', '.join(map(repr, _FUSED_REDUCTIONS))}, got {reduction!r}")
+        if chunk_size is not None and (isinstance(chunk_size, bool) or not isinstance(chunk_size, int)
+                                       or chunk_size < 1):
+            raise ValueError(f"FusedLinearJSDLoss: chunk_size must be a positive int or None, got {chunk_size!r}")
+        self.beta = beta
+        self.temperature = temperature
+        self.ignore_index = ignore_index
+        self.reduction = reduction
+        self.weight_hard_loss = weight_hard_loss
+        self.weight_soft_loss = weight_soft_loss
+        self.chunk_size = chunk_size
+
+    def forward(self, student_input: Tensor, student_weight: Tensor, teacher_input: Tensor, teacher_weight: Tensor,
+                labels: Tensor | None = None, student_bias: Tensor | None = None,
+                teacher_bias: Tensor | None = None) -> Tensor:
+        """The loss of the student against the teacher."""
+        loss = functional.fused_linear_jsd_loss(
+            student_input, student_weight, teacher_input, teacher_weight, labels, student_bias=student_bias,
+            teacher_bias=teacher_bias, beta=self.beta, temperature=self.temperature, ignore_index=self.ignore_index,
+            reduction=self.reduction, weight_hard_loss=self.weight_hard_loss, weight_soft_loss=self.weight_soft_loss,
+            chunk_size=self.chunk_size)
+        assert isinstance(loss, Tensor)
+        return loss
+
+    def extra_repr(self) -> str:
+        return (f"beta={self.beta}, temperature={self.temperature}, ignore_index={self.ignore_index}, "
+                f"reduction={self.reduction!r}, weight_hard_loss={self.weight_hard_loss}, "
+                f"weight_soft_loss={self.weight_soft_loss}, chunk_size={self.chunk_size}")

@@ -72,6 +72,9 @@ def test_every_op_has_path_rows():
     with_paths = {row["op"] for row in npu_loss_ops._C._chip_paths()}
     # A row loss's forward with gradients takes its forward's rows.
     with_paths |= {d["with_grads"] for d in npu_loss_ops._C._losses() if d["kind"] == "rows" and d["forward"] in with_paths}
+    # So does a linear form's.
+    with_paths |= {d["linear"]["with_grads"] for d in npu_loss_ops._C._losses()
+                   if d["kind"] == "rows" and d["linear"] and d["linear"]["forward"] in with_paths}
     assert with_paths == registered
 
 

@@ -1,6 +1,6 @@
-"""The op library is docs/semantics.md's ("The ops"): the eighteen schemas exactly (names, argument order,
+"""The op library is docs/semantics.md's ("The ops"): the twenty schemas exactly (names, argument order,
 defaults, keyword-only and alias annotations), a kernel for CPU and the composite fallback, a fake (Meta)
-kernel, autograd for the thirteen functional ops, Functionalize kernels for the five out= overloads."""
+kernel, autograd for the fifteen functional ops, Functionalize kernels for the five out= overloads."""
 import pytest
 import torch
 
@@ -25,6 +25,8 @@ SCHEMAS = [
     "npu_loss::generalized_jsd_loss(Tensor student_logits, Tensor teacher_logits, Tensor? labels=None, int reduction=1, float beta=0.5, float temperature=1., int ignore_index=-100) -> Tensor",
     "npu_loss::generalized_jsd_loss_backward(Tensor grad_output, Tensor student_logits, Tensor teacher_logits, Tensor? labels, int reduction, float beta, float temperature, int ignore_index, bool[2] output_mask) -> (Tensor, Tensor)",
     "npu_loss::_generalized_jsd_loss_and_grads(Tensor student_logits, Tensor teacher_logits, Tensor? labels, int reduction, float beta, float temperature, int ignore_index, bool[2] output_mask) -> (Tensor, Tensor, Tensor, Tensor)",
+    "npu_loss::fused_linear_jsd_loss(Tensor student_input, Tensor student_weight, Tensor teacher_input, Tensor teacher_weight, Tensor? labels=None, Tensor? student_bias=None, Tensor? teacher_bias=None, str reduction=\"batchmean\", float beta=0.5, float temperature=1., int ignore_index=-100, float weight_hard_loss=0., float weight_soft_loss=1., int? chunk_size=None, bool return_soft_hard_loss=False) -> (Tensor, Tensor, Tensor)",
+    "npu_loss::_fused_linear_jsd_loss_and_grads(Tensor student_input, Tensor student_weight, Tensor teacher_input, Tensor teacher_weight, Tensor? labels, Tensor? student_bias, Tensor? teacher_bias, str reduction, float beta, float temperature, int ignore_index, float weight_hard_loss, float weight_soft_loss, int? chunk_size, bool return_soft_hard_loss, bool[6] output_mask) -> (Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor)",
 ]
 
 
@@ -116,10 +118,16 @@ def test_fake_tensors_run_the_cpp_meta_kernels_on_symbolic_sizes():
 
     rows = _row_loss_ops()
     assert len(rows) == 3, rows
+    # The linear form's two ops have C++ Meta kernels (their results' sizes are the inputs'), checked below.
+    linear = {f"npu_loss::{d['linear'][k]}" for d in npu_loss_ops._C._losses() if d["kind"] == "rows" and d["linear"]
+              for k in ("forward", "with_grads")}
+    assert len(linear) == 2, linear
     for schema in SCHEMAS:
         qualname = schema.split("(")[0]
         kernel = singleton.find(qualname).fake_impl.kernel
-        if qualname in rows:
+        if qualname in linear:
+            assert kernel is None, schema
+        elif qualname in rows:
             assert kernel is not None and kernel.source.split(":")[0].endswith("npu_loss_ops/_fake.py"), (schema, kernel)
         else:
             assert kernel is None, schema
@@ -129,6 +137,7 @@ def test_fake_tensors_run_the_cpp_meta_kernels_on_symbolic_sizes():
     ops = torch.ops.npu_loss
     with mode:
         t, g = x.sigmoid(), x.cos()  # the same symbolic batch size
+        w = torch.randn(3, 4)  # a (V, H) weight for the linear form
         n = x.shape[0]
         assert isinstance(n, torch.SymInt)
         results = {
@@ -154,9 +163,15 @@ def test_fake_tensors_run_the_cpp_meta_kernels_on_symbolic_sizes():
                 g, x, t, None, 0, 0.5, 1.0, -100, [True, True])[1],
             "_generalized_jsd_loss_and_grads": ops._generalized_jsd_loss_and_grads(
                 x, t, None, 2, 0.5, 1.0, -100, [True, True])[2],
+            # the student's input gradient: (n, 4), as the input
+            "_fused_linear_jsd_loss_and_grads": ops._fused_linear_jsd_loss_and_grads(
+                x, w, t, w, None, None, None, "sum", 0.5, 1.0, -100, 0.0, 1.0,
+                None, False, [True] * 6)[3],
         }
+        linear = ops.fused_linear_jsd_loss(x, w, t, w)
         mean = ops.l1_loss(x, t, 1)
-    assert len(results) == len(SCHEMAS)
+    assert len(results) + 1 == len(SCHEMAS)
+    assert [r.shape for r in linear] == [()] * 3 and all(isinstance(r, FakeTensor) for r in linear)
     for name, r in results.items():
         assert isinstance(r, FakeTensor) and r.dtype == torch.float32, name
         assert isinstance(r.shape[0], torch.SymInt) and str(r.shape[0]) == str(n) and r.shape[1] == 4, (name, r.shape)
@@ -182,12 +197,14 @@ def _functional(ops: set[str]) -> set[str]:
 def _sample_ops() -> set[str]:
     import samples
     import test_distillation
+    import test_fused_linear_jsd
 
     return (
         set(samples.LOSSES)
         | {samples.BACKWARD_OP[loss] for loss in samples.LOSSES}
         | {f"{samples.BACKWARD_OP[loss]}.{samples.OUT_OVERLOAD[loss]}" for loss in samples.LOSSES}
         | set(test_distillation.OPS)
+        | set(test_fused_linear_jsd.OPS)
     )
 
 
@@ -195,7 +212,8 @@ def _dtensor_ops() -> set[str]:
     from npu_loss_ops._dtensor import LOSSES, ROW_LOSSES
 
     return {name for row in LOSSES for name in (row.forward, row.backward, f"{row.backward}.{row.backward_out}")} | {
-        name for row in ROW_LOSSES for name in (row.forward, row.with_grads, row.backward)}
+        name for row in ROW_LOSSES for name in (row.forward, row.with_grads, row.backward)} | {
+        name for row in ROW_LOSSES if row.linear for name in (row.linear.forward, row.linear.with_grads)}
 
 
 def _chip_path_ops() -> set[str]:
@@ -203,7 +221,9 @@ def _chip_path_ops() -> set[str]:
     from npu_loss_ops import _C
 
     ops = {row["op"] for row in _C._chip_paths()}
-    return ops | {d["with_grads"] for d in _C._losses() if d["kind"] == "rows" and d["forward"] in ops}
+    return ops | {d["with_grads"] for d in _C._losses() if d["kind"] == "rows" and d["forward"] in ops} | {
+        d["linear"]["with_grads"] for d in _C._losses() if d["kind"] == "rows" and d["linear"]
+        and d["linear"]["forward"] in ops}
 
 
 def _per_op_tables() -> dict[str, set[str]]:

@@ -320,6 +320,11 @@ std::vector<std::string> differentiable_ops() {
   // A row loss's three ops have their Autograd kernels in rows.cpp.
   for_each_row_loss([&]<typename Loss>() {
     for (const char* op : {Loss::decl.forward, Loss::decl.with_grads, Loss::decl.backward}) names.emplace_back(op);
+    // Its linear form's two, in linear.cpp.
+    if (Loss::decl.linear.forward != nullptr) {
+      names.emplace_back(Loss::decl.linear.forward);
+      names.emplace_back(Loss::decl.linear.with_grads);
+    }
   });
   return names;
 }

@@ -245,11 +245,29 @@ void append_rows(std::vector<PathTableRow>& table) {
 
 }  // namespace
 
+// A row loss's linear form runs, chunk by chunk, torch_npu's matmuls and then its forward with gradients:
+// its forward's rows, under the linear form's name.
+template <typename Loss>
+void append_linear_rows(std::vector<PathTableRow>& table) {
+  if constexpr (Loss::decl.kind == LossKind::Rows) {
+    if (Loss::decl.linear.forward == nullptr) return;
+    const size_t first = table.size();
+    append_rows<Loss, false>(table);
+    for (size_t i = first; i < table.size(); ++i) {
+      PathTableRow& row = table[i];
+      row.op = Loss::decl.linear.forward;
+      row.why = std::string("each chunk: its logits by torch_npu's matmul, then the row above") +
+          (row.why.empty() ? "" : "; " + row.why);
+    }
+  }
+}
+
 std::vector<PathTableRow> path_table() {
   std::vector<PathTableRow> table;
   for_each_loss([&]<typename Loss>() {
     append_rows<Loss, false>(table);
     append_rows<Loss, true>(table);
+    append_linear_rows<Loss>(table);
   });
   return table;
 }

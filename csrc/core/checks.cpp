@@ -484,6 +484,116 @@ BasicRowSpec<Int> row_backward_spec(
   return spec;
 }
 
+namespace {
+LinearReduction linear_reduction(const char* op, c10::string_view reduction) {
+  const std::string how(reduction.data(), reduction.size());
+  if (how == "batchmean") return LinearReduction::BatchMean;
+  if (how == "mean") return LinearReduction::Mean;
+  if (how == "sum") return LinearReduction::Sum;
+  TORCH_CHECK_VALUE(
+      how != "none", op, ": reduction 'none' is not supported: the gradients are made in the forward, for a "
+      "scalar loss ('batchmean', 'sum' or 'mean')");
+  TORCH_CHECK_VALUE(false, op, ": reduction must be 'batchmean', 'sum' or 'mean', got '", how, "'");
+  return LinearReduction::Sum;  // not reached
+}
+}  // namespace
+
+template <typename Int>
+BasicLinearSpec<Int> linear_spec(
+    const LossDecl& d, const char* op, const at::Tensor& student_input, const at::Tensor& student_weight,
+    const at::Tensor& teacher_input, const at::Tensor& teacher_weight, const std::optional<at::Tensor>& labels,
+    const std::optional<at::Tensor>& student_bias, const std::optional<at::Tensor>& teacher_bias,
+    c10::string_view reduction, double beta, double temperature, double weight_hard, double weight_soft,
+    std::optional<int64_t> chunk_size) {
+  const RowArgs& r = d.rows;
+  const LinearForm& f = d.linear;
+  const at::Tensor undefined;
+  const auto present = [&](const std::optional<at::Tensor>& t) -> const at::Tensor& {
+    return t.has_value() ? *t : undefined;
+  };
+  const at::Tensor* inputs[2] = {&student_input, &teacher_input};
+  const at::Tensor* weights[2] = {&student_weight, &teacher_weight};
+  const at::Tensor* biases[2] = {&present(student_bias), &present(teacher_bias)};
+  const at::Tensor& l = present(labels);
+  check_defined(op, {{f.inputs[0], inputs[0]}, {f.weights[0], weights[0]}, {f.inputs[1], inputs[1]},
+                     {f.weights[1], weights[1]}});
+  const NamedTensor first{f.inputs[0], inputs[0]};
+  for (const NamedTensor& t : {NamedTensor{f.weights[0], weights[0]}, NamedTensor{f.inputs[1], inputs[1]},
+                               NamedTensor{f.weights[1], weights[1]}, NamedTensor{r.labels, &l},
+                               NamedTensor{f.biases[0], biases[0]}, NamedTensor{f.biases[1], biases[1]}}) {
+    if (t.second->defined()) check_same_device(op, t.first, *t.second, first);
+  }
+  for (int side = 0; side < 2; ++side) {
+    check_dtype(op, f.inputs[side], *inputs[side]);
+    for (const NamedTensor& t : {NamedTensor{f.weights[side], weights[side]}, NamedTensor{f.biases[side], biases[side]}}) {
+      if (!t.second->defined()) continue;
+      TORCH_CHECK_TYPE(
+          t.second->scalar_type() == inputs[side]->scalar_type(), op, ": ", t.first, " must have ", f.inputs[side],
+          "'s dtype ", dtype_name(inputs[side]->scalar_type()), ", got ", dtype_name(t.second->scalar_type()));
+    }
+  }
+  if (l.defined()) {
+    TORCH_CHECK_TYPE(
+        c10::isIntegralType(l.scalar_type(), /*includeBool=*/false), op, ": ", r.labels,
+        " must have an integer dtype, got ", dtype_name(l.scalar_type()));
+  }
+  const LinearReduction how = linear_reduction(op, reduction);
+  check_scalar(op, r.floats[0], beta);
+  check_scalar(op, r.floats[1], temperature);
+  check_scalar(op, f.weights_of[0], weight_hard);
+  check_scalar(op, f.weights_of[1], weight_soft);
+  TORCH_CHECK_VALUE(
+      weight_hard == 0 || l.defined(), op, ": ", f.weights_of[0].name, " != 0 needs ", r.labels,
+      " (the cross entropy's targets), got None");
+  TORCH_CHECK_VALUE(
+      !chunk_size.has_value() || *chunk_size >= 1, op, ": chunk_size must be >= 1 or None, got ",
+      chunk_size.value_or(0));
+  check_dims(op, {{f.inputs[0], inputs[0]}, {f.inputs[1], inputs[1]}});
+  for (int side = 0; side < 2; ++side) {
+    TORCH_CHECK(
+        inputs[side]->dim() >= 1, op, ": ", f.inputs[side], " must have at least one dimension (the hidden size), "
+        "got a 0-dim tensor");
+    TORCH_CHECK(
+        weights[side]->dim() == 2, op, ": ", f.weights[side], " must be 2-D (vocabulary, hidden size), got shape ",
+        Geometry<Int>::sizes(*weights[side]));
+  }
+  const auto vocab = Geometry<Int>::sizes(student_weight)[0];
+  TORCH_CHECK(
+      Geometry<Int>::sizes(teacher_weight)[0] == vocab, op, ": ", f.weights[1], " must have ", f.weights[0],
+      "'s vocabulary ", vocab, " (its first dimension), got shape ", Geometry<Int>::sizes(teacher_weight));
+  for (int side = 0; side < 2; ++side) {
+    const auto hidden = Geometry<Int>::sizes(*inputs[side]).back();
+    TORCH_CHECK(
+        Geometry<Int>::sizes(*weights[side])[1] == hidden, op, ": ", f.weights[side], " must be (vocabulary, ",
+        hidden, "), the hidden size of ", f.inputs[side], ", got shape ", Geometry<Int>::sizes(*weights[side]));
+    if (biases[side]->defined()) {
+      TORCH_CHECK(
+          Geometry<Int>::sizes(*biases[side]) == c10::ArrayRef<Int>(vocab), op, ": ", f.biases[side],
+          " must have the shape [", vocab, "] (the vocabulary), got ", Geometry<Int>::sizes(*biases[side]));
+    }
+  }
+  const auto s_shape = Geometry<Int>::sizes(student_input);
+  const auto t_shape = Geometry<Int>::sizes(teacher_input);
+  const auto leading = s_shape.slice(0, s_shape.size() - 1);
+  TORCH_CHECK(
+      t_shape.slice(0, t_shape.size() - 1) == leading, op, ": ", f.inputs[1], " must have ", f.inputs[0],
+      "'s leading shape ", leading, " (one row per token), got shape ", t_shape);
+  if (l.defined()) {
+    TORCH_CHECK(
+        Geometry<Int>::sizes(l) == leading, op, ": ", r.labels, " must have the inputs' leading shape ", leading,
+        ", got ", Geometry<Int>::sizes(l));
+  }
+  BasicLinearSpec<Int> spec;
+  spec.dtype = result_type_of({{f.inputs[0], &student_input}, {f.inputs[1], &teacher_input}});
+  spec.leading.assign(leading.begin(), leading.end());
+  spec.rows = numel_of(leading);
+  spec.vocab = vocab;
+  spec.batch_rows = leading.empty() ? vocab : leading[0];
+  spec.labels = l.defined();
+  spec.reduction = how;
+  return spec;
+}
+
 // Every rule in both size types: int64_t for the kernels, c10::SymInt for the Meta kernels.
 #define NPU_LOSS_INSTANTIATE_CHECKS(Int)                                                                  \
   template BasicResultSpec<Int> forward_spec<Int>(const char*, const at::Tensor&, const at::Tensor&, int64_t); \
@@ -501,7 +611,11 @@ BasicRowSpec<Int> row_backward_spec(
       double);                                                                                            \
   template BasicRowSpec<Int> row_backward_spec<Int>(                                                      \
       const LossDecl&, const at::Tensor&, const at::Tensor&, const at::Tensor&,                           \
-      const std::optional<at::Tensor>&, int64_t, double, double);
+      const std::optional<at::Tensor>&, int64_t, double, double);                                          \
+  template BasicLinearSpec<Int> linear_spec<Int>(                                                         \
+      const LossDecl&, const char*, const at::Tensor&, const at::Tensor&, const at::Tensor&, const at::Tensor&, \
+      const std::optional<at::Tensor>&, const std::optional<at::Tensor>&, const std::optional<at::Tensor>&,     \
+      c10::string_view, double, double, double, double, std::optional<int64_t>);
 
 NPU_LOSS_INSTANTIATE_CHECKS(int64_t)
 NPU_LOSS_INSTANTIATE_CHECKS(c10::SymInt)

@@ -193,4 +193,54 @@ BasicRowSpec<Int> row_backward_spec(
     const LossDecl& d, const at::Tensor& grad_output, const at::Tensor& student, const at::Tensor& teacher,
     const std::optional<at::Tensor>& labels, int64_t reduction, double first, double second);
 
+// ---- a row loss's linear form (losses.h's LinearForm) ----
+
+// How the linear form reduces: the row loss's sum divided by the rows kept ('batchmean'; without labels by
+// the logits' first dimension), by the elements of the rows kept ('mean'), or not at all ('sum').
+enum class LinearReduction : uint8_t { BatchMean, Mean, Sum };
+
+// Its arguments after the checks: the two sides' hidden states, weights and biases; the labels; the row loss's
+// two floats and index; the hard and soft losses' weights; the rows per chunk asked for (0: the default).
+struct LinearCall {
+  const at::Tensor* input[2];
+  const at::Tensor* weight[2];
+  const std::optional<at::Tensor>* bias[2];
+  const std::optional<at::Tensor>& labels;
+  LinearReduction reduction;
+  double beta, temperature;
+  int64_t ignore_index;
+  double weight_hard, weight_soft;
+  int64_t chunk_size;
+  bool return_parts;
+};
+
+// What its checks say of a call: the result's dtype (the promotion of the two inputs'), the inputs' leading
+// shape, its rows and the vocabulary, and what 'batchmean' divides by without labels (the first dimension of
+// the logits the inputs would make: the rows of a 2-D input, V of a 1-D one).
+template <typename Int>
+struct BasicLinearSpec {
+  c10::ScalarType dtype;
+  c10::SmallVector<Int, c10::kDimVectorStaticSize> leading;
+  Int rows = 0;
+  Int vocab = 0;
+  Int batch_rows = 0;
+  bool labels = false;
+  LinearReduction reduction = LinearReduction::BatchMean;
+};
+
+using LinearSpec = BasicLinearSpec<int64_t>;
+
+// The checks of both of the linear form's ops (`op` names it in messages): the four tensors defined, every
+// tensor on one device; hidden states of at least one and at most 8 dimensions with the same leading shape;
+// weights (V, H) with the same V, each H its input's last dimension; biases (V,); each weight and bias of its
+// input's dtype; labels of an integer dtype and the leading shape; the reduction ('none' refused); the scalars'
+// rules; labels given when weight_hard_loss != 0; a chunk_size >= 1 when given.
+template <typename Int>
+BasicLinearSpec<Int> linear_spec(
+    const LossDecl& d, const char* op, const at::Tensor& student_input, const at::Tensor& student_weight,
+    const at::Tensor& teacher_input, const at::Tensor& teacher_weight, const std::optional<at::Tensor>& labels,
+    const std::optional<at::Tensor>& student_bias, const std::optional<at::Tensor>& teacher_bias,
+    c10::string_view reduction, double beta, double temperature, double weight_hard, double weight_soft,
+    std::optional<int64_t> chunk_size);
+
 }  // namespace npu_loss

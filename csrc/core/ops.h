@@ -90,5 +90,31 @@ const c10::TypedOperatorHandle<RowSignatures::Backward>& row_backward() {
   return op;
 }
 
+// A row loss's linear form's two ops (losses.h's LinearForm; core/schema.h).
+struct LinearSignatures {
+  using Results = std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor,
+                             at::Tensor, at::Tensor, at::Tensor>;
+  using Forward = std::tuple<at::Tensor, at::Tensor, at::Tensor>(
+      const at::Tensor&, const at::Tensor&, const at::Tensor&, const at::Tensor&, const std::optional<at::Tensor>&,
+      const std::optional<at::Tensor>&, const std::optional<at::Tensor>&, c10::string_view, double, double, int64_t,
+      double, double, std::optional<int64_t>, bool);
+  using WithGrads = Results(
+      const at::Tensor&, const at::Tensor&, const at::Tensor&, const at::Tensor&, const std::optional<at::Tensor>&,
+      const std::optional<at::Tensor>&, const std::optional<at::Tensor>&, c10::string_view, double, double, int64_t,
+      double, double, std::optional<int64_t>, bool, std::array<bool, 6>);
+};
+
+template <typename Loss>
+const c10::TypedOperatorHandle<LinearSignatures::Forward>& linear_forward() {
+  static const auto op = find<LinearSignatures::Forward>(Loss::decl.linear.forward);
+  return op;
+}
+
+template <typename Loss>
+const c10::TypedOperatorHandle<LinearSignatures::WithGrads>& linear_with_grads() {
+  static const auto op = find<LinearSignatures::WithGrads>(Loss::decl.linear.with_grads);
+  return op;
+}
+
 }  // namespace ops
 }  // namespace npu_loss

@@ -74,9 +74,50 @@ inline std::string row_with_grads_schema(const LossDecl& d) {
       ", bool[2] output_mask) -> (Tensor, Tensor, Tensor, Tensor)";
 }
 
+// A row loss's linear form (losses.h's LinearForm): its two ops.
+namespace detail {
+inline std::string linear_params(const LossDecl& d, bool defaults) {
+  const RowArgs& r = d.rows;
+  const LinearForm& f = d.linear;
+  const auto tensor = [&](const char* name, bool optional) {
+    return std::string(optional ? "Tensor? " : "Tensor ") + name + (defaults && optional ? "=None" : "");
+  };
+  const auto scalar = [&](const ScalarArg& s) {
+    return scalar_param(s) + (defaults ? std::string("=") + s.default_value : std::string());
+  };
+  std::string params = tensor(f.inputs[0], false) + ", " + tensor(f.weights[0], false) + ", " +
+      tensor(f.inputs[1], false) + ", " + tensor(f.weights[1], false) + ", " + tensor(r.labels, true) + ", " +
+      tensor(f.biases[0], true) + ", " + tensor(f.biases[1], true) +
+      (defaults ? ", str reduction=\"batchmean\"" : ", str reduction");
+  for (const ScalarArg* s : {&r.floats[0], &r.floats[1], &r.index, &f.weights_of[0], &f.weights_of[1]}) {
+    params += ", " + scalar(*s);
+  }
+  return params + (defaults ? ", int? chunk_size=None, bool return_soft_hard_loss=False"
+                            : ", int? chunk_size, bool return_soft_hard_loss");
+}
+}  // namespace detail
+
+inline std::string linear_forward_schema(const LossDecl& d) {
+  return std::string(d.linear.forward) + "(" + detail::linear_params(d, true) + ") -> (Tensor, Tensor, Tensor)";
+}
+
+inline std::string linear_with_grads_schema(const LossDecl& d) {
+  std::string results = "Tensor";
+  for (int i = 1; i < 10; ++i) results += ", Tensor";
+  return std::string(d.linear.with_grads) + "(" + detail::linear_params(d, false) + ", bool[6] output_mask) -> (" +
+      results + ")";
+}
+
 // Every schema of a loss, by its kind.
 inline std::vector<std::string> schemas(const LossDecl& d) {
-  if (d.kind == LossKind::Rows) return {row_forward_schema(d), row_backward_schema(d), row_with_grads_schema(d)};
+  if (d.kind == LossKind::Rows) {
+    std::vector<std::string> all{row_forward_schema(d), row_backward_schema(d), row_with_grads_schema(d)};
+    if (d.linear.forward != nullptr) {
+      all.push_back(linear_forward_schema(d));
+      all.push_back(linear_with_grads_schema(d));
+    }
+    return all;
+  }
   return {forward_schema(d), backward_schema(d), backward_out_schema(d)};
 }
 

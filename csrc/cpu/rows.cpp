@@ -10,6 +10,7 @@
 #include <tuple>
 #include <vector>
 
+#include "../composite/linear.h"
 #include "../core/backend.h"
 #include "../core/checks.h"
 #include "../core/reduction.h"
@@ -98,11 +99,19 @@ JsdRows rows_of(const JsdCall& c, double* row_sums) {
   return r;
 }
 
-// The gradients wanted, allocated in the logits' dtypes and contiguous (undefined where not wanted).
-std::pair<at::Tensor, at::Tensor> gradients(const JsdCall& c, std::array<bool, 2> mask, JsdRows& r) {
+// The gradients wanted, allocated in the logits' dtypes and contiguous (undefined where not wanted), or the
+// logits themselves (`over_logits`, contiguous logits): the row kernel reads each element of a row before it
+// writes that element's gradient, and never reads it again.
+std::pair<at::Tensor, at::Tensor> gradients(
+    const JsdCall& c, std::array<bool, 2> mask, JsdRows& r, bool over_logits = false) {
   at::Tensor gs, gt;
-  if (mask[0]) gs = at::empty(c.spec.logits_shape, c.student.options());
-  if (mask[1]) gt = at::empty(c.spec.logits_shape, c.teacher.options());
+  if (over_logits) {
+    TORCH_INTERNAL_ASSERT(c.student.is_contiguous() && c.teacher.is_contiguous());
+    if (mask[0]) gs = c.student;
+    if (mask[1]) gt = c.teacher;
+  }
+  if (mask[0] && !gs.defined()) gs = at::empty(c.spec.logits_shape, c.student.options());
+  if (mask[1] && !gt.defined()) gt = at::empty(c.spec.logits_shape, c.teacher.options());
   r.grad_student = gs.defined() ? gs.mutable_data_ptr() : nullptr;
   r.grad_teacher = gt.defined() ? gt.mutable_data_ptr() : nullptr;
   return {gs, gt};
@@ -115,7 +124,8 @@ at::Tensor or_empty(const at::Tensor& t, const at::Tensor& like) {
 
 // The forward, with the gradients of its reduced result (scaled as "mean" or "sum" says) when `mask` asks,
 // and their row scales (composite/rows.h, with_grads).
-std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> forward(const JsdCall& c, std::array<bool, 2> mask) {
+std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> forward(
+    const JsdCall& c, std::array<bool, 2> mask, bool over_logits = false) {
   const Kept kept(c.labels, c.ignore_index, c.spec.rows, c.spec.vocab);
   std::vector<double> row_sums(kept.count);
   JsdRows r = rows_of(c, row_sums.data());
@@ -128,7 +138,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> forward(const JsdCall
     r.row_sums = nullptr;
   }
   r.grad_scale = c.reduction == kMean ? kept.mean_factor : 1.0;  // "mean" over the elements of the rows kept
-  auto [gs, gt] = gradients(c, mask, r);
+  auto [gs, gt] = gradients(c, mask, r, over_logits);
   const c10::IntArrayRef leading(c.spec.logits_shape.data(), c.spec.logits_shape.size() - 1);
   const at::Tensor row_scale = at::ones(leading, c.student.options().dtype(at::kFloat));
   if (scales_rows(c.student, c.teacher, mask)) r.row_scale = row_scale.mutable_data_ptr<float>();
@@ -177,10 +187,29 @@ struct CpuRows {
   }
 };
 
+// The linear form's step (composite/linear.h): a chunk's forward with the gradients of its sum, written over
+// the chunk's logits (buffers of the linear form's own).
+template <typename Loss>
+struct CpuLinearStep {
+  static composite::RowStep step() {
+    return {[](const at::Tensor& student, const at::Tensor& teacher, const std::optional<at::Tensor>& labels,
+               double beta, double temperature, int64_t ignore_index, std::array<bool, 2> mask) {
+              const RowSpec spec = row_with_grads_spec<int64_t>(
+                  Loss::decl, student, teacher, labels, kSum, beta, temperature);
+              const RowCall call{student, teacher, labels, kSum, beta, temperature, ignore_index};
+              return cpu::forward({call, spec}, mask, /*over_logits=*/true);
+            },
+            true};
+  }
+};
+
 }  // namespace
 
 TORCH_LIBRARY_IMPL(npu_loss, CPU, m) {
-  for_each_row_loss([&]<typename Loss>() { impl_row_loss<Loss, CpuRows>(m); });
+  for_each_row_loss([&]<typename Loss>() {
+    impl_row_loss<Loss, CpuRows>(m);
+    if constexpr (Loss::decl.linear.forward != nullptr) composite::impl_linear<Loss, CpuLinearStep<Loss>>(m);
+  });
 }
 
 }  // namespace npu_loss::cpu

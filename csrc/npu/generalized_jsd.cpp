@@ -23,6 +23,7 @@
 #include <tuple>
 #include <vector>
 
+#include "../composite/linear.h"
 #include "../composite/rows.h"
 #include "aclnn_api.h"
 #include "npu_common.h"
@@ -447,7 +448,11 @@ struct NpuRows {
 }  // namespace
 
 TORCH_LIBRARY_IMPL(npu_loss, PrivateUse1, m) {
-  for_each_row_loss([&]<typename Loss>() { impl_row_loss<Loss, NpuRows>(m); });
+  for_each_row_loss([&]<typename Loss>() {
+    impl_row_loss<Loss, NpuRows>(m);
+    // The linear form: each chunk's matmuls (torch_npu's) and the row loss's aclnn path above.
+    if constexpr (Loss::decl.linear.forward != nullptr) composite::impl_linear<Loss, composite::OpStep<Loss>>(m);
+  });
 }
 
 }  // namespace npu_loss::npu

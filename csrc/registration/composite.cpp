@@ -9,6 +9,7 @@
 #include "../core/checks.h"
 #include "../core/ops.h"
 #include "../composite/math.h"
+#include "../composite/linear.h"
 #include "../composite/rows.h"
 
 namespace npu_loss {
@@ -71,7 +72,10 @@ TORCH_LIBRARY_IMPL(npu_loss, CompositeExplicitAutograd, m) {
     using Out = BackendKernels<Loss, &WithScalars<CompositeOut, Loss>::into>;
     impl_ops<Loss, &Composite<Loss>::forward, &Composite<Loss>::backward, &Out::out>(m);
   });
-  for_each_row_loss([&]<typename Loss>() { impl_row_loss<Loss, CompositeRows>(m); });
+  for_each_row_loss([&]<typename Loss>() {
+    impl_row_loss<Loss, CompositeRows>(m);
+    if constexpr (Loss::decl.linear.forward != nullptr) composite::impl_linear<Loss, composite::OpStep<Loss>>(m);
+  });
 }
 
 TORCH_LIBRARY_IMPL(npu_loss, Functionalize, m) {

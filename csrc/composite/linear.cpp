@@ -1,0 +1,227 @@
+// The linear form's chunks (linear.h). docs/semantics.md, "The fused linear JSD", has what each result is.
+#include "linear.h"
+
+#include <ATen/ATen.h>
+
+#include <algorithm>
+#include <cmath>
+#include <limits>
+
+#include "../core/reduction.h"
+
+namespace npu_loss::composite {
+namespace {
+
+// The dtype of the sums, the bias gradients and the hard loss's probabilities: float32, or float64 for a
+// float64 input.
+at::ScalarType accumulate_dtype(c10::ScalarType result) {
+  return result == at::kDouble ? at::kDouble : at::kFloat;
+}
+
+int64_t itemsize(c10::ScalarType dtype) {
+  return static_cast<int64_t>(c10::elementSize(dtype));
+}
+
+// x @ w.T (+ b) into `out`, through addmm (beta 0 without a bias: out's contents are ignored): on CPU,
+// at::mm_out into a buffer with a transposed weight makes a temporary of the buffer's size first (measured,
+// bfloat16 and float32), addmm_out does not.
+void logits_into(at::Tensor& out, const at::Tensor& x, const at::Tensor& w, const std::optional<at::Tensor>& b) {
+  if (b.has_value() && b->defined()) {
+    at::addmm_out(out, *b, x, w.t());
+  } else {
+    at::addmm_out(out, out, x, w.t(), /*beta=*/0);
+  }
+}
+
+// fn(first, count) over blocks of a chunk's rows of about kBlockElements elements each: an op of two dtypes
+// (a bfloat16 gradient and float32 probabilities) makes a float32 temporary of its operands' size, which a
+// block keeps small.
+constexpr int64_t kBlockElements = int64_t{1} << 20;
+
+template <typename Fn>
+void in_row_blocks(int64_t rows, int64_t vocab, const Fn& fn) {
+  const int64_t block = std::max<int64_t>(1, kBlockElements / std::max<int64_t>(vocab, 1));
+  for (int64_t first = 0; first < rows; first += block) fn(first, std::min(block, rows - first));
+}
+
+// The power of two float16's stored gradients are multiplied by (the node divides it out with grad_output):
+// the largest factor a chunk's logits gradient is scaled by, brought to about 1, so that the division of
+// 'mean' by K * V does not flush them to zero before grad_output reaches them. 1 for every other dtype.
+double stored_scale(double largest_factor, bool half) {
+  if (!half || !(largest_factor > 0) || !std::isfinite(largest_factor)) return 1.0;
+  const int exponent = std::clamp(static_cast<int>(-std::floor(std::log2(largest_factor))), -60, 60);
+  return std::ldexp(1.0, exponent);
+}
+
+}  // namespace
+
+int64_t linear_row_bytes(const LinearSpec& spec, const LinearCall& c, std::array<bool, 6> mask, bool in_place) {
+  const int64_t s = itemsize(c.input[0]->scalar_type()), t = itemsize(c.input[1]->scalar_type());
+  const bool student_grads = mask[0] || mask[1] || mask[2], teacher_grads = mask[3] || mask[4] || mask[5];
+  const bool hard = spec.labels && (c.weight_hard != 0 || c.return_parts);
+  int64_t bytes = s + t + (hard ? itemsize(accumulate_dtype(spec.dtype)) : 0);
+  if (!in_place) bytes += (student_grads ? s : 0) + (teacher_grads ? t : 0);
+  return bytes * std::max<int64_t>(spec.vocab, 1);
+}
+
+int64_t linear_chunk_rows(const LinearSpec& spec, const LinearCall& c, std::array<bool, 6> mask, bool in_place) {
+  if (c.chunk_size > 0) return std::max<int64_t>(1, std::min(c.chunk_size, spec.rows));
+  const int64_t share = spec.rows * std::max<int64_t>(spec.vocab, 1) * itemsize(spec.dtype) / kLinearChunkShare;
+  const int64_t budget = std::min(share, kLinearChunkMaxBytes);
+  return std::clamp<int64_t>(budget / linear_row_bytes(spec, c, mask, in_place), 1, std::max<int64_t>(spec.rows, 1));
+}
+
+LinearResults linear_with_grads(
+    const LossDecl& d, const LinearSpec& spec, const LinearCall& c, std::array<bool, 6> mask, const RowStep& step) {
+  const int64_t n = spec.rows, vocab = spec.vocab;
+  const at::Tensor xs = c.input[0]->reshape({n, c.input[0]->size(-1)});
+  const at::Tensor xt = c.input[1]->reshape({n, c.input[1]->size(-1)});
+  const at::Tensor* x[2] = {&xs, &xt};
+  const auto device = xs.options();
+  const auto acc = accumulate_dtype(spec.dtype);
+  // Sums on the host's float64 where the device has it (CPU), else in the accumulation dtype.
+  const auto sum_dtype = xs.device().is_cpu() ? at::kDouble : acc;
+  const bool side_grads[2] = {mask[0] || mask[1] || mask[2], mask[3] || mask[4] || mask[5]};
+
+  // The rows kept, their count K (one copy to the host), and the labels' range where the cross entropy reads them.
+  std::optional<at::Tensor> labels;
+  at::Tensor keep;
+  int64_t kept = n;
+  if (spec.labels) {
+    labels = c.labels->reshape({n}).to(at::kLong);
+    keep = *labels != c.ignore_index;
+    kept = keep.sum().item<int64_t>();
+  }
+  const bool hard = spec.labels && (c.weight_hard != 0 || c.return_parts);
+  const bool hard_grad = hard && c.weight_hard != 0 && side_grads[0];
+  if (hard && kept > 0) {
+    const at::Tensor outside = keep & ((*labels < 0) | (*labels >= vocab));
+    TORCH_CHECK_VALUE(
+        !outside.any().item<bool>(), d.linear.forward, ": with the hard loss, every kept label must be in [0, ",
+        vocab, ") (the vocabulary), got ", labels->masked_select(outside).min().item<int64_t>());
+  }
+
+  // What the soft (row loss) and hard (cross entropy) sums are divided by.
+  const double kept_rows = static_cast<double>(std::max<int64_t>(kept, 1));
+  double soft_div = 1, hard_div = 1;
+  if (spec.reduction == LinearReduction::BatchMean) {
+    soft_div = spec.labels ? kept_rows : static_cast<double>(std::max<int64_t>(spec.batch_rows, 1));
+    hard_div = kept_rows;
+  } else if (spec.reduction == LinearReduction::Mean) {
+    soft_div = static_cast<double>(kept) * static_cast<double>(vocab);
+    hard_div = kept_rows;
+  }
+  const double soft_factor = c.weight_soft / std::max(soft_div, 1.0);
+  const double hard_factor = c.weight_hard / hard_div;
+  // Per side: the student's logits gradient carries the hard loss's factor too.
+  const double scales[2] = {
+      stored_scale(std::max(soft_factor, hard_grad ? hard_factor : 0.0), xs.scalar_type() == at::kHalf),
+      stored_scale(soft_factor, xt.scalar_type() == at::kHalf)};
+
+  // The gradients: the inputs' written chunk by chunk, the weights' summed over the chunks (in their dtype:
+  // at::addmm rounds once per chunk), the biases' in the accumulation dtype.
+  std::array<at::Tensor, 6> grads;
+  at::Tensor bias_sum[2];
+  for (int side = 0; side < 2; ++side) {
+    const at::Tensor& w = *c.weight[side];
+    const std::optional<at::Tensor>& b = *c.bias[side];
+    grads[3 * side] = mask[3 * side] ? at::empty_like(*x[side]) : at::empty({0}, x[side]->options());
+    grads[3 * side + 1] = mask[3 * side + 1] ? at::zeros_like(w) : at::empty({0}, w.options());
+    const bool bias_grad = mask[3 * side + 2] && b.has_value() && b->defined();
+    if (bias_grad) bias_sum[side] = at::zeros({vocab}, w.options().dtype(acc));
+  }
+
+  at::Tensor soft_sum = at::zeros({}, device.dtype(sum_dtype));
+  at::Tensor hard_sum = at::zeros({}, device.dtype(sum_dtype));
+  const int64_t chunk = linear_chunk_rows(spec, c, mask, step.in_place);
+  const int64_t rows = std::min(chunk, n);
+  // The chunk's buffers, allocated once per call (a new one per chunk leaves the C library's heap holding the
+  // freed ones).
+  at::Tensor logits[2] = {at::empty({rows, vocab}, xs.options()), at::empty({rows, vocab}, xt.options())};
+  at::Tensor probs = hard ? at::empty({rows, vocab}, xs.options().dtype(acc)) : at::Tensor();
+  const std::array<bool, 2> row_mask{side_grads[0], side_grads[1]};
+  for (int64_t start = 0; start < n; start += chunk) {
+    const int64_t m = std::min(chunk, n - start);
+    at::Tensor z[2], xc[2];
+    for (int side = 0; side < 2; ++side) {
+      xc[side] = x[side]->narrow(0, start, m);
+      z[side] = logits[side].narrow(0, 0, m);
+      logits_into(z[side], xc[side], *c.weight[side], *c.bias[side]);
+    }
+    const std::optional<at::Tensor> lab = labels ? std::optional<at::Tensor>(labels->narrow(0, start, m)) : std::nullopt;
+    at::Tensor h, chunk_keep, target;
+    if (hard) {
+      // The cross entropy's sum over the kept rows, and (weighted in) its gradient softmax - one_hot, times
+      // hard_factor * scale on the kept rows, before the row loss may write over the student's logits.
+      chunk_keep = keep.narrow(0, start, m);
+      target = at::where(chunk_keep, *lab, 0).unsqueeze(-1);
+      h = probs.narrow(0, 0, m);
+      h.copy_(z[0]);
+      const at::Tensor at_label = h.gather(-1, target);
+      const at::Tensor top = std::get<0>(h.max(-1, true));
+      h.sub_(top).exp_();
+      const at::Tensor total = h.sum({-1}, true);
+      const at::Tensor picked = (at_label - top - total.log()).squeeze(-1);  // the log-softmax at the label
+      hard_sum.sub_(at::where(chunk_keep, picked, 0).sum().to(sum_dtype));
+      if (hard_grad) {
+        h.div_(total);
+        h.scatter_add_(-1, target, at::full({m, 1}, -1.0, h.options()));
+        h.mul_((chunk_keep.to(acc) * (hard_factor * scales[0])).unsqueeze(-1));
+      }
+    }
+    auto [value, gs, gt, row_scale] =
+        step.run(z[0], z[1], lab, c.beta, c.temperature, c.ignore_index, row_mask);
+    soft_sum.add_(value.to(sum_dtype));
+    at::Tensor g[2] = {gs, gt};
+    const bool row_scaled = scales_rows(z[0], z[1], row_mask);
+    for (int side = 0; side < 2; ++side) {
+      if (!side_grads[side]) continue;
+      // The logits' gradient of the loss: the row loss's (times its row scales, powers of two, for float16)
+      // times the soft factor, plus the hard loss's, all times the stored scale.
+      if (row_scaled) g[side].mul_(row_scale.to(g[side].scalar_type()).unsqueeze(-1));
+      g[side].mul_(soft_factor * scales[side]);
+      if (side == 0 && hard_grad) {
+        if (g[0].scalar_type() == h.scalar_type()) {
+          g[0].add_(h);
+        } else {
+          in_row_blocks(m, vocab, [&](int64_t first, int64_t count) {
+            at::Tensor into = h.narrow(0, first, count);
+            g[0].narrow(0, first, count).copy_(into.add_(g[0].narrow(0, first, count)));
+          });
+        }
+      }
+      const at::Tensor& w = *c.weight[side];
+      if (mask[3 * side]) {
+        at::Tensor rows_out = grads[3 * side].narrow(0, start, m);
+        at::mm_out(rows_out, g[side], w);
+      }
+      if (mask[3 * side + 1]) grads[3 * side + 1].addmm_(g[side].t(), xc[side]);
+      if (bias_sum[side].defined()) {
+        in_row_blocks(m, vocab, [&](int64_t first, int64_t count) {
+          bias_sum[side].add_(g[side].narrow(0, first, count).sum({0}, false, acc));
+        });
+      }
+    }
+  }
+
+  // The results: the parts divided, the loss weighted, each rounded once to the result's dtype.
+  const auto result = device.dtype(spec.dtype);
+  at::Tensor soft = soft_sum / soft_div;
+  if (spec.reduction == LinearReduction::Mean && kept == 0) {
+    soft = at::full({}, std::numeric_limits<double>::quiet_NaN(), soft.options());
+  }
+  const at::Tensor hard_value = hard_sum / hard_div;
+  const at::Tensor loss = soft * c.weight_soft + hard_value * c.weight_hard;
+  for (int side = 0; side < 2; ++side) {
+    at::Tensor& out = grads[3 * side + 2];
+    out = bias_sum[side].defined() ? bias_sum[side].to(c.bias[side]->value().scalar_type())
+                                    : at::empty({0}, x[side]->options());
+    if (mask[3 * side]) grads[3 * side] = grads[3 * side].view(c.input[side]->sizes());
+  }
+  return {loss.to(result.dtype()), soft.to(result.dtype()), hard_value.to(result.dtype()), grads[0], grads[1],
+          grads[2], grads[3], grads[4], grads[5],
+          at::tensor({static_cast<float>(1.0 / scales[0]), static_cast<float>(1.0 / scales[1])}, at::kFloat)
+              .to(xs.device())};
+}
+
+}  // namespace npu_loss::composite

@@ -1,0 +1,399 @@
+"""The fused linear JSD (docs/semantics.md, "The fused linear JSD"): npu_loss_ops.fused_linear_jsd_loss and
+FusedLinearJSDLoss against a float64 reference that makes the logits (TRL's formula, tests/reference.py, plus
+the cross entropy as Liger-Kernel weights it) over beta, temperature, labels, shapes, biases, the hard loss and
+the teacher's gradients in every dtype; gradcheck, opcheck, torch.compile against eager, the same bits with 1
+and 2 threads, retain_graph, every bad input, and the memory bound (in fresh processes)."""
+from __future__ import annotations
+
+import itertools
+import os
+import subprocess
+import sys
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+import npu_loss_ops
+from helpers import package_parent
+from reference import trl_generalized_jsd_loss
+
+ops = torch.ops.npu_loss
+# The ops this file covers (tests/test_registration.py: every op has a sample family).
+OPS = ("fused_linear_jsd_loss", "_fused_linear_jsd_loss_and_grads")
+# Relative to each result's largest magnitude: the gradients are sums over V (the inputs') or over the rows
+# (the weights'), where elementwise relative error means nothing. bfloat16 and float16 logits are rounded
+# once by the matmul (2^-9 and 2^-12), which the softmax carries into every gradient.
+RTOL = {torch.float64: 1e-10, torch.float32: 2e-5, torch.bfloat16: 3e-2, torch.float16: 4e-3}
+
+
+def reference(xs, ws, xt, wt, labels, bs=None, bt=None, beta=0.5, temperature=1.0, reduction="batchmean",
+              weight_hard_loss=0.0, weight_soft_loss=1.0, ignore_index=-100):
+    """The formula with the logits made, in the inputs' dtype (float64 for the reference)."""
+    zs = xs @ ws.T + (bs if bs is not None else 0)
+    zt = xt @ wt.T + (bt if bt is not None else 0)
+    soft = trl_generalized_jsd_loss(zs, zt, labels, beta, temperature, reduction, ignore_index=ignore_index)
+    if labels is None:
+        return weight_soft_loss * soft, soft, torch.zeros((), dtype=soft.dtype)
+    ce = F.cross_entropy(zs.reshape(-1, zs.size(-1)), labels.reshape(-1), ignore_index=ignore_index, reduction="sum")
+    hard = ce if reduction == "sum" else ce / (labels != ignore_index).sum().clamp(min=1)
+    return weight_soft_loss * soft + weight_hard_loss * hard, soft, hard
+
+
+def _inputs(shape, hs, ht, v, bias, seed=0):
+    gen = torch.Generator().manual_seed(seed)
+    t = {"xs": torch.randn(*shape, hs, generator=gen, dtype=torch.float64),
+         "ws": torch.randn(v, hs, generator=gen, dtype=torch.float64) / hs ** 0.5 * 2,
+         "xt": torch.randn(*shape, ht, generator=gen, dtype=torch.float64),
+         "wt": torch.randn(v, ht, generator=gen, dtype=torch.float64) / ht ** 0.5 * 2}
+    if bias:
+        t["bs"] = torch.randn(v, generator=gen, dtype=torch.float64)
+        t["bt"] = torch.randn(v, generator=gen, dtype=torch.float64)
+    labels = torch.randint(0, v, shape, generator=gen)
+    labels[torch.rand(shape, generator=gen) < 0.3] = -100
+    return t, labels
+
+
+def _check(dtype, shape, v, beta, temperature, reduction, with_labels, bias, hard, teacher_grad, chunk_size):
+    t, labels = _inputs(shape, 12, 20, v, bias)
+    labels = labels if with_labels else None
+    wh = 0.5 if hard else 0.0
+    grads_of = ["xs", "ws", "bs", "xt", "wt", "bt"] if teacher_grad else ["xs", "ws", "bs"]
+    grads_of = [k for k in grads_of if k in t]
+    ref = {k: x.clone().requires_grad_(k in grads_of) for k, x in t.items()}
+    expected, soft, hard_part = reference(ref["xs"], ref["ws"], ref["xt"], ref["wt"], labels, ref.get("bs"),
+                                          ref.get("bt"), beta, temperature, reduction, wh, 0.75)
+    ours = {k: x.detach().to(dtype).requires_grad_(k in grads_of) for k, x in t.items()}
+    loss, got_soft, got_hard = npu_loss_ops.fused_linear_jsd_loss(
+        ours["xs"], ours["ws"], ours["xt"], ours["wt"], labels, student_bias=ours.get("bs"),
+        teacher_bias=ours.get("bt"), beta=beta, temperature=temperature, reduction=reduction,
+        weight_hard_loss=wh, weight_soft_loss=0.75, chunk_size=chunk_size, return_soft_hard_loss=True)
+    assert loss.dtype == dtype and loss.shape == () and not got_soft.requires_grad
+    for name, a, e in (("loss", loss, expected), ("soft", got_soft, soft), ("hard", got_hard, hard_part)):
+        if e.isnan():
+            assert a.isnan(), name
+            continue
+        assert abs(a.double() - e.detach()) <= RTOL[dtype] * max(abs(e.item()), 1e-3), (name, a.item(), e.item())
+    if expected.isnan():
+        return
+    loss.backward()
+    expected.backward()
+    for k in grads_of:
+        e, a = ref[k].grad, ours[k].grad
+        assert a.dtype == dtype and a.shape == e.shape, k
+        scale = e.abs().max().clamp(min=1e-12)
+        # float16's gradients are rounded once into float16, whose subnormal spacing (2^-24) bounds the error of
+        # a gradient as small as the teacher's under 'mean' (about 1e-6 here)
+        floor = 2.0 ** -24 if dtype == torch.float16 else 0.0
+        err = ((a.double() - e).abs().max() - floor).clamp(min=0).item() / scale.item()
+        assert err <= RTOL[dtype], f"{k}: {err:.2e} of its largest magnitude {scale.item():.2e}"
+
+
+# The family's matrix in float64 and float32, every flag against every other; the half dtypes on a slice of it.
+FLAGS = list(itertools.product(("batchmean", "sum", "mean"), (0.0, 0.3, 1.0), (True, False), (True, False),
+                               (True, False), (True, False)))
+
+
+@pytest.mark.parametrize("dtype", [torch.float64, torch.float32], ids=str)
+@pytest.mark.parametrize("reduction,beta,with_labels,bias,hard,teacher_grad", FLAGS)
+def test_matches_the_float64_reference(dtype, reduction, beta, with_labels, bias, hard, teacher_grad):
+    if hard and not with_labels:
+        pytest.skip("the hard loss needs labels (a ValueError, test_bad_input)")
+    temperature = 2.0 if beta == 0.3 else 1.0
+    shape = (3, 5) if bias else (15,)
+    _check(dtype, shape, 37, beta, temperature, reduction, with_labels, bias, hard, teacher_grad, chunk_size=4)
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=str)
+@pytest.mark.parametrize("reduction", ["batchmean", "sum", "mean"])
+@pytest.mark.parametrize("beta,hard,teacher_grad", [(0.5, True, True), (0.0, False, True), (1.0, True, False)])
+def test_half_dtypes_match_the_float64_reference(dtype, reduction, beta, hard, teacher_grad):
+    _check(dtype, (4, 9), 301, beta, 1.0, reduction, True, True, hard, teacher_grad, chunk_size=None)
+
+
+@pytest.mark.parametrize("chunk_size", [1, 3, 7, 64, None])
+def test_chunk_size_does_not_change_the_result(chunk_size):
+    """Any chunk gives the reference's numbers (float64: the chunking reorders the row sums only)."""
+    _check(torch.float64, (2, 11), 53, 0.5, 1.0, "batchmean", True, True, True, True, chunk_size)
+
+
+def test_no_row_kept():
+    t, labels = _inputs((6,), 8, 8, 10, False)
+    labels[:] = -100
+    xs = t["xs"].float().requires_grad_()
+    args = (xs, t["ws"].float(), t["xt"].float(), t["wt"].float(), labels)
+    for reduction, want in (("batchmean", 0.0), ("sum", 0.0)):
+        loss = npu_loss_ops.fused_linear_jsd_loss(*args, reduction=reduction, weight_hard_loss=0.5)
+        assert loss.item() == want
+        loss.backward()
+        assert torch.count_nonzero(xs.grad) == 0
+        xs.grad = None
+    loss = npu_loss_ops.fused_linear_jsd_loss(*args, reduction="mean")
+    assert loss.isnan()  # as the family's 'mean' of no element
+    loss.backward()
+    assert torch.count_nonzero(xs.grad) == 0
+
+
+def test_liger_defaults_are_documented_not_taken():
+    """The defaults are TRL's use of Liger (hard 0.0, soft 1.0): the loss is the family's JSD of the logits."""
+    t, labels = _inputs((10,), 8, 16, 40, False)
+    loss = npu_loss_ops.fused_linear_jsd_loss(t["xs"], t["ws"], t["xt"], t["wt"], labels)
+    jsd = npu_loss_ops.generalized_jsd_loss(t["xs"] @ t["ws"].T, t["xt"] @ t["wt"].T, labels)
+    torch.testing.assert_close(loss, jsd, rtol=1e-12, atol=0)
+
+
+def test_module_is_the_functional():
+    t, labels = _inputs((2, 5), 8, 16, 40, True)
+    module = npu_loss_ops.FusedLinearJSDLoss(beta=0.3, temperature=2.0, weight_hard_loss=0.5, weight_soft_loss=0.5,
+                                             reduction="sum", chunk_size=3)
+    got = module(t["xs"], t["ws"], t["xt"], t["wt"], labels, t["bs"], t["bt"])
+    want = npu_loss_ops.fused_linear_jsd_loss(
+        t["xs"], t["ws"], t["xt"], t["wt"], labels, student_bias=t["bs"], teacher_bias=t["bt"], beta=0.3,
+        temperature=2.0, weight_hard_loss=0.5, weight_soft_loss=0.5, reduction="sum", chunk_size=3)
+    assert torch.equal(got, want)
+    assert "chunk_size=3" in repr(module)
+
+
+@pytest.mark.parametrize("reduction", ["batchmean", "sum", "mean"])
+@pytest.mark.parametrize("hard", [0.0, 0.7])
+def test_gradcheck(reduction, hard):
+    gen = torch.Generator().manual_seed(1)
+    tensors = [torch.randn(*s, generator=gen, dtype=torch.float64, requires_grad=True)
+               for s in ((6, 4), (9, 4), (6, 5), (9, 5), (9,), (9,))]
+    labels = torch.tensor([1, -100, 3, 8, 0, -100])
+
+    def fn(xs, ws, xt, wt, bs, bt):
+        return npu_loss_ops.fused_linear_jsd_loss(xs, ws, xt, wt, labels, student_bias=bs, teacher_bias=bt, beta=0.3,
+                                                  temperature=1.5, reduction=reduction, weight_hard_loss=hard,
+                                                  chunk_size=4)
+
+    assert torch.autograd.gradcheck(fn, tensors)
+
+
+def _op_args(mask=(True, True, False, False, True, False), hard=0.5):
+    """The forward with gradients' arguments: (student_input, student_weight, teacher_input, teacher_weight,
+    labels, student_bias, teacher_bias, reduction, beta, temperature, ignore_index, weight_hard_loss,
+    weight_soft_loss, chunk_size, return_soft_hard_loss, output_mask)."""
+    gen = torch.Generator().manual_seed(2)
+    n, v = 12, 70
+    xs, ws, xt, wt = (torch.randn(*s, generator=gen) for s in ((n, 8), (v, 8), (n, 6), (v, 6)))
+    bs = torch.randn(v, generator=gen)
+    labels = torch.randint(0, v, (n,), generator=gen)
+    labels[::4] = -100
+    for t, want in zip((xs, ws, bs, xt, wt), mask):
+        t.requires_grad_(want)
+    return (xs, ws, xt, wt, labels, bs, None, "batchmean", 0.5, 1.0, -100, hard, 1.0, 5, True, list(mask))
+
+
+@pytest.mark.parametrize("mask", [(True, True, False, False, True, False), (True, True, True, True, True, False),
+                                  (False,) * 6])
+def test_opcheck(mask):
+    """Both ops: the schema, the fake (Meta) kernel against the real one, autograd registration."""
+    args = _op_args(mask)
+    torch.library.opcheck(ops._fused_linear_jsd_loss_and_grads.default, args)
+    torch.library.opcheck(ops.fused_linear_jsd_loss.default, args[:-1])
+
+
+def test_the_forward_with_gradients_is_the_functional_s():
+    """The op's ten results: the three values, each gradient asked for (empty otherwise), the stored scale (1
+    but for float16), and the same gradients autograd gives."""
+    xs, ws, xt, wt, labels, bs, _, *rest = _op_args((True, True, True, True, True, False))
+    results = ops._fused_linear_jsd_loss_and_grads(xs, ws, xt, wt, labels, bs, None, *rest[:-1],
+                                                   [True, True, True, False, True, False])
+    assert len(results) == 10 and results[9].tolist() == [1.0, 1.0] and results[9].dtype == torch.float32
+    assert results[6].numel() == 0 and results[8].numel() == 0
+    loss = npu_loss_ops.fused_linear_jsd_loss(xs, ws, xt, wt, labels, student_bias=bs, weight_hard_loss=0.5,
+                                              chunk_size=5)
+    assert torch.equal(loss, results[0])
+    got = torch.autograd.grad(loss, (xs, ws, bs, wt))
+    for a, b in zip(got, (results[3], results[4], results[5], results[7])):
+        assert torch.equal(a, b)
+
+
+def _loss_and_grads(fn, *tensors):
+    loss = fn(*tensors)
+    return (loss, *torch.autograd.grad(loss, [t for t in tensors if t.requires_grad]))
+
+
+def _fused(xs, ws, xt, wt, labels, bs):
+    return npu_loss_ops.fused_linear_jsd_loss(xs, ws, xt, wt, labels, student_bias=bs, weight_hard_loss=0.5,
+                                              chunk_size=7)
+
+
+def test_compiled_matches_eager():
+    xs, ws, xt, wt, labels, bs, *_ = _op_args((True, True, True, False, True, False))
+    eager = _loss_and_grads(lambda *a: _fused(*a[:4], labels, a[4]), xs, ws, xt, wt, bs)
+    torch._dynamo.reset()
+    compiled_fn = torch.compile(lambda *a: _fused(*a[:4], labels, a[4]), fullgraph=True)
+    compiled = _loss_and_grads(compiled_fn, xs, ws, xt, wt, bs)
+    for a, b in zip(eager, compiled):
+        assert torch.equal(a, b)
+
+
+def test_same_bits_with_one_and_two_threads():
+    """The chunks run in order and the family's op gives the same bits at any thread count; the matmuls are
+    at::matmul's, whose BLAS gives the same bits at 1 and 2 threads at these shapes (docs/semantics.md)."""
+    gen = torch.Generator().manual_seed(3)
+    n, v = 256, 4096
+    xs, ws, xt, wt = (torch.randn(*s, generator=gen) for s in ((n, 64), (v, 64), (n, 128), (v, 128)))
+    labels = torch.randint(0, v, (n,), generator=gen)
+    labels[::5] = -100
+    xs.requires_grad_(), ws.requires_grad_(), wt.requires_grad_()
+    threads = torch.get_num_threads()
+    results = []
+    try:
+        for count in (1, 2):
+            torch.set_num_threads(count)
+            results.append(_loss_and_grads(lambda *a: npu_loss_ops.fused_linear_jsd_loss(
+                *a, labels, weight_hard_loss=0.5, chunk_size=64), xs, ws, xt, wt))
+    finally:
+        torch.set_num_threads(threads)
+    for a, b in zip(*results):
+        assert torch.equal(a, b)
+
+
+def test_retain_graph_gives_the_same_gradients_twice():
+    xs, ws, xt, wt, labels, bs, *_ = _op_args()
+    loss = _fused(xs, ws, xt, wt, labels, bs)
+    first = torch.autograd.grad(loss, (xs, ws, wt), retain_graph=True)
+    second = torch.autograd.grad(loss, (xs, ws, wt))
+    for a, b in zip(first, second):
+        assert torch.equal(a, b)
+    loss = _fused(xs, ws, xt, wt, labels, bs)
+    (loss * 3).backward()  # a grad_output other than 1, scaled in place
+    torch.testing.assert_close(ws.grad, 3 * first[1], rtol=1e-6, atol=0)
+
+
+def test_double_backward_is_refused():
+    xs, ws, xt, wt, labels, bs, *_ = _op_args()
+    loss = _fused(xs, ws, xt, wt, labels, bs)
+    with pytest.raises(RuntimeError, match="double backward"):
+        torch.autograd.grad(loss, xs, create_graph=True)
+
+
+def test_no_grad_makes_no_gradient():
+    xs, ws, xt, wt, labels, bs, *_ = _op_args()
+    with torch.no_grad():
+        loss = _fused(xs, ws, xt, wt, labels, bs)
+    assert not loss.requires_grad
+    torch.testing.assert_close(loss, _fused(xs, ws, xt, wt, labels, bs).detach(), rtol=0, atol=0)
+
+
+def _bad(**changes):
+    gen = torch.Generator().manual_seed(4)
+    args = {"student_input": torch.randn(2, 3, 8, generator=gen), "student_weight": torch.randn(20, 8, generator=gen),
+            "teacher_input": torch.randn(2, 3, 6, generator=gen), "teacher_weight": torch.randn(20, 6, generator=gen),
+            "labels": torch.tensor([[1, 2, -100], [3, 4, 5]])}
+    args.update(changes)
+    return args
+
+
+BAD = [
+    (dict(reduction="none"), ValueError, "reduction 'none' is not supported"),
+    (dict(reduction="avg"), ValueError, "reduction must be 'batchmean', 'sum' or 'mean', got 'avg'"),
+    (dict(beta=1.5), ValueError, r"beta must be in \[0, 1\], got 1.5"),
+    (dict(temperature=0.0), ValueError, "temperature must be > 0"),
+    (dict(weight_hard_loss=-0.5), ValueError, "weight_hard_loss must be >= 0"),
+    (dict(weight_soft_loss=float("nan")), ValueError, "weight_soft_loss must be >= 0"),
+    (dict(labels=None, weight_hard_loss=0.5), ValueError, "weight_hard_loss != 0 needs labels"),
+    (dict(chunk_size=0), ValueError, "chunk_size must be >= 1"),
+    (dict(chunk_size=2.0), TypeError, "chunk_size must be an int"),
+    (dict(student_weight=torch.randn(20, 7)), RuntimeError,
+     r"student_weight must be \(vocabulary, 8\), the hidden size of student_input, got shape \[20, 7\]"),
+    (dict(teacher_weight=torch.randn(20, 5)), RuntimeError, r"teacher_weight must be \(vocabulary, 6\)"),
+    (dict(teacher_weight=torch.randn(21, 6)), RuntimeError, "teacher_weight must have student_weight's vocabulary 20"),
+    (dict(student_weight=torch.randn(20, 8, 1)), RuntimeError, "student_weight must be 2-D"),
+    (dict(teacher_input=torch.randn(3, 2, 6)), RuntimeError, "teacher_input must have student_input's leading shape"),
+    (dict(student_input=torch.randn(()), labels=None), RuntimeError, "student_input must have at least one dimension"),
+    (dict(student_weight=torch.randn(20, 8, dtype=torch.float64)), TypeError,
+     "student_weight must have student_input's dtype float32, got float64"),
+    (dict(student_bias=torch.randn(20, dtype=torch.float64)), TypeError, "student_bias must have student_input's dtype"),
+    (dict(teacher_bias=torch.randn(19)), RuntimeError, r"teacher_bias must have the shape \[20\]"),
+    (dict(student_input=torch.randint(0, 3, (2, 3, 8)), student_weight=torch.randint(0, 3, (20, 8))), TypeError,
+     "student_input must have dtype float32"),
+    (dict(labels=torch.ones(2, 3)), TypeError, "labels must have an integer dtype"),
+    (dict(labels=torch.tensor([1, 2, 3])), RuntimeError, "labels must have the inputs' leading shape"),
+    (dict(labels=torch.tensor([[1, 2, 20], [3, 4, 5]]), weight_hard_loss=0.5), ValueError,
+     r"with the hard loss, every kept label must be in \[0, 20\)"),
+    (dict(labels=torch.tensor([[1, 2, -1], [3, 4, 5]]), return_soft_hard_loss=True), ValueError,
+     r"with the hard loss, every kept label must be in \[0, 20\)"),
+    (dict(teacher_weight=torch.randn(20, 6, device="meta")), RuntimeError,
+     "expected all tensors on the same device, but teacher_weight is on meta and student_input is on cpu"),
+]
+
+
+@pytest.mark.parametrize("changes,error,match", BAD, ids=[m.split(" ")[0] + str(i) for i, (_, _, m) in enumerate(BAD)])
+def test_bad_input(changes, error, match):
+    """Each bad argument is named, by the functional and by the module (the module's construction checks aside)."""
+    with pytest.raises(error, match=match):
+        npu_loss_ops.fused_linear_jsd_loss(**_bad(**changes))
+
+
+def test_a_kept_label_outside_the_vocabulary_without_the_hard_loss_is_a_row_like_any():
+    """As the family: without the cross entropy the loss reads nothing of labels but ignore_index."""
+    args = _bad(labels=torch.tensor([[1, 2, 99], [3, 4, 5]]))
+    loss = npu_loss_ops.fused_linear_jsd_loss(**args)
+    same = npu_loss_ops.fused_linear_jsd_loss(**{**args, "labels": torch.tensor([[1, 2, 0], [3, 4, 5]])})
+    assert torch.equal(loss, same)
+
+
+@pytest.mark.parametrize("changes,match", [(dict(beta=-0.1), "beta"), (dict(temperature=-1.0), "temperature"),
+                                           (dict(reduction="none"), "reduction"), (dict(chunk_size=0), "chunk_size"), (dict(weight_hard_loss=-1.0), "weight_hard_loss")])
+def test_module_checks_at_construction(changes, match):
+    with pytest.raises(ValueError, match=f"FusedLinearJSDLoss: {match}"):
+        npu_loss_ops.FusedLinearJSDLoss(**changes)
+
+
+# ---- memory: the process's peak resident size above the inputs, the weights and their gradients ----
+
+MEMORY_PROBE = r"""
+import sys, torch, npu_loss_ops
+def status(field):
+    for line in open("/proc/self/status"):
+        if line.startswith(field):
+            return int(line.split()[1]) * 1024
+n, h, v, dtype, mode = int(sys.argv[1]), int(sys.argv[2]), int(sys.argv[3]), getattr(torch, sys.argv[4]), sys.argv[5]
+gen = torch.Generator().manual_seed(0)
+xs = torch.randn(n, h, generator=gen).to(dtype)
+xt = torch.randn(n, 2 * h, generator=gen).to(dtype)
+ws = (torch.randn(v, h, generator=gen) / h ** 0.5).to(dtype)
+wt = (torch.randn(v, 2 * h, generator=gen) / (2 * h) ** 0.5).to(dtype)
+labels = torch.randint(0, v, (n,), generator=gen)
+labels[torch.rand(n, generator=gen) < 0.25] = -100
+hard = 0.5 if mode == "hard" else 0.0
+small = [t[:8].clone() for t in (xs, xt)] + [ws[:64].clone(), wt[:64].clone()]
+for t in small[::2]:
+    t.requires_grad_()
+npu_loss_ops.fused_linear_jsd_loss(small[0], small[2], small[1], small[3], labels[:8] % 64,
+                                   weight_hard_loss=hard).backward()  # warm up at a small size
+grads = [xs, ws] + ([xt, wt] if mode == "teacher" else [])
+for t in grads:
+    t.requires_grad_()
+gradient_bytes = sum(t.numel() * t.element_size() for t in grads)
+open("/proc/self/clear_refs", "w").write("5")
+before = status("VmRSS:")
+npu_loss_ops.fused_linear_jsd_loss(xs, ws, xt, wt, labels, weight_hard_loss=hard).backward()
+assert all(t.grad is not None for t in grads)
+print((status("VmHWM:") - before - gradient_bytes) / (n * v * xs.element_size()))
+"""
+# The bound (docs/semantics.md, "The fused linear JSD"), in units of one N x V tensor of the inputs' dtype, above
+# the inputs, the weights and their gradients.
+FUSED_BOUND = 0.25
+FUSED_MEMORY_CASES = [(n, 256, v, dtype, mode) for n, v in ((4096, 32768), (1024, 151936))
+                      for dtype in ("float32", "bfloat16") for mode in ("student", "hard", "teacher")]
+
+
+@pytest.mark.parametrize("n,h,v,dtype,mode", FUSED_MEMORY_CASES,
+                         ids=[f"{n}x{h}x{v}-{d}-{m}" for n, h, v, d, m in FUSED_MEMORY_CASES])
+def test_memory_bound(n, h, v, dtype, mode):
+    """Forward + backward peak at most 0.25 N x V above the inputs, the weights and their gradients: the student's
+    ('student'), with the hard loss ('hard'), and the teacher's too ('teacher')."""
+    if not os.path.exists("/proc/self/clear_refs"):
+        pytest.skip("needs Linux's /proc/self/clear_refs")
+    result = subprocess.run([sys.executable, "-c", MEMORY_PROBE, str(n), str(h), str(v), dtype, mode],
+                            capture_output=True, text=True, cwd=package_parent(),
+                            env={**os.environ, "OMP_NUM_THREADS": "2"})
+    assert result.returncode == 0, result.stderr[-2000:]
+    peak = float(result.stdout.strip().splitlines()[-1])
+    print(f"peak {peak:.3f} x N*V")  # shown with -s
+    assert peak <= FUSED_BOUND, f"peak {peak:.3f} x N*V, bound {FUSED_BOUND}"

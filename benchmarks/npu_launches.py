@@ -1,6 +1,7 @@
 """aclnn launches per call on the emulated NPU: this package's ops against torch_npu's own F, per chip family.
 
-The generalized JSD's rows (jsd_cases) compare its three ops with the chunked composite on the same chip (the
+The fused linear JSD's rows (fused_cases) count one call and its backward, chunk by chunk. The generalized
+JSD's rows (jsd_cases) compare its three ops with the chunked composite on the same chip (the
 composite's kernels called directly), per call and per chunk, and with TRL 1.16's function through torch_npu's
 own kernels, at N = 1,024 and 4,096 rows of V = 512 (the counts do not depend on V).
 
@@ -60,6 +61,22 @@ def jsd_cases():
 
 def jsd_key(op: str, dtype: str, beta: float, rows: int) -> str:
     return f"generalized_jsd {op} {dtype} beta={beta:g} N={rows}"
+
+
+# The fused linear JSD: dtype x hard loss x rows, 'batchmean', V = JSD_VOCAB, H = 64 (the teacher's 128),
+# chunks of FUSED_CHUNK rows, the student's and the teacher's gradients; one forward and its backward.
+FUSED_CHUNK = 256
+
+
+def fused_cases():
+    for dtype in ("float32", "bfloat16"):
+        for hard in (0.0, 0.5):
+            for rows in (1024, 4096):
+                yield dtype, hard, rows
+
+
+def fused_key(dtype: str, hard: float, rows: int) -> str:
+    return f"fused_linear_jsd {dtype} weight_hard_loss={hard:g} N={rows}"
 
 
 # ---- measuring, on the emulated NPU --------------------------------------------------------------------------
@@ -210,10 +227,34 @@ def measure(baselines: bool = True) -> dict:
         counted = {"launches": n, "chunks": ops.get("aclnnLogSoftmax", 0) // 2}
         return counted if composite else {**counted, "ops": ops}  # ours' operators, for --check's message
 
+    def fused_one(dtype, hard, rows):
+        """{launches, chunks, ops} of one call of the fused linear JSD and its backward."""
+        gen = torch.Generator().manual_seed(0)
+        dt = getattr(torch, dtype)
+        shapes = ((rows, 64), (JSD_VOCAB, 64), (rows, 128), (JSD_VOCAB, 128))
+        xs, ws, xt, wt = (torch.randn(*s, generator=gen).div(4).to(dev, dt).requires_grad_() for s in shapes)
+        labels = torch.arange(rows).remainder(7)
+        labels[::4] = -100
+        labels = labels.to(dev)
+        try:
+            torch.npu.synchronize()
+            emulator.trace_reset()
+            npu_loss_ops.fused_linear_jsd_loss(xs, ws, xt, wt, labels, weight_hard_loss=hard,
+                                               chunk_size=FUSED_CHUNK).backward()
+            torch.npu.synchronize()
+            trace = emulator.trace()
+        except Exception as e:  # noqa: BLE001
+            return {"note": f"fails on the emulator: {type(e).__name__}: {str(e).splitlines()[0][:120]}"}
+        if lacking(trace):
+            return {"note": f"the emulator lacks what this call needs ({lacking(trace)})"}
+        n, ops = launches(trace)
+        return {"launches": n, "chunks": -(-rows // FUSED_CHUNK), "ops": ops}
+
     family = os.environ.get("NPU_EMU_SOC", "?")
     # The composite's and TRL's columns (about 6 and 0.03 times ours' launches) only where the table is made:
     # --check compares ours alone.
     jsd_rows = {jsd_key(*case): {"ours": jsd_one(False, *case)} for case in jsd_cases()}
+    fused_rows = {fused_key(*case): {"ours": fused_one(*case)} for case in fused_cases()}
     if baselines:
         for case in jsd_cases():
             jsd_rows[jsd_key(*case)]["composite"] = jsd_one(True, *case)
@@ -229,7 +270,7 @@ def measure(baselines: bool = True) -> dict:
         rows[key(loss, dtype, reduction)] = {"ours": ours[key(loss, dtype, reduction)], "F": theirs}
     for case in jsd_cases() if baselines else ():  # last, as F: a failing call of torch_npu's may leave its
         jsd_rows[jsd_key(*case)]["TRL"] = jsd_trl(*case)  # task queue unusable
-    return {"soc": family, "rows": rows, "jsd_rows": jsd_rows}
+    return {"soc": family, "rows": rows, "jsd_rows": jsd_rows, "fused_rows": fused_rows}
 
 
 # ---- the table ---------------------------------------------------------------------------------------------
@@ -309,6 +350,34 @@ def jsd_markdown(results: dict) -> list[str]:
     return lines
 
 
+def fused_markdown(results: dict) -> list[str]:
+    lines = [
+        "## The fused linear JSD",
+        "",
+        f"One call of `fused_linear_jsd_loss` and its backward, 'batchmean', N rows of hidden size 64 (the teacher's "
+        f"128), V = {JSD_VOCAB:,}, labels dropping every fourth row, chunks of {FUSED_CHUNK} rows, both models' "
+        "gradients. Per chunk: the two logits' matmuls, the generalized JSD's forward with gradients (its row in "
+        "[docs/npu_paths.md](../../docs/npu_paths.md)), the cross entropy's terms where its weight is not 0, and "
+        "the gradients' matmuls; the backward scales the six gradients.",
+        "",
+    ]
+    for family in sorted(results, key=lambda f: FAMILY_ORDER.index(f) if f in FAMILY_ORDER else 99):
+        rows = results[family].get("fused_rows", {})
+        if not rows:
+            continue
+        lines += [f"### {family} ({results[family]['soc']}): fused linear JSD", "",
+                  "| dtype | weight_hard_loss | N | launches | chunks | per chunk |",
+                  "|---|---:|---:|---:|---:|---:|"]
+        for dtype, hard, n in fused_cases():
+            row = rows.get(fused_key(dtype, hard, n))
+            if row is None:
+                continue
+            launches, chunks, per = jsd_cell(row["ours"])
+            lines.append(f"| {dtype} | {hard:g} | {n:,} | {launches} | {chunks} | {per} |")
+        lines.append("")
+    return lines
+
+
 def markdown(results: dict) -> str:
     lines = [
         "aclnn launches per call on the emulated CANN (`benchmarks/npu_launches.py`, run by "
@@ -338,7 +407,7 @@ def markdown(results: dict) -> str:
         lines.append("")
         if on_host:
             lines += [f"On the host through torch_npu's CPU fallback: {', '.join(f'`{op}`' for op in on_host)}.", ""]
-    return "\n".join(lines + jsd_markdown(results))
+    return "\n".join(lines + jsd_markdown(results) + fused_markdown(results))
 
 
 def check(measured: dict, committed_path: str) -> list[str]:
@@ -359,8 +428,9 @@ def check(measured: dict, committed_path: str) -> list[str]:
             if phase in was and (phase not in now or now[phase] > was[phase]):
                 worse.append(f"{family} {name} {phase}: {now.get(phase, now.get('note'))} launches, "
                              f"the committed table has {was[phase]} ({now.get(phase + '_ops')})")
-    for name, row in measured.get("jsd_rows", {}).items():
-        was = committed[family].get("jsd_rows", {}).get(name, {}).get("ours")
+    for name, row in [*measured.get("jsd_rows", {}).items(), *measured.get("fused_rows", {}).items()]:
+        table = "fused_rows" if name.startswith("fused_linear_jsd") else "jsd_rows"
+        was = committed[family].get(table, {}).get(name, {}).get("ours")
         now = row["ours"]
         if was is None:
             worse.append(f"{family} {name}: not in the committed table")
@@ -384,7 +454,7 @@ def main() -> int:
         for path in args.combine:
             with open(path) as f:
                 one = json.load(f)
-            for row in one.get("jsd_rows", {}).values():
+            for row in [*one.get("jsd_rows", {}).values(), *one.get("fused_rows", {}).values()]:
                 row["ours"].pop("ops", None)  # the counts are the table; the operators are the run's log
             results[family_of(one["soc"])] = one
         with open(args.json, "w") as f:
@@ -398,8 +468,10 @@ def main() -> int:
         json.dump(measured, f, indent=1, sort_keys=True)
     total = sum(row["ours"].get("fwd", 0) + row["ours"].get("bwd", 0) for row in measured["rows"].values())
     jsd = sum(row["ours"].get("launches", 0) for row in measured["jsd_rows"].values())
+    fused = sum(row["ours"].get("launches", 0) for row in measured["fused_rows"].values())
     print(f"NPU launches {family_of(measured['soc'])}: {len(measured['rows'])} rows, {total} launches of ours; "
-          f"generalized JSD {len(measured['jsd_rows'])} rows, {jsd} launches of ours")
+          f"generalized JSD {len(measured['jsd_rows'])} rows, {jsd} launches of ours; fused linear JSD "
+          f"{len(measured['fused_rows'])} rows, {fused} launches of ours")
     if args.check:
         worse = check(measured, args.check)
         if worse:

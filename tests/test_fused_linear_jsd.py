@@ -111,6 +111,39 @@ def test_half_dtypes_match_the_float64_reference(dtype, reduction, beta, hard, t
     _check(dtype, (4, 9), 301, beta, 1.0, reduction, True, True, hard, teacher_grad, chunk_size=None)
 
 
+DEVICE_CASES = [(dt, beta, hard, teacher_grad, bias) for dt in (torch.float32, torch.bfloat16, torch.float16)
+                for beta, hard, teacher_grad, bias in ((0.5, True, True, True), (0.0, False, True, False),
+                                                        (1.0, True, False, True))]
+
+
+@pytest.mark.parametrize("dtype,beta,hard,teacher_grad,bias", DEVICE_CASES,
+                         ids=[f"{str(c[0])[6:]}-beta{c[1]:g}-hard{int(c[2])}-teacher{int(c[3])}-bias{int(c[4])}"
+                              for c in DEVICE_CASES])
+def test_on_the_device_as_on_the_cpu(device, dtype, beta, hard, teacher_grad, bias):
+    """On the device (the NPU: each chunk's matmuls and the family's aclnn path), the loss, its parts and every
+    gradient as the CPU kernels give them, within the dtype's tolerance of each result's largest magnitude."""
+    t, labels = _inputs((3, 7), 12, 20, 301, bias)
+    grads_of = [k for k in (["xs", "ws", "bs", "xt", "wt", "bt"] if teacher_grad else ["xs", "ws", "bs"]) if k in t]
+
+    def run(dev):
+        x = {k: v.to(dtype).to(dev).requires_grad_(k in grads_of) for k, v in t.items()}
+        parts = npu_loss_ops.fused_linear_jsd_loss(
+            x["xs"], x["ws"], x["xt"], x["wt"], labels.to(dev), student_bias=x.get("bs"), teacher_bias=x.get("bt"),
+            beta=beta, temperature=1.5, reduction="mean", weight_hard_loss=0.5 if hard else 0.0, chunk_size=8,
+            return_soft_hard_loss=True)
+        parts[0].backward()
+        return [p.detach().cpu() for p in parts] + [x[k].grad.cpu() for k in grads_of]
+
+    want = run("cpu")
+    got = run(device)
+    for name, g, w in zip(["loss", "soft", "hard"] + grads_of, got, want):
+        assert g.dtype == w.dtype and g.shape == w.shape, name
+        scale = float(w.double().abs().max()) or 1.0
+        floor = 2.0 ** -24 if dtype == torch.float16 else 0.0  # float16's subnormal spacing (_check says why)
+        err = max(float((g.double() - w.double()).abs().max()) - floor, 0.0) / scale
+        assert err <= RTOL[dtype], f"{name}: {err:.2e} of its largest magnitude {scale:.2e}"
+
+
 @pytest.mark.parametrize("chunk_size", [1, 3, 7, 64, None])
 def test_chunk_size_does_not_change_the_result(chunk_size):
     """Any chunk gives the reference's numbers (float64: the chunking reorders the row sums only)."""

@@ -398,6 +398,51 @@ def test_jsd_path_per_chip(npu, op, dtype, beta, mask):
         torch.testing.assert_close(g, w, rtol=tol, atol=tol * float(w.abs().max()) if w.numel() else 0.0)
 
 
+# The matmuls of the fused linear JSD's chunks (torch_npu's addmm and mm).
+MATMUL_APIS = {"aclnnAddmm", "aclnnMm", "aclnnMatmul", "aclnnInplaceAddmm"}
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=lambda dt: str(dt)[6:])
+@pytest.mark.parametrize("beta", [0.0, 0.5])
+def test_fused_linear_jsd_path_per_chip(npu, dtype, beta):
+    """The fused linear JSD runs, per chunk, torch_npu's matmuls and then the generalized JSD's row for its
+    forward with gradients (the same APIs test_jsd_path_per_chip expects), never a rejected call; its results
+    within tolerance of the CPU kernels'."""
+    gen = torch.Generator().manual_seed(5)
+    xs, xt = torch.randn(6, 8, generator=gen), torch.randn(6, 12, generator=gen)
+    ws, wt = torch.randn(37, 8, generator=gen) / 3, torch.randn(37, 12, generator=gen) / 3
+    labels = torch.tensor([1, -100, 2, 3, 36, 0])
+
+    def run(dev):
+        x = [t.detach().to(dtype).to(dev).requires_grad_() for t in (xs, ws, xt, wt)]
+        loss = npu_loss_ops.fused_linear_jsd_loss(*x, labels.to(dev), beta=beta, temperature=1.5,
+                                                  weight_hard_loss=0.5, chunk_size=4)
+        loss.backward()
+        return [loss.detach()] + [t.grad for t in x]
+
+    want = run("cpu")
+    torch.npu.synchronize()
+    emulator.trace_reset()
+    got = [r.cpu() for r in run(npu)]
+    torch.npu.synchronize()
+    trace = emulator.trace()
+    api = jsd_row_api(True, dtype, beta)
+    assert not [k for k in trace if "GetWorkspaceSize:" in k or k.startswith("aclop:")], trace
+    assert set(trace) & MATMUL_APIS, f"no matmul in the trace: {trace}"
+    ran = set(trace) & JSD_PATH_APIS
+    if api is None:
+        assert not ran and "aclnnDivs" in trace, f"{family()}: expected the composite, the trace is {trace}"
+    else:
+        assert not [k for k in trace if k.endswith(":undocumented")], trace
+        expected = {"aclnnLogSoftmaxBackward"} | ({"aclnnLogAddExp"} if beta not in (0.0, 1.0) else set())
+        if beta == 0.0:
+            expected.add("aclnnKlDivTargetBackward")  # the teacher's gradient at beta 0
+        assert ran == expected, f"{family()}: ran {sorted(ran)}, expected {sorted(expected)}"
+    for g, w in zip(got, want):
+        tol = TOLERANCE[dtype]
+        torch.testing.assert_close(g, w, rtol=tol, atol=tol * float(w.abs().max()))
+
+
 FRACTAL_NZ = 29
 
 

@@ -55,20 +55,20 @@ double stored_scale(double largest_factor, bool half) {
 
 }  // namespace
 
-int64_t linear_row_bytes(const LinearSpec& spec, const LinearCall& c, std::array<bool, 6> mask, bool in_place) {
+int64_t linear_row_bytes(const LinearSpec& spec, const LinearCall& c, std::array<bool, 6> mask, const RowStep& step) {
   const int64_t s = itemsize(c.input[0]->scalar_type()), t = itemsize(c.input[1]->scalar_type());
   const bool student_grads = mask[0] || mask[1] || mask[2], teacher_grads = mask[3] || mask[4] || mask[5];
   const bool hard = spec.labels && (c.weight_hard != 0 || c.return_parts);
-  int64_t bytes = s + t + (hard ? itemsize(accumulate_dtype(spec.dtype)) : 0);
-  if (!in_place) bytes += (student_grads ? s : 0) + (teacher_grads ? t : 0);
+  int64_t bytes = s + t + (hard ? itemsize(accumulate_dtype(spec.dtype)) : 0) + step.scratch_bytes;
+  if (!step.in_place) bytes += (student_grads ? s : 0) + (teacher_grads ? t : 0);
   return bytes * std::max<int64_t>(spec.vocab, 1);
 }
 
-int64_t linear_chunk_rows(const LinearSpec& spec, const LinearCall& c, std::array<bool, 6> mask, bool in_place) {
+int64_t linear_chunk_rows(const LinearSpec& spec, const LinearCall& c, std::array<bool, 6> mask, const RowStep& step) {
   if (c.chunk_size > 0) return std::max<int64_t>(1, std::min(c.chunk_size, spec.rows));
   const int64_t share = spec.rows * std::max<int64_t>(spec.vocab, 1) * itemsize(spec.dtype) / kLinearChunkShare;
   const int64_t budget = std::min(share, kLinearChunkMaxBytes);
-  return std::clamp<int64_t>(budget / linear_row_bytes(spec, c, mask, in_place), 1, std::max<int64_t>(spec.rows, 1));
+  return std::clamp<int64_t>(budget / linear_row_bytes(spec, c, mask, step), 1, std::max<int64_t>(spec.rows, 1));
 }
 
 LinearResults linear_with_grads(
@@ -83,22 +83,26 @@ LinearResults linear_with_grads(
   const auto sum_dtype = xs.device().is_cpu() ? at::kDouble : acc;
   const bool side_grads[2] = {mask[0] || mask[1] || mask[2], mask[3] || mask[4] || mask[5]};
 
-  // The rows kept, their count K (one copy to the host), and the labels' range where the cross entropy reads them.
+  // The rows kept, their count K and the labels' range where the cross entropy reads them, from one copy of the
+  // labels to the host.
   std::optional<at::Tensor> labels;
   at::Tensor keep;
   int64_t kept = n;
+  const bool hard = spec.labels && (c.weight_hard != 0 || c.return_parts);
+  const bool hard_grad = hard && c.weight_hard != 0 && side_grads[0];
   if (spec.labels) {
     labels = c.labels->reshape({n}).to(at::kLong);
     keep = *labels != c.ignore_index;
-    kept = keep.sum().item<int64_t>();
-  }
-  const bool hard = spec.labels && (c.weight_hard != 0 || c.return_parts);
-  const bool hard_grad = hard && c.weight_hard != 0 && side_grads[0];
-  if (hard && kept > 0) {
-    const at::Tensor outside = keep & ((*labels < 0) | (*labels >= vocab));
-    TORCH_CHECK_VALUE(
-        !outside.any().item<bool>(), d.linear.forward, ": with the hard loss, every kept label must be in [0, ",
-        vocab, ") (the vocabulary), got ", labels->masked_select(outside).min().item<int64_t>());
+    const at::Tensor host = labels->to(at::kCPU).contiguous();
+    const int64_t* p = host.const_data_ptr<int64_t>();
+    kept = 0;
+    for (int64_t r = 0; r < n; ++r) {
+      if (p[r] == c.ignore_index) continue;
+      ++kept;
+      TORCH_CHECK_VALUE(
+          !hard || (p[r] >= 0 && p[r] < vocab), d.linear.forward, ": with the hard loss, every kept label must be "
+          "in [0, ", vocab, ") (the vocabulary), got ", p[r]);
+    }
   }
 
   // What the soft (row loss) and hard (cross entropy) sums are divided by.
@@ -133,7 +137,7 @@ LinearResults linear_with_grads(
 
   at::Tensor soft_sum = at::zeros({}, device.dtype(sum_dtype));
   at::Tensor hard_sum = at::zeros({}, device.dtype(sum_dtype));
-  const int64_t chunk = linear_chunk_rows(spec, c, mask, step.in_place);
+  const int64_t chunk = linear_chunk_rows(spec, c, mask, step);
   const int64_t rows = std::min(chunk, n);
   // The chunk's buffers, allocated once per call (a new one per chunk leaves the C library's heap holding the
   // freed ones).
@@ -165,7 +169,9 @@ LinearResults linear_with_grads(
       hard_sum.sub_(at::where(chunk_keep, picked, 0).sum().to(sum_dtype));
       if (hard_grad) {
         h.div_(total);
-        h.scatter_add_(-1, target, at::full({m, 1}, -1.0, h.options()));
+        // softmax - one_hot, through index_put_ (torch_npu runs scatter through an aclop kernel)
+        const at::Tensor rows_index = at::arange(m, target.options());
+        h.index_put_({rows_index, target.squeeze(-1)}, at::full({m}, -1.0, h.options()), /*accumulate=*/true);
         h.mul_((chunk_keep.to(acc) * (hard_factor * scales[0])).unsqueeze(-1));
       }
     }

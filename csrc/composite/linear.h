@@ -35,6 +35,7 @@ struct RowStep {
       double temperature, int64_t ignore_index, std::array<bool, 2> mask)>
       run;
   bool in_place = false;
+  int64_t scratch_bytes = 0;  // per logit of a chunk: what the step itself holds at once beyond its results
 };
 
 // The default share of one N x V tensor of the result's dtype a chunk's buffers may take (the contract's
@@ -43,12 +44,12 @@ inline constexpr int64_t kLinearChunkShare = 6;  // 1/6
 inline constexpr int64_t kLinearChunkMaxBytes = int64_t{1} << 30;
 
 // The bytes one row of a chunk holds: both logits, the gradients where the step does not write them over the
-// logits, and the hard loss's float32 (float64 for float64) probabilities.
-int64_t linear_row_bytes(const LinearSpec& spec, const LinearCall& c, std::array<bool, 6> mask, bool in_place);
+// logits, the step's own temporaries, and the hard loss's float32 (float64 for float64) probabilities.
+int64_t linear_row_bytes(const LinearSpec& spec, const LinearCall& c, std::array<bool, 6> mask, const RowStep& step);
 
 // The rows per chunk: chunk_size when given, else the most rows whose buffers fit 1/kLinearChunkShare of one
 // N x V tensor of the result's dtype and kLinearChunkMaxBytes; at least 1, at most N.
-int64_t linear_chunk_rows(const LinearSpec& spec, const LinearCall& c, std::array<bool, 6> mask, bool in_place);
+int64_t linear_chunk_rows(const LinearSpec& spec, const LinearCall& c, std::array<bool, 6> mask, const RowStep& step);
 
 // The forward with gradients, after the checks (`spec`).
 LinearResults linear_with_grads(

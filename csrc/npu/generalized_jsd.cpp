@@ -254,6 +254,7 @@ struct JsdCall {
   const RowCall& c;
   std::array<bool, 2> mask;  // the gradients wanted
   bool with_values;          // the forward's value ('none' values, or the reduced total)
+  int64_t chunk = 0;         // rows per chunk; 0: composite::chunk_rows's, relative to the call's rows
 };
 
 struct Results {
@@ -289,7 +290,7 @@ Results run(const JsdCall& jc, Weight w) {
 
   std::vector<std::pair<at::Tensor, at::Tensor>> blocks;
   composite::row_blocks(c.student, c.teacher, blocks);
-  const int64_t chunk = composite::chunk_rows(
+  const int64_t chunk = jc.chunk > 0 ? jc.chunk : composite::chunk_rows(
       rows, vocab, std::max(c.student.element_size(), c.teacher.element_size()), kTemporaries);
   int64_t chunks = 0;
   for (const auto& [zs, zt] : blocks) chunks += (zs.size(0) + chunk - 1) / chunk;
@@ -445,13 +446,36 @@ struct NpuRows {
   }
 };
 
+// The linear form's step (composite/linear.h): each of its chunks, already sized by its own budget (which counts
+// this path's float32 temporaries), in one chunk of the path above; sized relative to the chunk's own rows,
+// the path would split it again into chunks of a few rows, each a round of launches.
+template <typename Loss>
+struct NpuLinearStep {
+  static composite::RowStep step() {
+    return {[](const at::Tensor& student, const at::Tensor& teacher, const std::optional<at::Tensor>& labels,
+               double beta, double temperature, int64_t ignore_index, std::array<bool, 2> mask)
+                -> std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> {
+              const RowCall c{student, teacher, labels, kSum, beta, temperature, ignore_index};
+              const bool grads = mask[0] || mask[1];
+              if (student.numel() == 0 || !(grads ? on_aclnn<true>(c) : on_aclnn<false>(c))) {
+                return ops::row_with_grads<Loss>().call(student, teacher, labels, kSum, beta, temperature,
+                                                        ignore_index, mask);
+              }
+              const c10::OptionalDeviceGuard guard(at::device_of(student));
+              Results r = run({c, mask, true, student.size(0)}, Weight{});
+              return {r.value, r.gs, r.gt, r.row_scale};
+            },
+            false, kTemporaries * 4};
+  }
+};
+
 }  // namespace
 
 TORCH_LIBRARY_IMPL(npu_loss, PrivateUse1, m) {
   for_each_row_loss([&]<typename Loss>() {
     impl_row_loss<Loss, NpuRows>(m);
-    // The linear form: each chunk's matmuls (torch_npu's) and the row loss's aclnn path above.
-    if constexpr (Loss::decl.linear.forward != nullptr) composite::impl_linear<Loss, composite::OpStep<Loss>>(m);
+    // The linear form: each chunk's matmuls (torch_npu's) and the row loss's aclnn path above, one chunk each.
+    if constexpr (Loss::decl.linear.forward != nullptr) composite::impl_linear<Loss, NpuLinearStep<Loss>>(m);
   });
 }
 

@@ -663,6 +663,20 @@ EMU_API aclnnStatus aclnnAddmmGetWorkspaceSize(const aclTensor* self, const aclT
                      o.numel() == 0);
 }
 ACLNN_RUN(aclnnAddmm)
+// aclnnInplaceAddmm(selfRef, mat1, mat2, beta, alpha, int8_t cubeMathType): selfRef = beta selfRef + alpha mat1 @ mat2
+// (ops-nn matmul/mat_mul_v3/docs/aclnnAddmm&aclnnInplaceAddmm.md). torch_npu's addmm_ and addmm.out with out aliasing
+// self reach it on the chips where the op-plugin runs matmuls through aclnn only (Ascend 950).
+EMU_API aclnnStatus aclnnInplaceAddmmGetWorkspaceSize(const aclTensor* selfRef, const aclTensor* mat1,
+                                                      const aclTensor* mat2, const aclScalar* beta,
+                                                      const aclScalar* alpha, int8_t cubeMathType, uint64_t* ws,
+                                                      aclOpExecutor** ex) {
+  ACLNN_CHECK_NOTNULL("aclnnInplaceAddmm", selfRef, mat1, mat2);
+  auto a = T(selfRef), b = T(mat1), c = T(mat2);
+  at::Scalar be = beta ? S(beta) : at::Scalar(1), al = alpha ? S(alpha) : at::Scalar(1);
+  return emu::submit("aclnnInplaceAddmm", ws, ex, [=] { a.write(at::addmm(a.get(), b.get(), c.get(), be, al)); },
+                     a.numel() == 0);
+}
+ACLNN_RUN(aclnnInplaceAddmm)
 EMU_API aclnnStatus aclnnBaddbmmGetWorkspaceSize(const aclTensor* self, const aclTensor* b1, const aclTensor* b2,
                                                  const aclScalar* beta, const aclScalar* alpha, aclTensor* out,
                                                  int8_t cubeMathType, uint64_t* ws, aclOpExecutor** ex) {

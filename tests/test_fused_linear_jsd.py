@@ -9,6 +9,7 @@ import itertools
 import os
 import subprocess
 import sys
+from typing import Optional
 
 import pytest
 import torch
@@ -165,6 +166,29 @@ def test_no_row_kept():
     assert loss.isnan()  # as the family's 'mean' of no element
     loss.backward()
     assert torch.count_nonzero(xs.grad) == 0
+
+
+@pytest.mark.parametrize("beta,temperature,hard", [(0.0, 1.0, 0.5), (0.3, 2.0, 0.0), (0.5, 1.0, 0.5), (1.0, 2.0, 0.5)])
+def test_matches_liger(beta, temperature, hard):
+    """Liger-Kernel's LigerFusedLinearJSDLoss (its torch path, uncompiled) with the same weights: the loss, its
+    parts and the student's gradients (where liger-kernel is installed; the default venv does not have it)."""
+    liger_loss = pytest.importorskip("liger_kernel.chunked_loss").LigerFusedLinearJSDLoss
+    t, labels = _inputs((40,), 16, 24, 301, False, seed=6)
+    liger = liger_loss(weight_hard_loss=hard, weight_soft_loss=0.75, beta=beta, temperature=temperature,
+                       compiled=False, chunk_size=16, return_soft_hard_loss=True)
+    x = {k: v.float().requires_grad_(k in ("xs", "ws")) for k, v in t.items()}
+    want = liger(x["xs"], x["ws"], x["xt"], x["wt"], labels)
+    want[0].backward()
+    y = {k: v.float().requires_grad_(k in ("xs", "ws")) for k, v in t.items()}
+    got = npu_loss_ops.fused_linear_jsd_loss(y["xs"], y["ws"], y["xt"], y["wt"], labels, beta=beta,
+                                             temperature=temperature, weight_hard_loss=hard, weight_soft_loss=0.75,
+                                             return_soft_hard_loss=True)
+    got[0].backward()
+    for name, a, b in zip(("loss", "soft", "hard"), got, want):
+        torch.testing.assert_close(a.detach(), b.detach().float(), rtol=2e-6, atol=0, msg=name)
+    for k in ("xs", "ws"):
+        err = ((y[k].grad - x[k].grad).abs().max() / x[k].grad.abs().max()).item()
+        assert err <= 2e-6, f"{k}: {err:.2e}"
 
 
 def test_liger_defaults_are_documented_not_taken():
@@ -430,3 +454,65 @@ def test_memory_bound(n, h, v, dtype, mode):
     peak = float(result.stdout.strip().splitlines()[-1])
     print(f"peak {peak:.3f} x N*V")  # shown with -s
     assert peak <= FUSED_BOUND, f"peak {peak:.3f} x N*V, bound {FUSED_BOUND}"
+
+
+# ---- the PyTorch features, called as users call them, against the formula with the logits made ----
+
+def _feature_inputs():
+    gen = torch.Generator().manual_seed(7)
+    xs, ws = torch.randn(6, 4, generator=gen, dtype=torch.float64), torch.randn(9, 4, generator=gen, dtype=torch.float64)
+    xt, wt = torch.randn(6, 5, generator=gen, dtype=torch.float64), torch.randn(9, 5, generator=gen, dtype=torch.float64)
+    return xs, ws, xt, wt, torch.tensor([1, 2, -100, 3, 4, 0])
+
+
+def _fused_of(xt, wt, labels):
+    return lambda a, b: npu_loss_ops.fused_linear_jsd_loss(a, b, xt, wt, labels, weight_hard_loss=0.5)
+
+
+def _formula_of(xt, wt, labels):
+    return lambda a, b: reference(a, b, xt, wt, labels, weight_hard_loss=0.5)[0]
+
+
+def test_forward_mode_ad_and_jvp_match_the_formula():
+    xs, ws, xt, wt, labels = _feature_inputs()
+    tangents = (torch.randn_like(xs), torch.randn_like(ws))
+    got = torch.func.jvp(_fused_of(xt, wt, labels), (xs, ws), tangents)
+    want = torch.func.jvp(_formula_of(xt, wt, labels), (xs, ws), tangents)
+    torch.testing.assert_close(got, want, rtol=1e-10, atol=0)
+    import torch.autograd.forward_ad as fwAD
+    with fwAD.dual_level():
+        loss = _fused_of(xt, wt, labels)(fwAD.make_dual(xs, tangents[0]), fwAD.make_dual(ws, tangents[1]))
+        torch.testing.assert_close(fwAD.unpack_dual(loss).tangent, want[1], rtol=1e-10, atol=0)
+
+
+def test_vmap_matches_the_formula():
+    xs, ws, xt, wt, labels = _feature_inputs()
+    batch = torch.stack([xs, xs * 0.5])
+    got = torch.vmap(lambda a: _fused_of(xt, wt, labels)(a, ws))(batch)
+    want = torch.stack([_formula_of(xt, wt, labels)(a, ws) for a in batch])
+    torch.testing.assert_close(got, want, rtol=1e-10, atol=0)
+
+
+def test_torch_func_grad_is_refused_as_double_backward():
+    """torch.func.grad and vjp differentiate with create_graph=True: refused by name, never a wrong answer."""
+    xs, ws, xt, wt, labels = _feature_inputs()
+    with pytest.raises(RuntimeError, match="fused_linear_jsd_loss: double backward"):
+        torch.func.grad(_fused_of(xt, wt, labels))(xs, ws)
+
+
+def test_export_and_torchscript_call_the_op():
+    xs, ws, xt, wt, labels = _feature_inputs()
+
+    class Loss(torch.nn.Module):
+        def forward(self, a, b):
+            return ops.fused_linear_jsd_loss(a, b, xt, wt, labels, None, None, "sum")[0]
+
+    exported = torch.export.export(Loss(), (xs, ws))
+    assert torch.equal(exported.module()(xs, ws), Loss()(xs, ws))
+    scripted = torch.jit.script(_scripted_call)
+    assert torch.equal(scripted(xs, ws, xt, wt, labels), npu_loss_ops.fused_linear_jsd_loss(xs, ws, xt, wt, labels))
+
+
+def _scripted_call(a: torch.Tensor, b: torch.Tensor, c: torch.Tensor, d: torch.Tensor,
+                   labels: Optional[torch.Tensor]) -> torch.Tensor:  # noqa: UP045  (TorchScript's spelling)
+    return torch.ops.npu_loss.fused_linear_jsd_loss(a, b, c, d, labels)[0]

@@ -59,3 +59,60 @@ def quantile(values: list[float], q: float) -> float:
     lo = int(pos)
     hi = min(lo + 1, len(s) - 1)
     return s[lo] + (s[hi] - s[lo]) * (pos - lo)
+
+
+# ---- what bench_distill.py and bench_fused_linear.py share: one method per fresh process, a CSV with the run's
+# metadata as '# key: value' lines, and the ratio of two timings with its spread ----
+
+
+def run_worker(source: str, cfg: dict, env: dict, timeout: float) -> dict:
+    """Runs `source` (a Python script reading its JSON configuration from argv[1]) in a fresh process; its last
+    stdout line, as JSON."""
+    import json
+    import sys
+
+    result = subprocess.run([sys.executable, "-c", source, json.dumps(cfg)], capture_output=True, text=True,
+                            env=env, timeout=timeout, cwd=REPO)
+    if result.returncode != 0:
+        raise RuntimeError(f"{cfg.get('method')} {cfg} failed:\n{result.stderr[-3000:]}")
+    return json.loads(result.stdout.strip().splitlines()[-1])
+
+
+def write_csv_with_meta(path: str, meta: dict, rows: list[dict], fields: list[str]) -> None:
+    import csv
+
+    with open(path, "w", newline="") as f:
+        for k, val in meta.items():
+            f.write(f"# {k}: {val}\n")
+        w = csv.DictWriter(f, fieldnames=fields)
+        w.writeheader()
+        for row in rows:
+            w.writerow({k: row.get(k, "") for k in fields})
+
+
+def read_csv_with_meta(path: str, ints: tuple[str, ...], floats: tuple[str, ...]) -> tuple[dict, list[dict]]:
+    """(meta, rows) of write_csv_with_meta's file: the `ints` columns as int, the `floats` as float (None where
+    empty)."""
+    import csv
+
+    meta, lines = {}, []
+    with open(path) as f:
+        for line in f:
+            if line.startswith("# "):
+                k, _, val = line[2:].partition(": ")
+                meta[k] = val.strip()
+            else:
+                lines.append(line)
+    rows = []
+    for row in csv.DictReader(lines):
+        for k in ints:
+            row[k] = int(row[k])
+        for k in floats:
+            row[k] = float(row[k]) if row.get(k) not in ("", None) else None
+        rows.append(row)
+    return meta, rows
+
+
+def ratio_with_spread(ours: dict, base: dict) -> tuple[float, float, float]:
+    """ours / base: the medians' ratio and its spread (ours' p20 / base's p80 .. ours' p80 / base's p20)."""
+    return ours["median_s"] / base["median_s"], ours["p20_s"] / base["p80_s"], ours["p80_s"] / base["p20_s"]

@@ -38,18 +38,16 @@ matplotlib). --from-csv redraws the table and figure from a CSV without timing a
 from __future__ import annotations
 
 import argparse
-import csv
-import json
 import math
 import os
-import subprocess
 import sys
 import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
 
-from bench_common import ISAS, REPO, cpu_model, git_revision, load_average, quantile  # noqa: E402
+from bench_common import (ISAS, REPO, cpu_model, git_revision, load_average, quantile,  # noqa: E402
+                          ratio_with_spread, read_csv_with_meta, run_worker, write_csv_with_meta)
 from loss_bench.progress import Progress  # noqa: E402
 
 METHODS = ("ours", "trl", "trl-compiled")
@@ -141,14 +139,6 @@ if cfg["method"] != "ours":  # the baseline's student gradient against ours, a b
 print(json.dumps({"times": times, "peak": peak, "warm_s": compile_s, "grad_err": err, "source": source,
                   "isa": npu_loss_ops.build_info()["cpu_isa"], "kept": int((labels != -100).sum())}))
 """
-
-
-def run_worker(cfg: dict, env: dict, timeout: float) -> dict:
-    result = subprocess.run([sys.executable, "-c", WORKER, json.dumps(cfg)], capture_output=True, text=True,
-                            env=env, timeout=timeout, cwd=REPO)
-    if result.returncode != 0:
-        raise RuntimeError(f"{cfg['method']} {cfg['n']}x{cfg['v']} {cfg['dtype']} failed:\n{result.stderr[-3000:]}")
-    return json.loads(result.stdout.strip().splitlines()[-1])
 
 
 # ---- the bounds ----
@@ -313,7 +303,7 @@ def main() -> None:
             else:
                 cfg = {"method": method, "n": n, "v": v, "dtype": dtype, "grads": grads, "threads": args.threads,
                        "reps": reps, "repo": REPO}
-                r = run_worker(cfg, env, timeout=3600)
+                r = run_worker(WORKER, cfg, env, timeout=3600)
                 multiples[(method, dtype, grads)] = max(known or 0, r["peak"])
                 row.update(status="ran", median_s=quantile(r["times"], 0.5), p20_s=quantile(r["times"], 0.2),
                            p80_s=quantile(r["times"], 0.8), peak_x=r["peak"], warm_s=r["warm_s"],
@@ -335,38 +325,15 @@ def main() -> None:
 # ---- the report ----
 
 def write_csv(path: str, meta: dict, rows: list[dict]) -> None:
-    with open(path, "w", newline="") as f:
-        for k, val in meta.items():
-            f.write(f"# {k}: {val}\n")
-        w = csv.DictWriter(f, fieldnames=FIELDS)
-        w.writeheader()
-        for row in rows:
-            w.writerow({k: row.get(k, "") for k in FIELDS})
+    write_csv_with_meta(path, meta, rows, FIELDS)
 
 
 def read_csv(path: str) -> tuple[dict, list[dict]]:
-    meta, lines = {}, []
-    with open(path) as f:
-        for line in f:
-            if line.startswith("# "):
-                k, _, val = line[2:].partition(": ")
-                meta[k] = val.strip()
-            else:
-                lines.append(line)
-    rows = []
-    for row in csv.DictReader(lines):
-        for k in ("n", "v"):
-            row[k] = int(row[k])
-        for k in ("median_s", "p20_s", "p80_s", "peak_x", "warm_s", "grad_err", "bound_compute_s",
-                  "bound_memory_s"):
-            row[k] = float(row[k]) if row[k] != "" else None
-        rows.append(row)
-    return meta, rows
+    return read_csv_with_meta(path, ("n", "v"), ("median_s", "p20_s", "p80_s", "peak_x", "warm_s", "grad_err",
+                                                 "bound_compute_s", "bound_memory_s"))
 
 
-def _ratio(ours: dict, base: dict) -> tuple[float, float, float]:
-    """ours / base: the medians' ratio and its spread (ours' p20 / base's p80 .. ours' p80 / base's p20)."""
-    return ours["median_s"] / base["median_s"], ours["p20_s"] / base["p80_s"], ours["p80_s"] / base["p20_s"]
+_ratio = ratio_with_spread
 
 
 def _cell(row: dict | None) -> str:

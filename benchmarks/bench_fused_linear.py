@@ -35,8 +35,6 @@ Writes --out/bench_fused_linear.csv, .md and .png (needs matplotlib). --from-csv
 from __future__ import annotations
 
 import argparse
-import csv
-import json
 import os
 import subprocess
 import sys
@@ -45,7 +43,8 @@ import time
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
 
-from bench_common import REPO, cpu_model, git_revision, load_average, quantile  # noqa: E402
+from bench_common import (REPO, cpu_model, git_revision, load_average, quantile, ratio_with_spread,  # noqa: E402
+                          read_csv_with_meta, run_worker, write_csv_with_meta)
 from loss_bench.progress import Progress  # noqa: E402
 
 METHODS = ("ours", "liger", "matmul", "matmul-chunked", "trl")
@@ -173,14 +172,6 @@ print(json.dumps({"times": times, "peak": peak, "warm_s": warm_s, "grad_err": er
 """
 
 
-def run_worker(cfg: dict, env: dict, timeout: float) -> dict:
-    result = subprocess.run([sys.executable, "-c", WORKER, json.dumps(cfg)], capture_output=True, text=True,
-                            env=env, timeout=timeout, cwd=REPO)
-    if result.returncode != 0:
-        raise RuntimeError(f"{cfg['method']} {cfg} failed:\n{result.stderr[-3000:]}")
-    return json.loads(result.stdout.strip().splitlines()[-1])
-
-
 def default_chunk(n: int, v: int, elsize: int, hard: bool) -> int:
     """ours' default rows per chunk (csrc/composite/linear.cpp, linear_chunk_rows; the CPU's step writes the
     gradients over the logits): both logits' rows, and the cross entropy's float32 row where its weight is not
@@ -245,7 +236,7 @@ def main() -> None:
             else:
                 cfg = {"method": method, "n": n, "h": h, "v": v, "dtype": dtype, "wh": wh, "threads": args.threads,
                        "reps": args.reps, "repo": REPO, "chunk": chunk}
-                r = run_worker(cfg, env, timeout=3600)
+                r = run_worker(WORKER, cfg, env, timeout=3600)
                 if method == "trl":
                     trl_peak[dtype] = max(trl_peak.get(dtype, 0.0), r["peak"])
                 row.update(status="ran", median_s=quantile(r["times"], 0.5), p20_s=quantile(r["times"], 0.2),
@@ -262,37 +253,16 @@ def main() -> None:
 
 
 def write_csv(path: str, meta: dict, rows: list[dict]) -> None:
-    with open(path, "w", newline="") as f:
-        for k, val in meta.items():
-            f.write(f"# {k}: {val}\n")
-        w = csv.DictWriter(f, fieldnames=FIELDS)
-        w.writeheader()
-        for row in rows:
-            w.writerow({k: row.get(k, "") for k in FIELDS})
+    write_csv_with_meta(path, meta, rows, FIELDS)
 
 
 def read_csv(path: str) -> tuple[dict, list[dict]]:
-    meta, lines = {}, []
-    with open(path) as f:
-        for line in f:
-            if line.startswith("# "):
-                k, _, val = line[2:].partition(": ")
-                meta[k] = val.strip()
-            else:
-                lines.append(line)
-    rows = list(csv.DictReader(lines))
-    for row in rows:
-        for k in ("n", "h", "v", "chunk"):
-            row[k] = int(row[k])
-        row["wh"] = float(row["wh"])
-        for k in ("median_s", "p20_s", "p80_s", "peak_x", "warm_s", "grad_err"):
-            row[k] = float(row[k]) if row.get(k) not in ("", None) else None
+    meta, rows = read_csv_with_meta(path, ("n", "h", "v", "chunk"),
+                                    ("wh", "median_s", "p20_s", "p80_s", "peak_x", "warm_s", "grad_err"))
     return meta, rows
 
 
-def _ratio(ours: dict, base: dict) -> tuple[float, float, float]:
-    """ours / base: the medians', and the spread from ours' p20 over base's p80 to ours' p80 over base's p20."""
-    return ours["median_s"] / base["median_s"], ours["p20_s"] / base["p80_s"], ours["p80_s"] / base["p20_s"]
+_ratio = ratio_with_spread
 
 
 def _key(row: dict) -> tuple:

@@ -327,26 +327,17 @@ def jsd_markdown(results: dict) -> list[str]:
         "column 'ours / TRL' is the ratio of launches.",
         "",
     ]
-    for family in sorted(results, key=lambda f: FAMILY_ORDER.index(f) if f in FAMILY_ORDER else 99):
-        rows = results[family].get("jsd_rows", {})
-        if not rows:
-            continue
-        lines += [f"### {family} ({results[family]['soc']}): generalized JSD", "",
-                  "| op | dtype | beta | N | ours | ours' chunks | ours per chunk | composite | composite's chunks "
-                  "| composite per chunk | TRL | ours / TRL |",
-                  "|---|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
-        for op, dtype, beta, n in jsd_cases():
-            row = rows.get(jsd_key(op, dtype, beta, n))
-            if row is None:
-                continue
-            ours, comp = jsd_cell(row["ours"]), jsd_cell(row.get("composite", {"note": "not measured"}))
-            trl = row.get("TRL", {"note": "not measured"})
-            trl_cell = trl["note"] if "note" in trl else str(trl["launches"])
-            ratio = (f"{row['ours']['launches'] / trl['launches']:.2f}x"
-                     if "launches" in trl and "launches" in row["ours"] and trl["launches"] else "–")
-            lines.append(f"| {op} | {dtype} | {beta:g} | {n:,} | {' | '.join(ours)} | {' | '.join(comp)} "
-                         f"| {trl_cell} | {ratio} |")
-        lines.append("")
+    header = ["| op | dtype | beta | N | ours | ours' chunks | ours per chunk | composite | composite's chunks "
+              "| composite per chunk | TRL | ours / TRL |", "|---|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
+    for _, row, (op, dtype, beta, n) in _family_rows(results, "jsd_rows", "generalized JSD", header, lines,
+                                                     [(jsd_key(*c), c) for c in jsd_cases()]):
+        ours, comp = jsd_cell(row["ours"]), jsd_cell(row.get("composite", {"note": "not measured"}))
+        trl = row.get("TRL", {"note": "not measured"})
+        trl_cell = trl["note"] if "note" in trl else str(trl["launches"])
+        ratio = (f"{row['ours']['launches'] / trl['launches']:.2f}x"
+                 if "launches" in trl and "launches" in row["ours"] and trl["launches"] else "–")
+        lines.append(f"| {op} | {dtype} | {beta:g} | {n:,} | {' | '.join(ours)} | {' | '.join(comp)} "
+                     f"| {trl_cell} | {ratio} |")
     return lines
 
 
@@ -361,21 +352,26 @@ def fused_markdown(results: dict) -> list[str]:
         "the gradients' matmuls; the backward scales the six gradients.",
         "",
     ]
+    header = ["| dtype | weight_hard_loss | N | launches | chunks | per chunk |", "|---|---:|---:|---:|---:|---:|"]
+    for _, row, (dtype, hard, n) in _family_rows(results, "fused_rows", "fused linear JSD", header, lines,
+                                                  [(fused_key(*c), c) for c in fused_cases()]):
+        launches, chunks, per = jsd_cell(row["ours"])
+        lines.append(f"| {dtype} | {hard:g} | {n:,} | {launches} | {chunks} | {per} |")
+    return lines
+
+
+def _family_rows(results: dict, table: str, title: str, header: list[str], lines: list[str], keyed: list):
+    """Per family in FAMILY_ORDER with rows in `table`: appends its heading and `header` to `lines`, yields
+    (family, row, case) for each case measured there, and ends the family's table with a blank line."""
     for family in sorted(results, key=lambda f: FAMILY_ORDER.index(f) if f in FAMILY_ORDER else 99):
-        rows = results[family].get("fused_rows", {})
+        rows = results[family].get(table, {})
         if not rows:
             continue
-        lines += [f"### {family} ({results[family]['soc']}): fused linear JSD", "",
-                  "| dtype | weight_hard_loss | N | launches | chunks | per chunk |",
-                  "|---|---:|---:|---:|---:|---:|"]
-        for dtype, hard, n in fused_cases():
-            row = rows.get(fused_key(dtype, hard, n))
-            if row is None:
-                continue
-            launches, chunks, per = jsd_cell(row["ours"])
-            lines.append(f"| {dtype} | {hard:g} | {n:,} | {launches} | {chunks} | {per} |")
+        lines += [f"### {family} ({results[family]['soc']}): {title}", "", *header]
+        for name, case in keyed:
+            if name in rows:
+                yield family, rows[name], case
         lines.append("")
-    return lines
 
 
 def markdown(results: dict) -> str:

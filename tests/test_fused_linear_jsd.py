@@ -145,6 +145,35 @@ def test_on_the_device_as_on_the_cpu(device, dtype, beta, hard, teacher_grad, bi
         assert err <= RTOL[dtype], f"{name}: {err:.2e} of its largest magnitude {scale:.2e}"
 
 
+@pytest.mark.parametrize("reduction", ["sum", "mean"])
+def test_float16_rows_with_tiny_gradients(reduction):
+    """A student close to its teacher: the family stores each float16 row times 2^j up to 2^60, far beyond float16's
+    range, and the gradients are made from those rows in float32 (the product of the row scale and the loss's
+    factor), so none is flushed to zero by the row scale itself."""
+    t, labels = _inputs((48,), 12, 12, 301, False, seed=8)
+    t["xt"] = t["xs"].clone()
+    t["wt"] = t["ws"] + 0.02 * torch.randn(t["ws"].shape, generator=torch.Generator().manual_seed(9), dtype=torch.float64)
+    ref = {k: v.clone().requires_grad_(k in ("xs", "ws")) for k, v in t.items()}
+    expected = reference(ref["xs"], ref["ws"], ref["xt"], ref["wt"], labels, reduction=reduction)[0]
+    expected.backward()
+    x = {k: v.half().requires_grad_(k in ("xs", "ws")) for k, v in t.items()}
+    with torch.no_grad():
+        row_scale = ops._generalized_jsd_loss_and_grads(
+            x["xs"] @ x["ws"].T, x["xt"] @ x["wt"].T, labels, 2, 0.5, 1.0, -100, [True, False])[3]
+    assert row_scale.min() < 2.0 ** -24  # some rows' scales are below float16's smallest subnormal
+    npu_loss_ops.fused_linear_jsd_loss(x["xs"], x["ws"], x["xt"], x["wt"], labels, reduction=reduction,
+                                       chunk_size=16).backward()
+    # Row by row for the input's gradient (a row whose scale were flushed would lose its whole gradient: 100%);
+    # within 25%: float16's rounding of logits of magnitude ~2 (2^-10) is up to about a tenth of the difference
+    # between the student's and the teacher's logits here (measured: 1% to 11% per row).
+    e, a = ref["xs"].grad, x["xs"].grad.double()
+    kept = labels != -100
+    err = ((a - e).abs().amax(-1) - 2.0 ** -24).clamp(min=0) / e.abs().amax(-1).clamp(min=1e-30)
+    assert err[kept].max() <= 0.25, f"xs: rows off by up to {err[kept].max():.2e} of their largest magnitude"
+    e, a = ref["ws"].grad, x["ws"].grad.double()
+    assert float((a - e).abs().max()) <= 0.25 * float(e.abs().max())
+
+
 @pytest.mark.parametrize("chunk_size", [1, 3, 7, 64, None])
 def test_chunk_size_does_not_change_the_result(chunk_size):
     """Any chunk gives the reference's numbers (float64: the chunking reorders the row sums only)."""

@@ -371,28 +371,45 @@ def test_jsd_path_per_chip(npu, op, dtype, beta, mask):
         scale = row_scale.unsqueeze(-1)  # float16's gradients are stored times a power of two per row
         return [value, gs.float() * scale if gs.numel() else gs, gt.float() * scale if gt.numel() else gt]
 
+    want, got, trace = _cpu_and_traced_npu(run, npu)
+    _assert_jsd_path(trace, op != "forward", dtype, beta, mask, op)
+    assert "aclnnDivs" not in trace or jsd_row_api(op != "forward", dtype, beta) is None, trace
+    _assert_close_to_cpu(got, want, dtype)
+
+
+def _cpu_and_traced_npu(run, npu):
+    """run("cpu"), run(npu) on the host, and the emulator's trace of the NPU call."""
     want = run("cpu")
     torch.npu.synchronize()
     emulator.trace_reset()
     got = [r.cpu() for r in run(npu)]
     torch.npu.synchronize()
-    trace = emulator.trace()
-    gradients = op != "forward"
+    return want, got, emulator.trace()
+
+
+def _assert_jsd_path(trace, gradients, dtype, beta, mask, what):
+    """The generalized JSD's row for this call, from the trace: on an aclnn row aclnnLogSoftmax, aclnnLogAddExp for
+    the mixture, and with gradients aclnnLogSoftmaxBackward (aclnnKlDivTargetBackward for the teacher's at beta 0
+    and the student's at beta 1); on a composite row none of the three and the composite's aclnnDivs. No call
+    rejected or outside its API's documented chips and dtypes."""
     api = jsd_row_api(gradients, dtype, beta)
     assert not [k for k in trace if "GetWorkspaceSize:" in k or k.startswith("aclop:")], trace
     ran = set(trace) & JSD_PATH_APIS
     if api is None:
         # torch_npu's own kernels, which on 310P and 310B include APIs their documents do not list there
         assert not ran and "aclnnDivs" in trace, f"{family()}: expected the composite, the trace is {trace}"
-    else:
-        assert not [k for k in trace if k.endswith(":undocumented")], trace
-        assert "aclnnLogSoftmax" in trace and "aclnnDivs" not in trace, trace
-        expected = {"aclnnLogAddExp"} if beta not in (0.0, 1.0) else set()
-        if gradients:
-            expected.add("aclnnLogSoftmaxBackward")
-            if (beta == 0.0 and mask[1]) or (beta == 1.0 and mask[0]):
-                expected.add("aclnnKlDivTargetBackward")
-        assert ran == expected, f"{op} on {family()}: ran {sorted(ran)}, expected {sorted(expected)}"
+        return
+    assert not [k for k in trace if k.endswith(":undocumented")], trace
+    assert "aclnnLogSoftmax" in trace, trace
+    expected = {"aclnnLogAddExp"} if beta not in (0.0, 1.0) else set()
+    if gradients:
+        expected.add("aclnnLogSoftmaxBackward")
+        if (beta == 0.0 and mask[1]) or (beta == 1.0 and mask[0]):
+            expected.add("aclnnKlDivTargetBackward")
+    assert ran == expected, f"{what} on {family()}: ran {sorted(ran)}, expected {sorted(expected)}"
+
+
+def _assert_close_to_cpu(got, want, dtype):
     for g, w in zip(got, want):  # each result within its dtype's tolerance of its largest element
         tol = TOLERANCE[dtype]
         torch.testing.assert_close(g, w, rtol=tol, atol=tol * float(w.abs().max()) if w.numel() else 0.0)
@@ -420,27 +437,10 @@ def test_fused_linear_jsd_path_per_chip(npu, dtype, beta):
         loss.backward()
         return [loss.detach()] + [t.grad for t in x]
 
-    want = run("cpu")
-    torch.npu.synchronize()
-    emulator.trace_reset()
-    got = [r.cpu() for r in run(npu)]
-    torch.npu.synchronize()
-    trace = emulator.trace()
-    api = jsd_row_api(True, dtype, beta)
-    assert not [k for k in trace if "GetWorkspaceSize:" in k or k.startswith("aclop:")], trace
+    want, got, trace = _cpu_and_traced_npu(run, npu)
     assert set(trace) & MATMUL_APIS, f"no matmul in the trace: {trace}"
-    ran = set(trace) & JSD_PATH_APIS
-    if api is None:
-        assert not ran and "aclnnDivs" in trace, f"{family()}: expected the composite, the trace is {trace}"
-    else:
-        assert not [k for k in trace if k.endswith(":undocumented")], trace
-        expected = {"aclnnLogSoftmaxBackward"} | ({"aclnnLogAddExp"} if beta not in (0.0, 1.0) else set())
-        if beta == 0.0:
-            expected.add("aclnnKlDivTargetBackward")  # the teacher's gradient at beta 0
-        assert ran == expected, f"{family()}: ran {sorted(ran)}, expected {sorted(expected)}"
-    for g, w in zip(got, want):
-        tol = TOLERANCE[dtype]
-        torch.testing.assert_close(g, w, rtol=tol, atol=tol * float(w.abs().max()))
+    _assert_jsd_path(trace, True, dtype, beta, (True, True), "fused_linear_jsd_loss")
+    _assert_close_to_cpu(got, want, dtype)
 
 
 FRACTAL_NZ = 29

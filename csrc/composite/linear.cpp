@@ -182,10 +182,17 @@ LinearResults linear_with_grads(
     const bool row_scaled = scales_rows(z[0], z[1], row_mask);
     for (int side = 0; side < 2; ++side) {
       if (!side_grads[side]) continue;
-      // The logits' gradient of the loss: the row loss's (times its row scales, powers of two, for float16)
-      // times the soft factor, plus the hard loss's, all times the stored scale.
-      if (row_scaled) g[side].mul_(row_scale.to(g[side].scalar_type()).unsqueeze(-1));
-      g[side].mul_(soft_factor * scales[side]);
+      // The logits' gradient of the loss: the row loss's (times its row scales for float16, which need not be
+      // representable in float16 themselves) times the soft factor, plus the hard loss's, all times the stored
+      // scale.
+      if (row_scaled) {
+        in_row_blocks(m, vocab, [&](int64_t first, int64_t count) {
+          const at::Tensor factor = row_scale.narrow(0, first, count).to(acc) * (soft_factor * scales[side]);
+          g[side].narrow(0, first, count).mul_(factor.unsqueeze(-1));
+        });
+      } else {
+        g[side].mul_(soft_factor * scales[side]);
+      }
       if (side == 0 && hard_grad) {
         if (g[0].scalar_type() == h.scalar_type()) {
           g[0].add_(h);

@@ -75,19 +75,16 @@ struct LinearKernels {
     return linear_with_grads(d, spec, call, mask, Step::step());
   }
 
+  // The forward: the same, without gradients.
   static std::tuple<at::Tensor, at::Tensor, at::Tensor> forward(
       const at::Tensor& student_input, const at::Tensor& student_weight, const at::Tensor& teacher_input,
       const at::Tensor& teacher_weight, const std::optional<at::Tensor>& labels,
       const std::optional<at::Tensor>& student_bias, const std::optional<at::Tensor>& teacher_bias,
       c10::string_view reduction, double beta, double temperature, int64_t ignore_index, double weight_hard,
       double weight_soft, std::optional<int64_t> chunk_size, bool return_parts) {
-    const LinearSpec spec = linear_spec<int64_t>(
-        d, d.linear.forward, student_input, student_weight, teacher_input, teacher_weight, labels, student_bias,
-        teacher_bias, reduction, beta, temperature, weight_hard, weight_soft, chunk_size);
-    const LinearCall call{{&student_input, &teacher_input}, {&student_weight, &teacher_weight},
-                          {&student_bias, &teacher_bias}, labels, spec.reduction, beta, temperature, ignore_index,
-                          weight_hard, weight_soft, chunk_size.value_or(0), return_parts};
-    auto r = linear_with_grads(d, spec, call, {}, Step::step());
+    auto r = with_grads(student_input, student_weight, teacher_input, teacher_weight, labels, student_bias,
+                        teacher_bias, reduction, beta, temperature, ignore_index, weight_hard, weight_soft, chunk_size,
+                        return_parts, {});
     return {std::get<0>(r), std::get<1>(r), std::get<2>(r)};
   }
 };

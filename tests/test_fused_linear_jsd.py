@@ -280,6 +280,17 @@ def test_opcheck(mask):
     torch.library.opcheck(ops.fused_linear_jsd_loss.default, args[:-1])
 
 
+def test_opcheck_non_contiguous_inputs():
+    """Strided hidden states, a transposed weight and a strided bias: the fake kernel's results have the real
+    kernel's strides."""
+    xs, ws, xt, wt, labels, bs, _, *rest = _op_args((True, True, True, True, True, False))
+    xs2 = torch.randn(xs.shape[1], xs.shape[0]).t().requires_grad_()
+    ws2 = torch.randn(ws.shape[1], ws.shape[0]).t().requires_grad_()
+    bs2 = torch.randn(2 * bs.shape[0])[::2].requires_grad_()
+    torch.library.opcheck(ops._fused_linear_jsd_loss_and_grads.default,
+                          (xs2, ws2, xt, wt, labels, bs2, None, *rest[:-1], [True, True, True, False, True, False]))
+
+
 def test_the_forward_with_gradients_is_the_functional_s():
     """The op's ten results: the three values, each gradient asked for (empty otherwise), the stored scale (1
     but for float16), and the same gradients autograd gives."""

@@ -129,7 +129,7 @@ LinearResults linear_with_grads(
   for (int side = 0; side < 2; ++side) {
     const at::Tensor& w = *c.weight[side];
     const std::optional<at::Tensor>& b = *c.bias[side];
-    grads[3 * side] = mask[3 * side] ? at::empty_like(*x[side]) : at::empty({0}, x[side]->options());
+    grads[3 * side] = at::empty(mask[3 * side] ? x[side]->sizes() : c10::IntArrayRef{0}, x[side]->options());
     grads[3 * side + 1] = mask[3 * side + 1] ? at::zeros_like(w) : at::empty({0}, w.options());
     const bool bias_grad = mask[3 * side + 2] && b.has_value() && b->defined();
     if (bias_grad) bias_sum[side] = at::zeros({vocab}, w.options().dtype(acc));
@@ -152,7 +152,8 @@ LinearResults linear_with_grads(
       z[side] = logits[side].narrow(0, 0, m);
       logits_into(z[side], xc[side], *c.weight[side], *c.bias[side]);
     }
-    const std::optional<at::Tensor> lab = labels ? std::optional<at::Tensor>(labels->narrow(0, start, m)) : std::nullopt;
+    const std::optional<at::Tensor> lab =
+        labels ? std::optional<at::Tensor>(labels->narrow(0, start, m)) : std::nullopt;
     at::Tensor h, chunk_keep, target;
     if (hard) {
       // The cross entropy's sum over the kept rows, and (weighted in) its gradient softmax - one_hot, times

@@ -525,7 +525,8 @@ BasicLinearSpec<Int> linear_spec(
   }
   for (int side = 0; side < 2; ++side) {
     check_dtype(op, f.inputs[side], *inputs[side]);
-    for (const NamedTensor& t : {NamedTensor{f.weights[side], weights[side]}, NamedTensor{f.biases[side], biases[side]}}) {
+    for (const NamedTensor& t :
+         {NamedTensor{f.weights[side], weights[side]}, NamedTensor{f.biases[side], biases[side]}}) {
       if (!t.second->defined()) continue;
       TORCH_CHECK_TYPE(
           t.second->scalar_type() == inputs[side]->scalar_type(), op, ": ", t.first, " must have ", f.inputs[side],

@@ -56,15 +56,18 @@ struct LinearMeta {
         d, d.linear.forward, student_input, student_weight, teacher_input, teacher_weight, labels, student_bias,
         teacher_bias, reduction, beta, temperature, weight_hard, weight_soft, chunk_size);
     const auto scalar = [&] { return at::empty({}, student_input.options().dtype(spec.dtype)); };
-    const auto grad = [&](bool wanted, const at::Tensor& like, const at::Tensor& input) {
-      return wanted && like.defined() ? at::empty_like(like) : at::empty({0}, input.options());
+    // The inputs' and biases' gradients are new contiguous tensors, the weights' keep the weights' layout (as
+    // zeros_like), as composite/linear.cpp makes them.
+    const auto grad = [&](bool wanted, const at::Tensor& like, const at::Tensor& input, bool layout_of_like) {
+      if (!wanted || !like.defined()) return at::empty({0}, input.options());
+      return layout_of_like ? at::empty_like(like) : at::empty_symint(like.sym_sizes(), like.options());
     };
     const at::Tensor none;
     return {scalar(), scalar(), scalar(),
-            grad(mask[0], student_input, student_input), grad(mask[1], student_weight, student_weight),
-            grad(mask[2], student_bias.value_or(none), student_input),
-            grad(mask[3], teacher_input, teacher_input), grad(mask[4], teacher_weight, teacher_weight),
-            grad(mask[5], teacher_bias.value_or(none), teacher_input),
+            grad(mask[0], student_input, student_input, false), grad(mask[1], student_weight, student_weight, true),
+            grad(mask[2], student_bias.value_or(none), student_input, false),
+            grad(mask[3], teacher_input, teacher_input, false), grad(mask[4], teacher_weight, teacher_weight, true),
+            grad(mask[5], teacher_bias.value_or(none), teacher_input, false),
             at::empty({2}, student_input.options().dtype(at::kFloat))};
   }
 

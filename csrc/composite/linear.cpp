@@ -49,8 +49,10 @@ void in_row_blocks(int64_t rows, int64_t vocab, const Fn& fn) {
 // 'mean' by K * V does not flush them to zero before grad_output reaches them. 1 for every other dtype.
 double stored_scale(double largest_factor, bool half) {
   if (!half || !(largest_factor > 0) || !std::isfinite(largest_factor)) return 1.0;
-  const int exponent = std::clamp(static_cast<int>(-std::floor(std::log2(largest_factor))), -60, 60);
-  return std::ldexp(1.0, exponent);
+  int exponent;
+  std::frexp(largest_factor, &exponent);  // largest_factor in [2^(exponent - 1), 2^exponent); frexp, not log2,
+                                          // keeps the wheel's glibc floor (log2 is versioned 2.29)
+  return std::ldexp(1.0, std::clamp(1 - exponent, -60, 60));
 }
 
 }  // namespace

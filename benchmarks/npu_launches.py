@@ -196,6 +196,22 @@ def measure(baselines: bool = True) -> dict:
                 ops[name] = ops.get(name, 0) + n
         return {"launches": sum(ops.values()), "chunks": 0}
 
+    def traced_launches(call) -> dict:
+        """{launches, ops} of what `call` ran on the emulated NPU, or {note} where it failed or the emulator lacks
+        an operator it needs."""
+        try:
+            torch.npu.synchronize()
+            emulator.trace_reset()
+            call()
+            torch.npu.synchronize()
+            trace = emulator.trace()
+        except Exception as e:  # noqa: BLE001
+            return {"note": f"fails on the emulator: {type(e).__name__}: {str(e).splitlines()[0][:120]}"}
+        if lacking(trace):
+            return {"note": f"the emulator lacks what this call needs ({lacking(trace)})"}
+        n, ops = launches(trace)
+        return {"launches": n, "ops": ops}
+
     def jsd_one(composite: bool, op, dtype, beta, rows):
         """{launches, chunks (two log-softmaxes each), ops} of one call of a JSD op (or of its composite)."""
         gen = torch.Generator().manual_seed(0)
@@ -213,17 +229,10 @@ def measure(baselines: bool = True) -> dict:
         elif op == "backward":
             args = (torch.tensor(1.0, device=dev, dtype=dt), *args, [True, True])
         fn = (lambda *a: packet._op_dk(torch._C.DispatchKey.CompositeExplicitAutograd, *a)) if composite else packet
-        try:
-            torch.npu.synchronize()
-            emulator.trace_reset()
-            fn(*args)
-            torch.npu.synchronize()
-            trace = emulator.trace()
-        except Exception as e:  # noqa: BLE001
-            return {"note": f"fails on the emulator: {type(e).__name__}: {str(e).splitlines()[0][:120]}"}
-        if lacking(trace):
-            return {"note": f"the emulator lacks what this call needs ({lacking(trace)})"}
-        n, ops = launches(trace)
+        result = traced_launches(lambda: fn(*args))
+        if "note" in result:
+            return result
+        n, ops = result["launches"], result["ops"]
         counted = {"launches": n, "chunks": ops.get("aclnnLogSoftmax", 0) // 2}
         return counted if composite else {**counted, "ops": ops}  # ours' operators, for --check's message
 
@@ -236,19 +245,9 @@ def measure(baselines: bool = True) -> dict:
         labels = torch.arange(rows).remainder(7)
         labels[::4] = -100
         labels = labels.to(dev)
-        try:
-            torch.npu.synchronize()
-            emulator.trace_reset()
-            npu_loss_ops.fused_linear_jsd_loss(xs, ws, xt, wt, labels, weight_hard_loss=hard,
-                                               chunk_size=FUSED_CHUNK).backward()
-            torch.npu.synchronize()
-            trace = emulator.trace()
-        except Exception as e:  # noqa: BLE001
-            return {"note": f"fails on the emulator: {type(e).__name__}: {str(e).splitlines()[0][:120]}"}
-        if lacking(trace):
-            return {"note": f"the emulator lacks what this call needs ({lacking(trace)})"}
-        n, ops = launches(trace)
-        return {"launches": n, "chunks": -(-rows // FUSED_CHUNK), "ops": ops}
+        result = traced_launches(lambda: npu_loss_ops.fused_linear_jsd_loss(
+            xs, ws, xt, wt, labels, weight_hard_loss=hard, chunk_size=FUSED_CHUNK).backward())
+        return result if "note" in result else {**result, "chunks": -(-rows // FUSED_CHUNK)}
 
     family = os.environ.get("NPU_EMU_SOC", "?")
     # The composite's and TRL's columns (about 6 and 0.03 times ours' launches) only where the table is made:

@@ -132,7 +132,9 @@ LinearResults linear_with_grads(
     const at::Tensor& w = *c.weight[side];
     const std::optional<at::Tensor>& b = *c.bias[side];
     grads[3 * side] = at::empty(mask[3 * side] ? x[side]->sizes() : c10::IntArrayRef{0}, x[side]->options());
-    grads[3 * side + 1] = mask[3 * side + 1] ? at::zeros_like(w) : at::empty({0}, w.options());
+    // Written by the first chunk (beta 0): zeros only where there is no chunk.
+    grads[3 * side + 1] = mask[3 * side + 1] ? (n > 0 ? at::empty_like(w) : at::zeros_like(w))
+                                             : at::empty({0}, w.options());
     const bool bias_grad = mask[3 * side + 2] && b.has_value() && b->defined();
     if (bias_grad) bias_sum[side] = at::zeros({vocab}, w.options().dtype(acc));
   }
@@ -211,7 +213,7 @@ LinearResults linear_with_grads(
         at::Tensor rows_out = grads[3 * side].narrow(0, start, m);
         at::mm_out(rows_out, g[side], w);
       }
-      if (mask[3 * side + 1]) grads[3 * side + 1].addmm_(g[side].t(), xc[side]);
+      if (mask[3 * side + 1]) grads[3 * side + 1].addmm_(g[side].t(), xc[side], /*beta=*/start == 0 ? 0 : 1);
       if (bias_sum[side].defined()) {
         in_row_blocks(m, vocab, [&](int64_t first, int64_t count) {
           bias_sum[side].add_(g[side].narrow(0, first, count).sum({0}, false, acc));

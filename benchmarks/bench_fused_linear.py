@@ -175,9 +175,9 @@ print(json.dumps({"times": times, "peak": peak, "warm_s": warm_s, "grad_err": er
 def default_chunk(n: int, v: int, elsize: int, hard: bool) -> int:
     """ours' default rows per chunk (csrc/composite/linear.cpp, linear_chunk_rows; the CPU's step writes the
     gradients over the logits): both logits' rows, and the cross entropy's float32 row where its weight is not
-    0, within a sixth of one N x V tensor and 1 GiB."""
+    0, within an eighth of one N x V tensor and 1 GiB."""
     per_row = v * (2 * elsize + (4 if hard else 0))
-    return max(1, min(n, min(n * v * elsize // 6, 1 << 30) // per_row))
+    return max(1, min(n, min(n * v * elsize // 8, 1 << 30) // per_row))
 
 
 def available(module: str) -> bool:

@@ -574,7 +574,7 @@ def fused_linear_jsd_loss(
             are made for a scalar loss). Default: ``'batchmean'``
         weight_hard_loss (float): ``>= 0``. Default: ``0.0`` (TRL's use of Liger; Liger's own default is 0.5)
         weight_soft_loss (float): ``>= 0``. Default: ``1.0`` (Liger's own: 0.5)
-        chunk_size (int, optional): rows per chunk; by default as many as keep a chunk's buffers within a sixth
+        chunk_size (int, optional): rows per chunk; by default as many as keep a chunk's buffers within an eighth
             of one N x V tensor of the result's dtype (and 1 GiB).
         return_soft_hard_loss (bool): also return the two parts, unweighted (as Liger does), not differentiable.
             Without labels the hard part is 0.

@@ -40,7 +40,7 @@ struct RowStep {
 
 // The default share of one N x V tensor of the result's dtype a chunk's buffers may take (the contract's
 // bound is 0.25x: the rest is left to the allocator's rounding and the kernels' own scratch), and its cap.
-inline constexpr int64_t kLinearChunkShare = 6;  // 1/6
+inline constexpr int64_t kLinearChunkShare = 8;  // 1/8
 inline constexpr int64_t kLinearChunkMaxBytes = int64_t{1} << 30;
 
 // The bytes one row of a chunk holds: both logits, the gradients where the step does not write them over the

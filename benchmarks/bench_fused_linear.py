@@ -172,12 +172,11 @@ print(json.dumps({"times": times, "peak": peak, "warm_s": warm_s, "grad_err": er
 """
 
 
-def default_chunk(n: int, v: int, elsize: int, hard: bool) -> int:
-    """ours' default rows per chunk (csrc/composite/linear.cpp, linear_chunk_rows; the CPU's step writes the
-    gradients over the logits): both logits' rows, and the cross entropy's float32 row where its weight is not
-    0, within an eighth of one N x V tensor and 1 GiB."""
-    per_row = v * (2 * elsize + (4 if hard else 0))
-    return max(1, min(n, min(n * v * elsize // 8, 1 << 30) // per_row))
+def default_chunk(n: int, v: int, elsize: int) -> int:
+    """ours' default rows per chunk (csrc/composite/linear.cpp, linear_chunk_rows) for the float32 and bfloat16
+    calls timed here: the CPU's step writes the gradients over the logits and makes the cross entropy in the
+    same passes, so a row holds both logits' rows, within an eighth of one N x V tensor and 1 GiB."""
+    return max(1, min(n, min(n * v * elsize // 8, 1 << 30) // (v * 2 * elsize)))
 
 
 def available(module: str) -> bool:
@@ -223,7 +222,7 @@ def main() -> None:
     started = time.time()
     for dtype, n, h, v, wh in grid:
         elsize = torch.empty((), dtype=getattr(torch, dtype)).element_size()
-        chunk = default_chunk(n, v, elsize, wh != 0)
+        chunk = default_chunk(n, v, elsize)
         for method in methods:
             progress.begin(f"{method} {dtype} N={n} H={h} V={v} hard={wh:g}")
             row = {"dtype": dtype, "n": n, "h": h, "v": v, "wh": wh, "method": method, "chunk": chunk}

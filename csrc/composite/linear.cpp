@@ -2,6 +2,9 @@
 #include "linear.h"
 
 #include <ATen/ATen.h>
+#include <ATen/Context.h>
+#include <ATen/core/dispatch/Dispatcher.h>
+#include <sys/mman.h>
 
 #include <algorithm>
 #include <cmath>
@@ -22,6 +25,19 @@ int64_t itemsize(c10::ScalarType dtype) {
   return static_cast<int64_t>(c10::elementSize(dtype));
 }
 
+// A CPU buffer of its own pages (an anonymous mapping), returned to the system when it is freed; other devices'
+// from their allocator. The C library serves requests below its moving mmap threshold (up to 32 MiB) from its
+// heap, where a call's chunk buffers, among the allocations around them, left holes that no later request
+// filled: the same call peaked at 0.20x or 0.33x one N x V tensor from one process to the next (measured,
+// float16 at N = 4,096, V = 32,768).
+at::Tensor own_pages(c10::IntArrayRef sizes, const at::TensorOptions& options) {
+  const int64_t bytes = c10::multiply_integers(sizes) * static_cast<int64_t>(options.dtype().itemsize());
+  if (!options.device().is_cpu() || bytes == 0) return at::empty(sizes, options);
+  void* data = mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+  TORCH_CHECK(data != MAP_FAILED, "npu_loss: could not allocate ", bytes, " bytes for a chunk's buffers");
+  return at::from_blob(data, sizes, [bytes](void* p) { munmap(p, bytes); }, options);
+}
+
 // x @ w.T (+ b) into `out`, through addmm (beta 0 without a bias: out's contents are ignored): on CPU,
 // at::mm_out into a buffer with a transposed weight makes a temporary of the buffer's size first (measured,
 // bfloat16 and float32), addmm_out does not.
@@ -32,6 +48,95 @@ void logits_into(at::Tensor& out, const at::Tensor& x, const at::Tensor& w, cons
     at::addmm_out(out, out, x, w.t(), /*beta=*/0);
   }
 }
+
+// Whether at::addmm makes a CPU product of this dtype with oneDNN's own kernels: bfloat16 where oneDNN has
+// them (AVX-512 or AMX on x86; ONEDNN_MAX_CPU_ISA may lower that), float16 where it has those (AVX-512-FP16,
+// AMX). Without them ATen's own GEMM converts an operand to float32 whole first, a temporary of the weight's
+// size (measured: 0.64x one N x V tensor of bfloat16 at N = 1,024, H = 256, V = 151,936, and minutes per call);
+// the products are then made here in float32 blocks of the vocabulary (below). Asked once, of torch's own
+// mkldnn::_is_mkldnn_*_supported ops (a torch without them is taken to have the kernels).
+bool mkldnn_has(const char* op) {
+  const auto handle = c10::Dispatcher::singleton().findSchema({op, ""});
+  return !handle.has_value() || handle->typed<bool()>().call();
+}
+
+bool native_cpu_products(c10::ScalarType dtype) {
+  if (dtype != at::kBFloat16 && dtype != at::kHalf) return true;
+  static const bool bf16 = mkldnn_has("mkldnn::_is_mkldnn_bf16_supported");
+  static const bool fp16 = mkldnn_has("mkldnn::_is_mkldnn_fp16_supported");
+  return at::globalContext().userEnabledMkldnn() && (dtype == at::kBFloat16 ? bf16 : fp16);
+}
+
+// The products in float32 blocks of the vocabulary, for a dtype without native_cpu_products: each block of
+// the weight's rows (and of the logits' columns) converted to float32, multiplied, and rounded once into the
+// dtype, as oneDNN's kernels round a float32 accumulation. Its float32 buffers are allocated once per call
+// and hold about kProductBlockElements floats each (2 MiB), whatever N and V, plus a chunk's rows of H twice.
+constexpr int64_t kProductBlockElements = int64_t{1} << 19;
+
+class BlockedProducts {
+ public:
+  BlockedProducts(int64_t rows, const at::Tensor& w)
+      : vocab_(w.size(0)),
+        hidden_(w.size(1)),
+        block_(std::clamp<int64_t>(kProductBlockElements / std::max<int64_t>({rows, hidden_, 1}), 1,
+                                   std::max<int64_t>(vocab_, 1))) {
+    const auto f32 = w.options().dtype(at::kFloat);
+    x_ = own_pages({rows * hidden_}, f32);
+    dx_ = own_pages({rows * hidden_}, f32);
+    rows_block_ = own_pages({rows * block_}, f32);
+    weight_block_ = own_pages({block_ * hidden_}, f32);
+    product_block_ = own_pages({block_ * hidden_}, f32);
+  }
+
+  // out = x @ w.T (+ b).
+  void logits(at::Tensor& out, const at::Tensor& x, const at::Tensor& w, const std::optional<at::Tensor>& b) {
+    const int64_t m = x.size(0);
+    const at::Tensor xf = view(x_, m, hidden_).copy_(x);
+    for (int64_t v0 = 0; v0 < vocab_; v0 += block_) {
+      const int64_t count = std::min(block_, vocab_ - v0);
+      at::Tensor o = view(rows_block_, m, count);
+      const at::Tensor wf = view(weight_block_, count, hidden_).copy_(w.narrow(0, v0, count));
+      std::optional<at::Tensor> bf;
+      if (b.has_value() && b->defined()) bf = b->narrow(0, v0, count).to(at::kFloat);
+      logits_into(o, xf, wf, bf);
+      out.narrow(1, v0, count).copy_(o);
+    }
+  }
+
+  // dx = g @ w and dw = g.T @ x (dw += g.T @ x where `accumulate`); each undefined where not wanted.
+  void grads(const at::Tensor& g, const at::Tensor& x, const at::Tensor& w, at::Tensor dx, at::Tensor dw,
+             bool accumulate) {
+    const int64_t m = g.size(0);
+    const at::Tensor xf = dw.defined() ? view(x_, m, hidden_).copy_(x) : at::Tensor();
+    at::Tensor dxf = view(dx_, m, hidden_);
+    for (int64_t v0 = 0; v0 < vocab_; v0 += block_) {
+      const int64_t count = std::min(block_, vocab_ - v0);
+      const at::Tensor gf = view(rows_block_, m, count).copy_(g.narrow(1, v0, count));
+      if (dx.defined()) {
+        const at::Tensor wf = view(weight_block_, count, hidden_).copy_(w.narrow(0, v0, count));
+        dxf.addmm_(gf, wf, /*beta=*/v0 == 0 ? 0 : 1);
+      }
+      if (dw.defined()) {
+        // dw's rows in float32 (an in-place op of two dtypes would make a temporary), the product added in
+        // float32, rounded once into the dtype.
+        at::Tensor rows = dw.narrow(0, v0, count), product = view(product_block_, count, hidden_);
+        if (accumulate) product.copy_(rows);
+        at::addmm_out(product, product, gf.t(), xf, /*beta=*/accumulate ? 1 : 0);
+        rows.copy_(product);
+      }
+    }
+    if (dx.defined()) dx.copy_(dxf);
+  }
+
+ private:
+  // A (rows, count) view of a flat buffer: addmm_out writes a contiguous result in place.
+  static at::Tensor view(const at::Tensor& flat, int64_t rows, int64_t count) {
+    return flat.narrow(0, 0, rows * count).view({rows, count});
+  }
+
+  int64_t vocab_, hidden_, block_;
+  at::Tensor x_, dx_, rows_block_, weight_block_, product_block_;
+};
 
 // fn(first, count) over blocks of a chunk's rows of about kBlockElements elements each: an op of two dtypes
 // (a bfloat16 gradient and float32 probabilities) makes a float32 temporary of its operands' size, which a
@@ -60,8 +165,8 @@ double stored_scale(double largest_factor, bool half) {
 int64_t linear_row_bytes(const LinearSpec& spec, const LinearCall& c, std::array<bool, 6> mask, const RowStep& step) {
   const int64_t s = itemsize(c.input[0]->scalar_type()), t = itemsize(c.input[1]->scalar_type());
   const bool student_grads = mask[0] || mask[1] || mask[2], teacher_grads = mask[3] || mask[4] || mask[5];
-  const bool hard = spec.labels && (c.weight_hard != 0 || c.return_parts);
-  int64_t bytes = s + t + (hard ? itemsize(accumulate_dtype(spec.dtype)) : 0) + step.scratch_bytes;
+  const bool probs = spec.labels && (c.weight_hard != 0 || c.return_parts) && !step.fuses;
+  int64_t bytes = s + t + (probs ? itemsize(accumulate_dtype(spec.dtype)) : 0) + step.scratch_bytes;
   if (!step.in_place) bytes += (student_grads ? s : 0) + (teacher_grads ? t : 0);
   return bytes * std::max<int64_t>(spec.vocab, 1);
 }
@@ -92,6 +197,7 @@ LinearResults linear_with_grads(
   int64_t kept = n;
   const bool hard = spec.labels && (c.weight_hard != 0 || c.return_parts);
   const bool hard_grad = hard && c.weight_hard != 0 && side_grads[0];
+  const bool fuse = step.fuses;
   if (spec.labels) {
     labels = c.labels->reshape({n}).to(at::kLong);
     keep = *labels != c.ignore_index;
@@ -145,8 +251,12 @@ LinearResults linear_with_grads(
   const int64_t rows = std::min(chunk, n);
   // The chunk's buffers, allocated once per call (a new one per chunk leaves the C library's heap holding the
   // freed ones).
-  at::Tensor logits[2] = {at::empty({rows, vocab}, xs.options()), at::empty({rows, vocab}, xt.options())};
-  at::Tensor probs = hard ? at::empty({rows, vocab}, xs.options().dtype(acc)) : at::Tensor();
+  at::Tensor logits[2] = {own_pages({rows, vocab}, xs.options()), own_pages({rows, vocab}, xt.options())};
+  at::Tensor probs = hard && !fuse ? own_pages({rows, vocab}, xs.options().dtype(acc)) : at::Tensor();
+  std::optional<BlockedProducts> products[2];
+  for (int side = 0; side < 2; ++side) {
+    if (x[side]->is_cpu() && !native_cpu_products(x[side]->scalar_type())) products[side].emplace(rows, *c.weight[side]);
+  }
   const std::array<bool, 2> row_mask{side_grads[0], side_grads[1]};
   for (int64_t start = 0; start < n; start += chunk) {
     const int64_t m = std::min(chunk, n - start);
@@ -154,12 +264,16 @@ LinearResults linear_with_grads(
     for (int side = 0; side < 2; ++side) {
       xc[side] = x[side]->narrow(0, start, m);
       z[side] = logits[side].narrow(0, 0, m);
-      logits_into(z[side], xc[side], *c.weight[side], *c.bias[side]);
+      if (products[side]) {
+        products[side]->logits(z[side], xc[side], *c.weight[side], *c.bias[side]);
+      } else {
+        logits_into(z[side], xc[side], *c.weight[side], *c.bias[side]);
+      }
     }
     const std::optional<at::Tensor> lab =
         labels ? std::optional<at::Tensor>(labels->narrow(0, start, m)) : std::nullopt;
     at::Tensor h, chunk_keep, target;
-    if (hard) {
+    if (hard && !fuse) {
       // The cross entropy's sum over the kept rows, and (weighted in) its gradient softmax - one_hot, times
       // hard_factor * scale on the kept rows, before the row loss may write over the student's logits.
       chunk_keep = keep.narrow(0, start, m);
@@ -180,40 +294,48 @@ LinearResults linear_with_grads(
         h.mul_((chunk_keep.to(acc) * (hard_factor * scales[0])).unsqueeze(-1));
       }
     }
+    // Fused: the soft factor times the stored scales, and the hard loss, in the step's passes.
+    RowExtras extras{soft_factor * scales[0], scales[1] / scales[0], hard, hard_grad ? hard_factor * scales[0] : 0.0};
     auto [value, gs, gt, row_scale] =
-        step.run(z[0], z[1], lab, c.beta, c.temperature, c.ignore_index, row_mask);
+        step.run(z[0], z[1], lab, c.beta, c.temperature, c.ignore_index, row_mask, fuse ? &extras : nullptr);
     soft_sum.add_(value.to(sum_dtype));
+    if (fuse && hard) hard_sum.add_(extras.hard_sum);
     at::Tensor g[2] = {gs, gt};
     const bool row_scaled = scales_rows(z[0], z[1], row_mask);
     for (int side = 0; side < 2; ++side) {
       if (!side_grads[side]) continue;
-      // The logits' gradient of the loss: the row loss's (times its row scales for float16, which need not be
-      // representable in float16 themselves) times the soft factor, plus the hard loss's, all times the stored
-      // scale.
-      if (row_scaled) {
-        in_row_blocks(m, vocab, [&](int64_t first, int64_t count) {
-          const at::Tensor factor = row_scale.narrow(0, first, count).to(acc) * (soft_factor * scales[side]);
-          g[side].narrow(0, first, count).mul_(factor.unsqueeze(-1));
-        });
-      } else {
-        g[side].mul_(soft_factor * scales[side]);
-      }
-      if (side == 0 && hard_grad) {
-        if (g[0].scalar_type() == h.scalar_type()) {
-          g[0].add_(h);
-        } else {
+      if (!fuse) {
+        // The logits' gradient of the loss: the row loss's (times its row scales for float16, which need not
+        // be representable in float16 themselves) times the soft factor, plus the hard loss's, all times the
+        // stored scale.
+        if (row_scaled) {
           in_row_blocks(m, vocab, [&](int64_t first, int64_t count) {
-            at::Tensor into = h.narrow(0, first, count);
-            g[0].narrow(0, first, count).copy_(into.add_(g[0].narrow(0, first, count)));
+            const at::Tensor factor = row_scale.narrow(0, first, count).to(acc) * (soft_factor * scales[side]);
+            g[side].narrow(0, first, count).mul_(factor.unsqueeze(-1));
           });
+        } else {
+          g[side].mul_(soft_factor * scales[side]);
+        }
+        if (side == 0 && hard_grad) {
+          if (g[0].scalar_type() == h.scalar_type()) {
+            g[0].add_(h);
+          } else {
+            in_row_blocks(m, vocab, [&](int64_t first, int64_t count) {
+              at::Tensor into = h.narrow(0, first, count);
+              g[0].narrow(0, first, count).copy_(into.add_(g[0].narrow(0, first, count)));
+            });
+          }
         }
       }
       const at::Tensor& w = *c.weight[side];
-      if (mask[3 * side]) {
-        at::Tensor rows_out = grads[3 * side].narrow(0, start, m);
-        at::mm_out(rows_out, g[side], w);
+      at::Tensor rows_out = mask[3 * side] ? grads[3 * side].narrow(0, start, m) : at::Tensor();
+      if (products[side]) {
+        products[side]->grads(g[side], xc[side], w, rows_out, mask[3 * side + 1] ? grads[3 * side + 1] : at::Tensor(),
+                              start > 0);
+      } else {
+        if (rows_out.defined()) at::mm_out(rows_out, g[side], w);
+        if (mask[3 * side + 1]) grads[3 * side + 1].addmm_(g[side].t(), xc[side], /*beta=*/start == 0 ? 0 : 1);
       }
-      if (mask[3 * side + 1]) grads[3 * side + 1].addmm_(g[side].t(), xc[side], /*beta=*/start == 0 ? 0 : 1);
       if (bias_sum[side].defined()) {
         in_row_blocks(m, vocab, [&](int64_t first, int64_t count) {
           bias_sum[side].add_(g[side].narrow(0, first, count).sum({0}, false, acc));

@@ -26,16 +26,33 @@ namespace npu_loss::composite {
 using LinearResults = std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor,
                                  at::Tensor, at::Tensor, at::Tensor>;
 
+// What a step that fuses them (RowStep::fuses) also does to a chunk, in the same passes over its logits: the
+// gradients times grad_scale (the soft loss's factor and the student's stored scale), the teacher's times
+// teacher_scale more (the ratio of the two sides' stored scales), and, with `hard`, the cross entropy of the
+// student's untempered logits at the labels: its sum over the kept rows (in row order, into hard_sum) and,
+// where the student's gradient is made, hard_weight * (softmax - one_hot) added to it. The gradients are then
+// stored as they are, without the row loss's own float16 row scales.
+struct RowExtras {
+  double grad_scale = 1;
+  double teacher_scale = 1;
+  bool hard = false;
+  double hard_weight = 0;
+  double hard_sum = 0;  // out
+};
+
 // One chunk of the row loss with the gradients of its sum ("sum" reduction): the row loss's four results
 // (the chunk's value, 0-dim; the two gradients, empty where the mask says no; the row scales, float32). A step
-// that writes the gradients over the logits (`in_place`) lets a chunk hold two rows of V instead of four.
+// that writes the gradients over the logits (`in_place`) lets a chunk hold two rows of V instead of four; one
+// that `fuses` takes RowExtras, else `extras` is null and the driver scales the gradients (times the row
+// scales) and makes the hard loss with ATen ops.
 struct RowStep {
   std::function<std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor>(
       const at::Tensor& student, const at::Tensor& teacher, const std::optional<at::Tensor>& labels, double beta,
-      double temperature, int64_t ignore_index, std::array<bool, 2> mask)>
+      double temperature, int64_t ignore_index, std::array<bool, 2> mask, RowExtras* extras)>
       run;
   bool in_place = false;
   int64_t scratch_bytes = 0;  // per logit of a chunk: what the step itself holds at once beyond its results
+  bool fuses = false;
 };
 
 // The default share of one N x V tensor of the result's dtype a chunk's buffers may take (the contract's
@@ -44,7 +61,8 @@ inline constexpr int64_t kLinearChunkShare = 8;  // 1/8
 inline constexpr int64_t kLinearChunkMaxBytes = int64_t{1} << 30;
 
 // The bytes one row of a chunk holds: both logits, the gradients where the step does not write them over the
-// logits, the step's own temporaries, and the hard loss's float32 (float64 for float64) probabilities.
+// logits, the step's own temporaries, and, where the step does not fuse it, the hard loss's float32 (float64
+// for float64) probabilities.
 int64_t linear_row_bytes(const LinearSpec& spec, const LinearCall& c, std::array<bool, 6> mask, const RowStep& step);
 
 // The rows per chunk: chunk_size when given, else the most rows whose buffers fit 1/kLinearChunkShare of one
@@ -95,7 +113,7 @@ template <typename Loss>
 struct OpStep {
   static RowStep step() {
     return {[](const at::Tensor& student, const at::Tensor& teacher, const std::optional<at::Tensor>& labels,
-               double beta, double temperature, int64_t ignore_index, std::array<bool, 2> mask) {
+               double beta, double temperature, int64_t ignore_index, std::array<bool, 2> mask, RowExtras*) {
               return ops::row_with_grads<Loss>().call(student, teacher, labels, kSum, beta, temperature, ignore_index,
                                                       mask);
             },

@@ -94,10 +94,18 @@ struct JsdRows {
   void* grad_teacher;
   const void* grad_output;               // kept row k's weights at + k * vocab (the backward of 'none'); null: one
   double grad_scale;                     // every weight's factor
+  double teacher_scale;                  // the teacher's gradients' factor on top of it (with row_scale null)
   // Non-null: each kept row's gradients are stored times a power of two 2^j that brings the row's largest
   // within 2^-14 .. 2^14 (float16's range for gradients made before the loss scale reaches them), and
   // row_scale[r] = 2^-j; null: stored as they are.
   float* row_scale;
+  // The hard loss (the linear form's cross entropy on the student's untempered logits, composite/linear.h's
+  // RowExtras), where hard_labels is non-null: row r's label at hard_labels[r] (within [0, V) for a kept row);
+  // kept row k's -log softmax(student)[label] at hard_sums[k]; and, where the student's gradient is made,
+  // hard_weight * (softmax(student) - one_hot(label)) added to it. Only with row_scale null.
+  const int64_t* hard_labels;
+  double* hard_sums;
+  double hard_weight;
 };
 
 // Whether a call's operands share one storage type and its rows are contiguous: the kernel then reads and

@@ -13,7 +13,9 @@
 //      (one log): the row's values f, summed or written ('none'), and a_s = g * df/ds and a_t = g * df/dt
 //      (g: each element's gradient weight), summed; p, q, a_s and a_t wait for pass 3 (RowScratch);
 //   3. the gradients w.r.t. the logits, (a_s - p * sum(a_s)) / T and (a_t - q * sum(a_t)) / T.
-// So 2 exp and 1 log per logit, with or without the gradients. Where the mixture is not a normal float in
+// So 2 exp and 1 log per logit, with or without the gradients. The linear form's hard loss (cross entropy on
+// the student's untempered logits, isa.h's JsdRows) rides on them: pass 1's log-sum-exp where T == 1 (else
+// one more pass of its own), the label's logit read in pass 2, and its gradient added to a_s there. Where the mixture is not a normal float in
 // every lane of a vector (log-probabilities below -87), that vector's s - m and t - m come from
 // d = s - t + log(1 - beta) - log(beta) instead: s - m = -log(1 - beta) - softplus(-d) and
 // t - m = -log(beta) - softplus(d), exact where p and q underflow.
@@ -55,6 +57,17 @@ NPU_LOSS_SIMD_INLINE auto first_lanes(int64_t n) {
   typename IoT::T buffer[IoT::kLanes];
   IoT::store(buffer, cst<V>(1));
   std::memset(buffer + n, 0, (IoT::kLanes - n) * sizeof(buffer[0]));
+  return IoT::load(buffer) > cst<V>(0);
+}
+
+// A vector whose lane holding a row's element k (0 <= k < W) is true, the rest false (a label's lane).
+template <class IoT>
+NPU_LOSS_SIMD_INLINE auto one_lane(int64_t k) {
+  using V = typename IoT::V;
+  typename IoT::T buffer[IoT::kLanes];
+  IoT::store(buffer, cst<V>(1));
+  std::memset(buffer, 0, k * sizeof(buffer[0]));
+  std::memset(buffer + k + 1, 0, (IoT::kLanes - k - 1) * sizeof(buffer[0]));
   return IoT::load(buffer) > cst<V>(0);
 }
 
@@ -275,6 +288,13 @@ struct RowScratch {
   }
 };
 
+// One row's hard loss (isa.h's JsdRows): its label (-1: none), its gradient's weight, and where its value goes.
+struct RowHard {
+  int64_t label;
+  double weight;
+  double* value;
+};
+
 // One row, with the storage type IoT for every operand (the direct case: one dtype, contiguous rows).
 template <class IoT>
 struct JsdRow {
@@ -292,15 +312,27 @@ struct JsdRow {
   const JsdMath<V>& math;
   double inv_t;
   int64_t n;
+  double teacher_scale;  // isa.h's JsdRows
 
   // Passes 1 to 3 of one row: fills what the pointers ask for, with `scratch` for what waits between them.
+  // With a hard loss (hard.label >= 0): the untempered log-softmax's two parts come from pass 1 (a pass of
+  // their own where T != 1); pass 2 reads the label's logit, and adds weight * T * (softmax - one_hot) to
+  // the a_s it keeps (not to sum(a_s)), which pass 3 divides by T.
   void run(const T* zs, const T* zt, const T* g, double g_scale, double* row_sum, T* values, T* grad_s,
-           T* grad_t, float* row_scale, const RowScratch<A>& scratch) const {
+           T* grad_t, float* row_scale, const RowHard& hard, const RowScratch<A>& scratch) const {
     A* const prob_s = scratch.prob_s;
     A* const prob_t = scratch.prob_t;
     A* const cache_s = kCacheInGrad ? reinterpret_cast<A*>(grad_s) : scratch.a_s;
     A* const cache_t = kCacheInGrad ? reinterpret_cast<A*>(grad_t) : scratch.a_t;
+    const bool has_hard = hard.label >= 0, untempered = inv_t == 1.0;
+    RowStats raw{0, 0};
+    if (has_hard && !untempered) raw = row_logsumexp<IoT>(zs, n, 1.0, prob_s, scratch.tops_s);
     const RowStats stats_s = row_logsumexp<IoT>(zs, n, inv_t, prob_s, scratch.tops_s);
+    if (has_hard && untempered) raw = stats_s;
+    const bool hard_grad = has_hard && grad_s && hard.weight != 0;
+    const V hard_weight = cst<V>(hard_grad ? hard.weight / inv_t : 0.0);
+    const V raw_max = cst<V>(raw.max), raw_log_sum = cst<V>(raw.log_sum);
+    double label_logit = 0;
     const RowStats stats_t = row_logsumexp<IoT>(zt, n, inv_t, prob_t, scratch.tops_t);
     const V vinv_t = cst<V>(inv_t), scale = cst<V>(g_scale);
     const V max_s = cst<V>(stats_s.max), log_sum_s = cst<V>(stats_s.log_sum);
@@ -329,10 +361,22 @@ struct JsdRow {
         }
         if (values) store_at<IoT>(values, i, n, e.f);
         sum_f.add(e.f);
+        const bool at_label = has_hard && hard.label >= i && hard.label < i + W;
+        if (at_label) label_logit = reduce_add(select(one_lane<IoT>(hard.label - i), load_at<IoT>(zs, i, n), cst<V>(0)));
         if (grad_s) {
           const V as = weight(i) * e.ds;
           sum_as.add(as);
-          store_at<IoCache>(cache_s, i, n_cache, as);
+          V kept_as = as;
+          if (hard_grad) {  // read before the store below, which may write over the logits
+            V softmax = e.p;
+            if (!untempered) {
+              softmax = exp((load_at<IoT>(zs, i, n) - raw_max) - raw_log_sum);
+              if (i + W > n) softmax = select(first_lanes<IoT>(n - i), softmax, cst<V>(0));
+            }
+            if (at_label) softmax = softmax - select(one_lane<IoT>(hard.label - i), cst<V>(1), cst<V>(0));
+            kept_as = as + hard_weight * softmax;
+          }
+          store_at<IoCache>(cache_s, i, n_cache, kept_as);
           IoScratch::store(prob_s + i, e.p);
           if (row_scale) {  // the padding lanes hold 0 (above)
             max_as = vmax(max_as, abs_of(as));
@@ -355,9 +399,10 @@ struct JsdRow {
       sum_at.end_block();
     }
     if (row_sum) *row_sum = sum_f.total;
+    if (has_hard && hard.value) *hard.value = (raw.max - label_logit) + raw.log_sum;
     if (!grad_s && !grad_t) return;
     const V total_as = cst<V>(sum_as.total), total_at = cst<V>(sum_at.total);
-    V out_scale = vinv_t;
+    V out_scale = vinv_t, out_scale_t = cst<V>(inv_t * teacher_scale);
     if (row_scale) {
       // |gradient| <= (max |a| + max p * |sum a|) / T on each side; the bound, rounded up, sets the power.
       const double bound_s = (lane_max(max_as, 0) + lane_max(max_p, 0) * std::fabs(sum_as.total)) * inv_t;
@@ -365,6 +410,7 @@ struct JsdRow {
       const int power = row_power(bound_s > bound_t ? bound_s : bound_t);
       *row_scale = std::ldexp(1.0f, -power);
       out_scale = cst<V>(std::ldexp(inv_t, power));
+      out_scale_t = out_scale;
     }
     // Pass 3: what pass 2 kept.
     for (int64_t i = 0; i < n; i += W) {
@@ -374,11 +420,17 @@ struct JsdRow {
       }
       if (grad_t) {
         const V a = load_at<IoCache>(cache_t, i, n_cache);
-        store_at<IoT>(grad_t, i, n, (a - IoScratch::load(prob_t + i) * total_at) * out_scale);
+        store_at<IoT>(grad_t, i, n, (a - IoScratch::load(prob_t + i) * total_at) * out_scale_t);
       }
     }
   }
 };
+
+// Row r's hard loss (kept row k) of a call.
+inline RowHard hard_of(const JsdRows& c, int64_t r, int64_t k) {
+  if (!c.hard_labels) return {-1, 0, nullptr};
+  return {c.hard_labels[r], c.hard_weight, c.hard_sums ? c.hard_sums + k : nullptr};
+}
 
 // Rows [begin, end) of a call whose operands share one storage type and whose rows are contiguous.
 template <class IoT>
@@ -387,7 +439,7 @@ void jsd_rows_direct(const JsdRows& c, int64_t begin, int64_t end, void* scratch
   using Row = JsdRow<IoT>;
   using A = typename Row::A;
   const JsdMath<typename IoT::V> math(c.beta);
-  const Row row{math, c.inv_temperature, c.vocab};
+  const Row row{math, c.inv_temperature, c.vocab, c.teacher_scale};
   const RowScratch<A> rows(scratch, c);
   const T* zs = static_cast<const T*>(c.student);
   const T* zt = static_cast<const T*>(c.teacher);
@@ -404,7 +456,7 @@ void jsd_rows_direct(const JsdRows& c, int64_t begin, int64_t end, void* scratch
     row.run(zs + c.student_offsets[r], zt + c.teacher_offsets[r],
             c.grad_output ? static_cast<const T*>(c.grad_output) + k * v : nullptr, c.grad_scale,
             c.row_sums ? c.row_sums + k : nullptr, c.values ? static_cast<T*>(c.values) + k * v : nullptr, gs, gt,
-            c.row_scale ? c.row_scale + r : nullptr, rows);
+            c.row_scale ? c.row_scale + r : nullptr, hard_of(c, r, k), rows);
   }
 }
 
@@ -473,7 +525,7 @@ void jsd_converted(const JsdRows& c, int64_t begin, int64_t end, void* scratch) 
   using A = typename IoAcc::T;
   const int64_t v = c.vocab;
   const JsdMath<typename IoAcc::V> math(c.beta);
-  const JsdRow<IoAcc> row{math, c.inv_temperature, v};
+  const JsdRow<IoAcc> row{math, c.inv_temperature, v, c.teacher_scale};
   const RowScratch<A> kept(scratch, c);
   A* rows = kept.rest;
   A *zs = rows, *zt = rows + v, *g = rows + 2 * v, *values = rows + 3 * v, *gs = rows + 4 * v, *gt = rows + 5 * v;
@@ -495,7 +547,7 @@ void jsd_converted(const JsdRows& c, int64_t begin, int64_t end, void* scratch) 
     if (c.grad_output) read_row<IoAcc>(c.result_dtype, at(c.grad_output, c.result_dtype, k), 1, gather, g, v);
     row.run(zs, zt, c.grad_output ? g : nullptr, c.grad_scale, c.row_sums ? c.row_sums + k : nullptr,
             c.values ? values : nullptr, c.grad_student ? gs : nullptr, c.grad_teacher ? gt : nullptr,
-            c.row_scale ? c.row_scale + r : nullptr, kept);
+            c.row_scale ? c.row_scale + r : nullptr, hard_of(c, r, k), kept);
     if (c.values) write_row<IoAcc>(values, c.result_dtype, at(c.values, c.result_dtype, k), v);
     if (c.grad_student) write_row<IoAcc>(gs, c.student_dtype, at(c.grad_student, c.student_dtype, r), v);
     if (c.grad_teacher) write_row<IoAcc>(gt, c.teacher_dtype, at(c.grad_teacher, c.teacher_dtype, r), v);

@@ -96,6 +96,7 @@ JsdRows rows_of(const JsdCall& c, double* row_sums) {
   r.inv_temperature = 1.0 / c.temperature;
   r.row_sums = row_sums;
   r.grad_scale = 1.0;
+  r.teacher_scale = 1.0;
   return r;
 }
 
@@ -123,13 +124,24 @@ at::Tensor or_empty(const at::Tensor& t, const at::Tensor& like) {
 }
 
 // The forward, with the gradients of its reduced result (scaled as "mean" or "sum" says) when `mask` asks,
-// and their row scales (composite/rows.h, with_grads).
+// and their row scales (composite/rows.h, with_grads). With `extras` (the linear form's step, "sum"): the
+// gradients times extras->grad_scale, and the hard loss made in the same passes (composite/linear.h).
 std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> forward(
-    const JsdCall& c, std::array<bool, 2> mask, bool over_logits = false) {
+    const JsdCall& c, std::array<bool, 2> mask, bool over_logits = false, composite::RowExtras* extras = nullptr) {
   const Kept kept(c.labels, c.ignore_index, c.spec.rows, c.spec.vocab);
   std::vector<double> row_sums(kept.count);
   JsdRows r = rows_of(c, row_sums.data());
   r.kept = kept.rows();
+  at::Tensor hard_labels;
+  std::vector<double> hard_sums;
+  if (extras && extras->hard) {
+    TORCH_INTERNAL_ASSERT(c.spec.labels);
+    hard_labels = c.labels->reshape({c.spec.rows}).to(at::kLong).contiguous();
+    hard_sums.resize(kept.count);
+    r.hard_labels = hard_labels.const_data_ptr<int64_t>();
+    r.hard_sums = hard_sums.data();
+    r.hard_weight = extras->hard_weight;
+  }
   const auto options = c.student.options().dtype(c.spec.dtype);
   at::Tensor values;
   if (c.reduction == kNone) {
@@ -138,14 +150,23 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> forward(
     r.row_sums = nullptr;
   }
   r.grad_scale = c.reduction == kMean ? kept.mean_factor : 1.0;  // "mean" over the elements of the rows kept
+  if (extras) {
+    r.grad_scale *= extras->grad_scale;
+    r.teacher_scale = extras->teacher_scale;
+  }
   auto [gs, gt] = gradients(c, mask, r, over_logits);
   const c10::IntArrayRef leading(c.spec.logits_shape.data(), c.spec.logits_shape.size() - 1);
   const at::Tensor row_scale = at::ones(leading, c.student.options().dtype(at::kFloat));
-  if (scales_rows(c.student, c.teacher, mask)) r.row_scale = row_scale.mutable_data_ptr<float>();
+  // The linear form's step gives its own scales (its float16 gradients are stored times a power of two).
+  if (!extras && scales_rows(c.student, c.teacher, mask)) r.row_scale = row_scale.mutable_data_ptr<float>();
   run_rows(r, c.student, c.teacher, c.spec.rows);
   if (c.reduction == kNone) return {values, or_empty(gs, c.student), or_empty(gt, c.teacher), row_scale};
   double total = 0;
   for (double s : row_sums) total += s;  // in row order: the same bits for any thread count
+  if (extras && extras->hard) {
+    extras->hard_sum = 0;
+    for (double s : hard_sums) extras->hard_sum += s;
+  }
   return {scalar_result(reduce_total(total, c.reduction, kept.count * c.spec.vocab), options),
           or_empty(gs, c.student), or_empty(gt, c.teacher), row_scale};
 }
@@ -193,13 +214,14 @@ template <typename Loss>
 struct CpuLinearStep {
   static composite::RowStep step() {
     return {[](const at::Tensor& student, const at::Tensor& teacher, const std::optional<at::Tensor>& labels,
-               double beta, double temperature, int64_t ignore_index, std::array<bool, 2> mask) {
+               double beta, double temperature, int64_t ignore_index, std::array<bool, 2> mask,
+               composite::RowExtras* extras) {
               const RowSpec spec = row_with_grads_spec<int64_t>(
                   Loss::decl, student, teacher, labels, kSum, beta, temperature);
               const RowCall call{student, teacher, labels, kSum, beta, temperature, ignore_index};
-              return cpu::forward({call, spec}, mask, /*over_logits=*/true);
+              return cpu::forward({call, spec}, mask, /*over_logits=*/true, extras);
             },
-            true};
+            /*in_place=*/true, /*scratch_bytes=*/0, /*fuses=*/true};
   }
 };
 

@@ -453,8 +453,8 @@ template <typename Loss>
 struct NpuLinearStep {
   static composite::RowStep step() {
     return {[](const at::Tensor& student, const at::Tensor& teacher, const std::optional<at::Tensor>& labels,
-               double beta, double temperature, int64_t ignore_index, std::array<bool, 2> mask)
-                -> std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> {
+               double beta, double temperature, int64_t ignore_index, std::array<bool, 2> mask,
+               composite::RowExtras*) -> std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> {
               const RowCall c{student, teacher, labels, kSum, beta, temperature, ignore_index};
               const bool grads = mask[0] || mask[1];
               if (student.numel() == 0 || !(grads ? on_aclnn<true>(c) : on_aclnn<false>(c))) {

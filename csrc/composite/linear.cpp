@@ -255,7 +255,9 @@ LinearResults linear_with_grads(
   at::Tensor probs = hard && !fuse ? own_pages({rows, vocab}, xs.options().dtype(acc)) : at::Tensor();
   std::optional<BlockedProducts> products[2];
   for (int side = 0; side < 2; ++side) {
-    if (x[side]->is_cpu() && !native_cpu_products(x[side]->scalar_type())) products[side].emplace(rows, *c.weight[side]);
+    if (x[side]->is_cpu() && !native_cpu_products(x[side]->scalar_type())) {
+      products[side].emplace(rows, *c.weight[side]);
+    }
   }
   const std::array<bool, 2> row_mask{side_grads[0], side_grads[1]};
   for (int64_t start = 0; start < n; start += chunk) {

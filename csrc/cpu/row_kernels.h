@@ -15,10 +15,10 @@
 //   3. the gradients w.r.t. the logits, (a_s - p * sum(a_s)) / T and (a_t - q * sum(a_t)) / T.
 // So 2 exp and 1 log per logit, with or without the gradients. The linear form's hard loss (cross entropy on
 // the student's untempered logits, isa.h's JsdRows) rides on them: pass 1's log-sum-exp where T == 1 (else
-// one more pass of its own), the label's logit read in pass 2, and its gradient added to a_s there. Where the mixture is not a normal float in
-// every lane of a vector (log-probabilities below -87), that vector's s - m and t - m come from
-// d = s - t + log(1 - beta) - log(beta) instead: s - m = -log(1 - beta) - softplus(-d) and
-// t - m = -log(beta) - softplus(d), exact where p and q underflow.
+// one more pass of its own), the label's logit read in pass 2, and its gradient added to a_s there.
+// Where the mixture is not a normal float in every lane of a vector (log-probabilities below -87), that
+// vector's s - m and t - m come from d = s - t + log(1 - beta) - log(beta) instead:
+// s - m = -log(1 - beta) - softplus(-d) and t - m = -log(beta) - softplus(d), exact where p and q underflow.
 //
 // Like dense_kernels.h, no code here may be shared with other translation units: it includes no header
 // beyond those isa.h includes before the instruction-set pragma, and uses no library template (the scratch
@@ -362,7 +362,9 @@ struct JsdRow {
         if (values) store_at<IoT>(values, i, n, e.f);
         sum_f.add(e.f);
         const bool at_label = has_hard && hard.label >= i && hard.label < i + W;
-        if (at_label) label_logit = reduce_add(select(one_lane<IoT>(hard.label - i), load_at<IoT>(zs, i, n), cst<V>(0)));
+        if (at_label) {
+          label_logit = reduce_add(select(one_lane<IoT>(hard.label - i), load_at<IoT>(zs, i, n), cst<V>(0)));
+        }
         if (grad_s) {
           const V as = weight(i) * e.ds;
           sum_as.add(as);

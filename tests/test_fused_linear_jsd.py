@@ -344,22 +344,23 @@ def test_compiled_matches_eager():
         assert torch.equal(a, b)
 
 
-def test_same_bits_with_one_and_two_threads():
-    """The chunks run in order and the family's op gives the same bits at any thread count; the matmuls are
-    at::matmul's, whose BLAS gives the same bits at 1 and 2 threads at these shapes (docs/semantics.md)."""
+@pytest.mark.parametrize("n,h,v,chunk_size", [(256, 64, 4096, 64), (512, 256, 8192, None)])
+def test_same_bits_with_one_and_two_threads(n, h, v, chunk_size):
+    """The chunks run in order and the family's op gives the same bits at any thread count; the logits' products
+    are made in fixed blocks of the vocabulary, one thread each, and the gradients' by the BLAS, which gives the
+    same bits at 1 and 2 threads at these shapes (docs/semantics.md)."""
     gen = torch.Generator().manual_seed(3)
-    n, v = 256, 4096
-    xs, ws, xt, wt = (torch.randn(*s, generator=gen) for s in ((n, 64), (v, 64), (n, 128), (v, 128)))
+    xs, ws, xt, wt = (torch.randn(*s, generator=gen) for s in ((n, h), (v, h), (n, 2 * h), (v, 2 * h)))
     labels = torch.randint(0, v, (n,), generator=gen)
     labels[::5] = -100
-    xs.requires_grad_(), ws.requires_grad_(), wt.requires_grad_()
+    xs.requires_grad_(), ws.requires_grad_(), xt.requires_grad_(), wt.requires_grad_()
     threads = torch.get_num_threads()
     results = []
     try:
         for count in (1, 2):
             torch.set_num_threads(count)
             results.append(_loss_and_grads(lambda *a: npu_loss_ops.fused_linear_jsd_loss(
-                *a, labels, weight_hard_loss=0.5, chunk_size=64), xs, ws, xt, wt))
+                *a, labels, weight_hard_loss=0.5, chunk_size=chunk_size), xs, ws, xt, wt))
     finally:
         torch.set_num_threads(threads)
     for a, b in zip(*results):

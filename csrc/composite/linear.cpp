@@ -53,7 +53,7 @@ void logits_into(at::Tensor& out, const at::Tensor& x, const at::Tensor& w, cons
 
 // A CPU product through the BLAS (float32, float64). The BLAS threads one GEMM by itself, and at a chunk's
 // hundred-odd rows x @ w.T lost a third of its speed: 128 rows of H = 1,024 or 2,048 at V = 32,768 took 1.3x to
-// 1.5x their time per row unchunked with 2 threads, and 1.05x single-threaded. So the threads take blocks of
+// 1.6x their time per row unchunked with 2 threads, and 1.05x single-threaded. So the threads take blocks of
 // the vocabulary here, each block's product made by one thread. The blocks are kVocabBlock rows of w whatever
 // the thread count, so the bits do not depend on it (each logit is one row of x against one row of w).
 constexpr int64_t kVocabBlock = 512;

@@ -287,12 +287,12 @@ LinearResults linear_with_grads(
       products[side].emplace(rows, *c.weight[side]);
     }
   }
-  // The input gradient's rows, transposed, where the BLAS makes them (below).
+  // Where the BLAS makes the products (float32, float64 on the CPU): the logits in vocabulary blocks, and the
+  // input gradient's rows transposed into a buffer of their own (below).
+  const bool blas[2] = {!products[0] && blas_cpu_products(xs), !products[1] && blas_cpu_products(xt)};
   at::Tensor rows_transposed[2];
   for (int side = 0; side < 2; ++side) {
-    if (mask[3 * side] && !products[side] && blas_cpu_products(*x[side])) {
-      rows_transposed[side] = at::empty({x[side]->size(1), rows}, x[side]->options());
-    }
+    if (blas[side] && mask[3 * side]) rows_transposed[side] = at::empty({x[side]->size(1), rows}, x[side]->options());
   }
   const std::array<bool, 2> row_mask{side_grads[0], side_grads[1]};
   for (int64_t start = 0; start < n; start += chunk) {
@@ -303,7 +303,7 @@ LinearResults linear_with_grads(
       z[side] = logits[side].narrow(0, 0, m);
       if (products[side]) {
         products[side]->logits(z[side], xc[side], *c.weight[side], *c.bias[side]);
-      } else if (blas_cpu_products(xc[side])) {
+      } else if (blas[side]) {
         logits_by_vocab_blocks(z[side], xc[side], *c.weight[side], *c.bias[side]);
       } else {
         logits_into(z[side], xc[side], *c.weight[side], *c.bias[side]);
@@ -372,7 +372,7 @@ LinearResults linear_with_grads(
         products[side]->grads(g[side], xc[side], w, rows_out, mask[3 * side + 1] ? grads[3 * side + 1] : at::Tensor(),
                               start > 0);
       } else {
-        if (rows_out.defined() && rows_transposed[side].defined()) {
+        if (rows_out.defined() && blas[side]) {
           // (w.T @ g.T).T: the BLAS threads this form better at a chunk's rows (128 rows, 2 threads: 1.2x its
           // time per row unchunked, against 1.4x for g @ w).
           at::Tensor into = rows_transposed[side].narrow(1, 0, m);

@@ -51,11 +51,23 @@ void logits_into(at::Tensor& out, const at::Tensor& x, const at::Tensor& w, cons
   }
 }
 
+// fn(first, count) over fixed blocks of `block` of [0, size), the blocks shared among the threads, each made by
+// one thread (in the caller's dispatch state, below autograd). The blocks do not depend on the thread count, so
+// neither do the bits of what each block makes.
+template <typename Fn>
+void in_fixed_blocks(int64_t size, int64_t block, const Fn& fn) {
+  const int64_t blocks = (size + block - 1) / block;
+  const at::ThreadLocalState state;
+  at::parallel_for(0, blocks, 1, [&](int64_t first, int64_t last) {
+    at::ThreadLocalStateGuard guard(state);
+    for (int64_t i = first; i < last; ++i) fn(i * block, std::min(block, size - i * block));
+  });
+}
+
 // A CPU product through the BLAS (float32, float64). The BLAS threads one GEMM by itself, and at a chunk's
 // hundred-odd rows x @ w.T lost a third of its speed: 128 rows of H = 1,024 or 2,048 at V = 32,768 took 1.3x to
 // 1.6x their time per row unchunked with 2 threads, and 1.05x single-threaded. So the threads take blocks of
-// the vocabulary here, each block's product made by one thread. The blocks are kVocabBlock rows of w whatever
-// the thread count, so the bits do not depend on it (each logit is one row of x against one row of w).
+// the vocabulary here, each block's product made by one thread (each logit is one row of x against one row of w).
 constexpr int64_t kVocabBlock = 512;
 
 bool blas_cpu_products(const at::Tensor& x) {
@@ -64,16 +76,10 @@ bool blas_cpu_products(const at::Tensor& x) {
 
 void logits_by_vocab_blocks(at::Tensor& out, const at::Tensor& x, const at::Tensor& w,
                             const std::optional<at::Tensor>& b) {
-  const int64_t vocab = w.size(0), blocks = (vocab + kVocabBlock - 1) / kVocabBlock;
   const bool bias = b.has_value() && b->defined();
-  const at::ThreadLocalState state;  // the caller's dispatch state (below autograd) in every thread
-  at::parallel_for(0, blocks, 1, [&](int64_t first, int64_t last) {
-    at::ThreadLocalStateGuard guard(state);
-    for (int64_t i = first; i < last; ++i) {
-      const int64_t v0 = i * kVocabBlock, count = std::min(kVocabBlock, vocab - v0);
-      at::Tensor o = out.narrow(1, v0, count);
-      logits_into(o, x, w.narrow(0, v0, count), bias ? std::optional<at::Tensor>(b->narrow(0, v0, count)) : b);
-    }
+  in_fixed_blocks(w.size(0), kVocabBlock, [&](int64_t v0, int64_t count) {
+    at::Tensor o = out.narrow(1, v0, count);
+    logits_into(o, x, w.narrow(0, v0, count), bias ? std::optional<at::Tensor>(b->narrow(0, v0, count)) : b);
   });
 }
 
@@ -99,7 +105,11 @@ bool native_cpu_products(c10::ScalarType dtype) {
 // the weight's rows (and of the logits' columns) converted to float32, multiplied, and rounded once into the
 // dtype, as oneDNN's kernels round a float32 accumulation. Its float32 buffers are allocated once per call
 // and hold about kProductBlockElements floats each (2 MiB), whatever N and V, plus a chunk's rows of H twice.
+// The blocks follow one another; each block's products are shared among the threads in fixed tiles of
+// kProductTile columns (of the logits, or of H for the gradients), one thread per tile, as the BLAS threads
+// one small GEMM poorly (above).
 constexpr int64_t kProductBlockElements = int64_t{1} << 19;
+constexpr int64_t kProductTile = 128;
 
 class BlockedProducts {
  public:
@@ -126,7 +136,10 @@ class BlockedProducts {
       const at::Tensor wf = view(weight_block_, count, hidden_).copy_(w.narrow(0, v0, count));
       std::optional<at::Tensor> bf;
       if (b.has_value() && b->defined()) bf = b->narrow(0, v0, count).to(at::kFloat);
-      logits_into(o, xf, wf, bf);
+      in_fixed_blocks(count, kProductTile, [&](int64_t t0, int64_t tn) {
+        at::Tensor tile = o.narrow(1, t0, tn);
+        logits_into(tile, xf, wf.narrow(0, t0, tn), bf ? std::optional<at::Tensor>(bf->narrow(0, t0, tn)) : bf);
+      });
       out.narrow(1, v0, count).copy_(o);
     }
   }
@@ -136,22 +149,28 @@ class BlockedProducts {
              bool accumulate) {
     const int64_t m = g.size(0);
     const at::Tensor xf = dw.defined() ? view(x_, m, hidden_).copy_(x) : at::Tensor();
-    at::Tensor dxf = view(dx_, m, hidden_);
+    const at::Tensor dxf = view(dx_, m, hidden_);
     for (int64_t v0 = 0; v0 < vocab_; v0 += block_) {
       const int64_t count = std::min(block_, vocab_ - v0);
       const at::Tensor gf = view(rows_block_, m, count).copy_(g.narrow(1, v0, count));
-      if (dx.defined()) {
-        const at::Tensor wf = view(weight_block_, count, hidden_).copy_(w.narrow(0, v0, count));
-        dxf.addmm_(gf, wf, /*beta=*/v0 == 0 ? 0 : 1);
-      }
+      const at::Tensor wf = dx.defined() ? view(weight_block_, count, hidden_).copy_(w.narrow(0, v0, count))
+                                         : at::Tensor();
+      // dw's rows in float32 (an in-place op of two dtypes would make a temporary), the product added in
+      // float32, rounded once into the dtype.
+      at::Tensor rows, product;
       if (dw.defined()) {
-        // dw's rows in float32 (an in-place op of two dtypes would make a temporary), the product added in
-        // float32, rounded once into the dtype.
-        at::Tensor rows = dw.narrow(0, v0, count), product = view(product_block_, count, hidden_);
+        rows = dw.narrow(0, v0, count);
+        product = view(product_block_, count, hidden_);
         if (accumulate) product.copy_(rows);
-        at::addmm_out(product, product, gf.t(), xf, /*beta=*/accumulate ? 1 : 0);
-        rows.copy_(product);
       }
+      in_fixed_blocks(hidden_, kProductTile, [&](int64_t h0, int64_t hn) {
+        if (dx.defined()) dxf.narrow(1, h0, hn).addmm_(gf, wf.narrow(1, h0, hn), /*beta=*/v0 == 0 ? 0 : 1);
+        if (dw.defined()) {
+          at::Tensor tile = product.narrow(1, h0, hn);
+          at::addmm_out(tile, tile, gf.t(), xf.narrow(1, h0, hn), /*beta=*/accumulate ? 1 : 0);
+        }
+      });
+      if (dw.defined()) rows.copy_(product);
     }
     if (dx.defined()) dx.copy_(dxf);
   }

@@ -191,10 +191,12 @@ def test_float16_rows_with_tiny_gradients(reduction):
     assert float((a - e).abs().max()) <= 0.25 * float(e.abs().max())
 
 
-@pytest.mark.parametrize("chunk_size", [1, 3, 7, 64, None])
-def test_chunk_size_does_not_change_the_result(chunk_size):
-    """Any chunk gives the reference's numbers (float64: the chunking reorders the row sums only)."""
-    _check(torch.float64, (2, 11), 53, 0.5, 1.0, "batchmean", True, True, True, True, chunk_size)
+@pytest.mark.parametrize("teacher_grad", [True, False], ids=["teacher_grad", "student_grad"])
+@pytest.mark.parametrize("chunk_size", [1, 2, 3, 7, 64, None])
+def test_chunk_size_does_not_change_the_result(chunk_size, teacher_grad):
+    """Any chunk gives the reference's numbers (float64: the chunking reorders the row sums only); without the
+    teacher's gradients its logits are made in halves of the chunk, an odd chunk's and the last's too."""
+    _check(torch.float64, (2, 11), 53, 0.5, 1.0, "batchmean", True, True, True, teacher_grad, chunk_size)
 
 
 def test_no_row_kept():
@@ -344,10 +346,11 @@ def test_compiled_matches_eager():
         assert torch.equal(a, b)
 
 
-@pytest.mark.parametrize("n,h,v,chunk_size,dtype", [(256, 64, 4096, 64, torch.float32),
-                                                     (512, 256, 8192, None, torch.float32),
-                                                     (512, 256, 8192, None, torch.float16)])
-def test_same_bits_with_one_and_two_threads(n, h, v, chunk_size, dtype):
+@pytest.mark.parametrize("n,h,v,chunk_size,dtype,teacher_grad", [(256, 64, 4096, 64, torch.float32, True),
+                                                                  (512, 256, 8192, None, torch.float32, True),
+                                                                  (512, 256, 8192, None, torch.float32, False),
+                                                                  (512, 256, 8192, None, torch.float16, True)])
+def test_same_bits_with_one_and_two_threads(n, h, v, chunk_size, dtype, teacher_grad):
     """The chunks run in order and the family's op gives the same bits at any thread count; the logits' products
     are made in fixed blocks of the vocabulary, one thread each, and the gradients' by the BLAS, which gives the
     same bits at 1 and 2 threads at these shapes (docs/semantics.md). float16 without oneDNN's kernels for it
@@ -359,7 +362,7 @@ def test_same_bits_with_one_and_two_threads(n, h, v, chunk_size, dtype):
     xs, ws, xt, wt = (torch.randn(*s, generator=gen).to(dtype) for s in ((n, h), (v, h), (n, 2 * h), (v, 2 * h)))
     labels = torch.randint(0, v, (n,), generator=gen)
     labels[::5] = -100
-    xs.requires_grad_(), ws.requires_grad_(), xt.requires_grad_(), wt.requires_grad_()
+    xs.requires_grad_(), ws.requires_grad_(), xt.requires_grad_(teacher_grad), wt.requires_grad_(teacher_grad)
     threads = torch.get_num_threads()
     results = []
     try:

@@ -209,18 +209,29 @@ double stored_scale(double largest_factor, bool half) {
 
 }  // namespace
 
+bool teacher_in_halves(const LinearCall& c, std::array<bool, 6> mask, const RowStep& step) {
+  const bool teacher_grads = mask[3] || mask[4] || mask[5];
+  const auto torch_products = [](const at::Tensor& x) {
+    return !x.is_cpu() || native_cpu_products(x.scalar_type());
+  };
+  return step.in_place && step.fuses && !teacher_grads && torch_products(*c.input[0]) &&
+         torch_products(*c.input[1]);
+}
+
 int64_t linear_row_bytes(const LinearSpec& spec, const LinearCall& c, std::array<bool, 6> mask, const RowStep& step) {
   const int64_t s = itemsize(c.input[0]->scalar_type()), t = itemsize(c.input[1]->scalar_type());
   const bool student_grads = mask[0] || mask[1] || mask[2], teacher_grads = mask[3] || mask[4] || mask[5];
   const bool probs = spec.labels && (c.weight_hard != 0 || c.return_parts) && !step.fuses;
-  int64_t bytes = s + t + (probs ? itemsize(accumulate_dtype(spec.dtype)) : 0) + step.scratch_bytes;
+  int64_t bytes = s + (teacher_in_halves(c, mask, step) ? t / 2 : t) +
+                  (probs ? itemsize(accumulate_dtype(spec.dtype)) : 0) + step.scratch_bytes;
   if (!step.in_place) bytes += (student_grads ? s : 0) + (teacher_grads ? t : 0);
   return bytes * std::max<int64_t>(spec.vocab, 1);
 }
 
 int64_t linear_chunk_rows(const LinearSpec& spec, const LinearCall& c, std::array<bool, 6> mask, const RowStep& step) {
   if (c.chunk_size > 0) return std::max<int64_t>(1, std::min(c.chunk_size, spec.rows));
-  const int64_t share = spec.rows * std::max<int64_t>(spec.vocab, 1) * itemsize(spec.dtype) / kLinearChunkShare;
+  const int64_t share = spec.rows * std::max<int64_t>(spec.vocab, 1) * itemsize(spec.dtype) *
+                        (teacher_in_halves(c, mask, step) ? kLinearHalvesShare : kLinearChunkShare) / 16;
   const int64_t budget = std::min(share, kLinearChunkMaxBytes);
   return std::clamp<int64_t>(budget / linear_row_bytes(spec, c, mask, step), 1, std::max<int64_t>(spec.rows, 1));
 }
@@ -296,9 +307,12 @@ LinearResults linear_with_grads(
   at::Tensor hard_sum = at::zeros({}, device.dtype(sum_dtype));
   const int64_t chunk = linear_chunk_rows(spec, c, mask, step);
   const int64_t rows = std::min(chunk, n);
+  // The teacher's logits in halves of the chunk's rows, each half's step run as it is made (linear.h).
+  const bool halves = teacher_in_halves(c, mask, step);
+  const int64_t teacher_rows = halves ? (rows + 1) / 2 : rows;
   // The chunk's buffers, allocated once per call (a new one per chunk leaves the C library's heap holding the
   // freed ones).
-  at::Tensor logits[2] = {own_pages({rows, vocab}, xs.options()), own_pages({rows, vocab}, xt.options())};
+  at::Tensor logits[2] = {own_pages({rows, vocab}, xs.options()), own_pages({teacher_rows, vocab}, xt.options())};
   at::Tensor probs = hard && !fuse ? own_pages({rows, vocab}, xs.options().dtype(acc)) : at::Tensor();
   std::optional<BlockedProducts> products[2];
   for (int side = 0; side < 2; ++side) {
@@ -314,22 +328,67 @@ LinearResults linear_with_grads(
     if (blas[side] && mask[3 * side]) rows_transposed[side] = at::empty({x[side]->size(1), rows}, x[side]->options());
   }
   const std::array<bool, 2> row_mask{side_grads[0], side_grads[1]};
+  // A side's gradients of the chunk's rows `xc` (from `start`, m of them) from their logits' gradient g.
+  const auto chunk_grads = [&](int side, const at::Tensor& g, const at::Tensor& xc, int64_t start, int64_t m) {
+    const at::Tensor& w = *c.weight[side];
+    at::Tensor rows_out = mask[3 * side] ? grads[3 * side].narrow(0, start, m) : at::Tensor();
+    if (products[side]) {
+      products[side]->grads(g, xc, w, rows_out, mask[3 * side + 1] ? grads[3 * side + 1] : at::Tensor(), start > 0);
+    } else {
+      if (rows_out.defined() && blas[side]) {
+        // (w.T @ g.T).T: the BLAS threads this form better at a chunk's rows (128 rows, 2 threads: 1.2x its
+        // time per row unchunked, against 1.4x for g @ w).
+        at::Tensor into = rows_transposed[side].narrow(1, 0, m);
+        at::mm_out(into, w.t(), g.t());
+        rows_out.copy_(into.t());
+      } else if (rows_out.defined()) {
+        at::mm_out(rows_out, g, w);
+      }
+      if (mask[3 * side + 1]) grads[3 * side + 1].addmm_(g.t(), xc, /*beta=*/start == 0 ? 0 : 1);
+    }
+    if (bias_sum[side].defined()) {
+      in_row_blocks(m, vocab, [&](int64_t first, int64_t count) {
+        bias_sum[side].add_(g.narrow(0, first, count).sum({0}, false, acc));
+      });
+    }
+  };
+  // A side's logits of the rows `xc` into `out`.
+  const auto make_logits = [&](int side, at::Tensor& out, const at::Tensor& xc) {
+    if (products[side]) {
+      products[side]->logits(out, xc, *c.weight[side], *c.bias[side]);
+    } else if (blas[side]) {
+      logits_by_vocab_blocks(out, xc, *c.weight[side], *c.bias[side]);
+    } else {
+      logits_into(out, xc, *c.weight[side], *c.bias[side]);
+    }
+  };
   for (int64_t start = 0; start < n; start += chunk) {
     const int64_t m = std::min(chunk, n - start);
-    at::Tensor z[2], xc[2];
-    for (int side = 0; side < 2; ++side) {
-      xc[side] = x[side]->narrow(0, start, m);
+    at::Tensor z[2], xc[2] = {x[0]->narrow(0, start, m), x[1]->narrow(0, start, m)};
+    for (int side = 0; side < (halves ? 1 : 2); ++side) {
       z[side] = logits[side].narrow(0, 0, m);
-      if (products[side]) {
-        products[side]->logits(z[side], xc[side], *c.weight[side], *c.bias[side]);
-      } else if (blas[side]) {
-        logits_by_vocab_blocks(z[side], xc[side], *c.weight[side], *c.bias[side]);
-      } else {
-        logits_into(z[side], xc[side], *c.weight[side], *c.bias[side]);
-      }
+      make_logits(side, z[side], xc[side]);
     }
     const std::optional<at::Tensor> lab =
         labels ? std::optional<at::Tensor>(labels->narrow(0, start, m)) : std::nullopt;
+    if (halves) {
+      // The step fuses everything and writes the student's gradient over its logits: each half of the rows
+      // gets the teacher's logits and its step in turn, and the chunk's products then take the whole chunk.
+      RowExtras extras{soft_factor * scales[0], scales[1] / scales[0], hard, hard_grad ? hard_factor * scales[0] : 0.0};
+      for (int64_t first = 0; first < m; first += teacher_rows) {
+        const int64_t k = std::min(teacher_rows, m - first);
+        at::Tensor zt = logits[1].narrow(0, 0, k);
+        make_logits(1, zt, xc[1].narrow(0, first, k));
+        const std::optional<at::Tensor> half_labels =
+            lab ? std::optional<at::Tensor>(lab->narrow(0, first, k)) : std::nullopt;
+        const at::Tensor value = std::get<0>(step.run(z[0].narrow(0, first, k), zt, half_labels, c.beta,
+                                                      c.temperature, c.ignore_index, row_mask, &extras));
+        soft_sum.add_(value.to(sum_dtype));
+        if (hard) hard_sum.add_(extras.hard_sum);
+      }
+      if (side_grads[0]) chunk_grads(0, z[0], xc[0], start, m);
+      continue;
+    }
     at::Tensor h, chunk_keep, target;
     if (hard && !fuse) {
       // The cross entropy's sum over the kept rows, and (weighted in) its gradient softmax - one_hot, times
@@ -385,28 +444,7 @@ LinearResults linear_with_grads(
           }
         }
       }
-      const at::Tensor& w = *c.weight[side];
-      at::Tensor rows_out = mask[3 * side] ? grads[3 * side].narrow(0, start, m) : at::Tensor();
-      if (products[side]) {
-        products[side]->grads(g[side], xc[side], w, rows_out, mask[3 * side + 1] ? grads[3 * side + 1] : at::Tensor(),
-                              start > 0);
-      } else {
-        if (rows_out.defined() && blas[side]) {
-          // (w.T @ g.T).T: the BLAS threads this form better at a chunk's rows (128 rows, 2 threads: 1.2x its
-          // time per row unchunked, against 1.4x for g @ w).
-          at::Tensor into = rows_transposed[side].narrow(1, 0, m);
-          at::mm_out(into, w.t(), g[side].t());
-          rows_out.copy_(into.t());
-        } else if (rows_out.defined()) {
-          at::mm_out(rows_out, g[side], w);
-        }
-        if (mask[3 * side + 1]) grads[3 * side + 1].addmm_(g[side].t(), xc[side], /*beta=*/start == 0 ? 0 : 1);
-      }
-      if (bias_sum[side].defined()) {
-        in_row_blocks(m, vocab, [&](int64_t first, int64_t count) {
-          bias_sum[side].add_(g[side].narrow(0, first, count).sum({0}, false, acc));
-        });
-      }
+      chunk_grads(side, g[side], xc[side], start, m);
     }
   }
 

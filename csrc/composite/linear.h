@@ -55,18 +55,30 @@ struct RowStep {
   bool fuses = false;
 };
 
-// The default share of one N x V tensor of the result's dtype a chunk's buffers may take (the contract's
-// bound is 0.25x: the rest is left to the allocator's rounding and the kernels' own scratch), and its cap.
-inline constexpr int64_t kLinearChunkShare = 8;  // 1/8
+// Whether the teacher's logits are made in halves of a chunk's rows, each half's step run as it is made: where
+// the step writes the gradients over the logits and fuses the rest (the CPU's), the teacher gets no gradient,
+// and both sides' products are torch's own (not the float32 blocks, whose buffers take the room). The chunk's
+// products (the student's logits and gradients) then take twice the rows in the same memory as a chunk of
+// whole rows on both sides would: at a hundred-odd rows oneDNN's and the BLAS's `g @ w` lose a fifth of their
+// speed (docs/semantics.md, "The fused linear JSD").
+bool teacher_in_halves(const LinearCall& c, std::array<bool, 6> mask, const RowStep& step);
+
+// The default share of one N x V tensor of the result's dtype a chunk's buffers may take, in sixteenths: 2
+// (1/8), and 3 where the teacher's logits are made in halves, which gives the student's side twice the rows
+// of the 1/8 chunk when both sides' dtypes agree. The contract's bound is 0.25x: the rest is left to the
+// allocator's rounding and the kernels' own scratch. And the cap.
+inline constexpr int64_t kLinearChunkShare = 2;
+inline constexpr int64_t kLinearHalvesShare = 3;
 inline constexpr int64_t kLinearChunkMaxBytes = int64_t{1} << 30;
 
-// The bytes one row of a chunk holds: both logits, the gradients where the step does not write them over the
-// logits, the step's own temporaries, and, where the step does not fuse it, the hard loss's float32 (float64
-// for float64) probabilities.
+// The bytes one row of a chunk holds: both logits (the teacher's half a row where it is made in halves), the
+// gradients where the step does not write them over the logits, the step's own temporaries, and, where the
+// step does not fuse it, the hard loss's float32 (float64 for float64) probabilities.
 int64_t linear_row_bytes(const LinearSpec& spec, const LinearCall& c, std::array<bool, 6> mask, const RowStep& step);
 
-// The rows per chunk: chunk_size when given, else the most rows whose buffers fit 1/kLinearChunkShare of one
-// N x V tensor of the result's dtype and kLinearChunkMaxBytes; at least 1, at most N.
+// The rows per chunk: chunk_size when given, else the most rows whose buffers fit kLinearChunkShare (or
+// kLinearHalvesShare) sixteenths of one N x V tensor of the result's dtype and kLinearChunkMaxBytes; at least
+// 1, at most N.
 int64_t linear_chunk_rows(const LinearSpec& spec, const LinearCall& c, std::array<bool, 6> mask, const RowStep& step);
 
 // The forward with gradients, after the checks (`spec`).

@@ -575,7 +575,9 @@ def fused_linear_jsd_loss(
         weight_hard_loss (float): ``>= 0``. Default: ``0.0`` (TRL's use of Liger; Liger's own default is 0.5)
         weight_soft_loss (float): ``>= 0``. Default: ``1.0`` (Liger's own: 0.5)
         chunk_size (int, optional): rows per chunk; by default as many as keep a chunk's buffers within an eighth
-            of one N x V tensor of the result's dtype (and 1 GiB).
+            of one N x V tensor of the result's dtype (and 1 GiB); 3/16 on the CPU where the teacher gets no
+            gradient and torch makes the products, the teacher's logits then made in halves of the chunk
+            (docs/semantics.md).
         return_soft_hard_loss (bool): also return the two parts, unweighted (as Liger does), not differentiable.
             Without labels the hard part is 0.
 

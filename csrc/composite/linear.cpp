@@ -207,24 +207,27 @@ double stored_scale(double largest_factor, bool half) {
   return std::ldexp(1.0, std::clamp(1 - exponent, -60, 60));
 }
 
+// Whether a side (0 the student, 1 the teacher) gets any gradient: its input's, weight's or bias's.
+bool wants_grads(std::array<bool, 6> mask, int side) {
+  return mask[3 * side] || mask[3 * side + 1] || mask[3 * side + 2];
+}
+
 }  // namespace
 
 bool teacher_in_halves(const LinearCall& c, std::array<bool, 6> mask, const RowStep& step) {
-  const bool teacher_grads = mask[3] || mask[4] || mask[5];
   const auto torch_products = [](const at::Tensor& x) {
     return !x.is_cpu() || native_cpu_products(x.scalar_type());
   };
-  return step.in_place && step.fuses && !teacher_grads && torch_products(*c.input[0]) &&
+  return step.in_place && step.fuses && !wants_grads(mask, 1) && torch_products(*c.input[0]) &&
          torch_products(*c.input[1]);
 }
 
 int64_t linear_row_bytes(const LinearSpec& spec, const LinearCall& c, std::array<bool, 6> mask, const RowStep& step) {
   const int64_t s = itemsize(c.input[0]->scalar_type()), t = itemsize(c.input[1]->scalar_type());
-  const bool student_grads = mask[0] || mask[1] || mask[2], teacher_grads = mask[3] || mask[4] || mask[5];
   const bool probs = spec.labels && (c.weight_hard != 0 || c.return_parts) && !step.fuses;
   int64_t bytes = s + (teacher_in_halves(c, mask, step) ? t / 2 : t) +
                   (probs ? itemsize(accumulate_dtype(spec.dtype)) : 0) + step.scratch_bytes;
-  if (!step.in_place) bytes += (student_grads ? s : 0) + (teacher_grads ? t : 0);
+  if (!step.in_place) bytes += (wants_grads(mask, 0) ? s : 0) + (wants_grads(mask, 1) ? t : 0);
   return bytes * std::max<int64_t>(spec.vocab, 1);
 }
 
@@ -246,7 +249,7 @@ LinearResults linear_with_grads(
   const auto acc = accumulate_dtype(spec.dtype);
   // Sums on the host's float64 where the device has it (CPU), else in the accumulation dtype.
   const auto sum_dtype = xs.device().is_cpu() ? at::kDouble : acc;
-  const bool side_grads[2] = {mask[0] || mask[1] || mask[2], mask[3] || mask[4] || mask[5]};
+  const bool side_grads[2] = {wants_grads(mask, 0), wants_grads(mask, 1)};
 
   // The rows kept, their count K and the labels' range where the cross entropy reads them, from one copy of the
   // labels to the host.
@@ -307,7 +310,7 @@ LinearResults linear_with_grads(
   at::Tensor hard_sum = at::zeros({}, device.dtype(sum_dtype));
   const int64_t chunk = linear_chunk_rows(spec, c, mask, step);
   const int64_t rows = std::min(chunk, n);
-  // The teacher's logits in halves of the chunk's rows, each half's step run as it is made (linear.h).
+  // The teacher's logits whole, or in halves of the chunk's rows (linear.h), each part's step run as it is made.
   const bool halves = teacher_in_halves(c, mask, step);
   const int64_t teacher_rows = halves ? (rows + 1) / 2 : rows;
   // The chunk's buffers, allocated once per call (a new one per chunk leaves the C library's heap holding the
@@ -365,30 +368,10 @@ LinearResults linear_with_grads(
   for (int64_t start = 0; start < n; start += chunk) {
     const int64_t m = std::min(chunk, n - start);
     at::Tensor z[2], xc[2] = {x[0]->narrow(0, start, m), x[1]->narrow(0, start, m)};
-    for (int side = 0; side < (halves ? 1 : 2); ++side) {
-      z[side] = logits[side].narrow(0, 0, m);
-      make_logits(side, z[side], xc[side]);
-    }
+    z[0] = logits[0].narrow(0, 0, m);
+    make_logits(0, z[0], xc[0]);
     const std::optional<at::Tensor> lab =
         labels ? std::optional<at::Tensor>(labels->narrow(0, start, m)) : std::nullopt;
-    if (halves) {
-      // The step fuses everything and writes the student's gradient over its logits: each half of the rows
-      // gets the teacher's logits and its step in turn, and the chunk's products then take the whole chunk.
-      RowExtras extras{soft_factor * scales[0], scales[1] / scales[0], hard, hard_grad ? hard_factor * scales[0] : 0.0};
-      for (int64_t first = 0; first < m; first += teacher_rows) {
-        const int64_t k = std::min(teacher_rows, m - first);
-        at::Tensor zt = logits[1].narrow(0, 0, k);
-        make_logits(1, zt, xc[1].narrow(0, first, k));
-        const std::optional<at::Tensor> half_labels =
-            lab ? std::optional<at::Tensor>(lab->narrow(0, first, k)) : std::nullopt;
-        const at::Tensor value = std::get<0>(step.run(z[0].narrow(0, first, k), zt, half_labels, c.beta,
-                                                      c.temperature, c.ignore_index, row_mask, &extras));
-        soft_sum.add_(value.to(sum_dtype));
-        if (hard) hard_sum.add_(extras.hard_sum);
-      }
-      if (side_grads[0]) chunk_grads(0, z[0], xc[0], start, m);
-      continue;
-    }
     at::Tensor h, chunk_keep, target;
     if (hard && !fuse) {
       // The cross entropy's sum over the kept rows, and (weighted in) its gradient softmax - one_hot, times
@@ -413,11 +396,24 @@ LinearResults linear_with_grads(
     }
     // Fused: the soft factor times the stored scales, and the hard loss, in the step's passes.
     RowExtras extras{soft_factor * scales[0], scales[1] / scales[0], hard, hard_grad ? hard_factor * scales[0] : 0.0};
-    auto [value, gs, gt, row_scale] =
-        step.run(z[0], z[1], lab, c.beta, c.temperature, c.ignore_index, row_mask, fuse ? &extras : nullptr);
-    soft_sum.add_(value.to(sum_dtype));
-    if (fuse && hard) hard_sum.add_(extras.hard_sum);
-    at::Tensor g[2] = {gs, gt};
+    // The teacher's logits and the step, over the whole chunk or (halves) over each half of its rows in turn:
+    // then the step writes each half's student gradient over its logits, and the chunk's products below take
+    // the whole chunk.
+    at::Tensor g[2], row_scale;
+    for (int64_t first = 0; first < m; first += teacher_rows) {
+      const int64_t k = std::min(teacher_rows, m - first);
+      z[1] = logits[1].narrow(0, 0, k);
+      make_logits(1, z[1], xc[1].narrow(0, first, k));
+      const std::optional<at::Tensor> part_labels =
+          lab ? std::optional<at::Tensor>(lab->narrow(0, first, k)) : std::nullopt;
+      auto [value, gs, gt, scale] = step.run(z[0].narrow(0, first, k), z[1], part_labels, c.beta, c.temperature,
+                                             c.ignore_index, row_mask, fuse ? &extras : nullptr);
+      soft_sum.add_(value.to(sum_dtype));
+      if (fuse && hard) hard_sum.add_(extras.hard_sum);
+      g[0] = halves ? z[0] : gs;
+      g[1] = gt;
+      row_scale = scale;
+    }
     const bool row_scaled = scales_rows(z[0], z[1], row_mask);
     for (int side = 0; side < 2; ++side) {
       if (!side_grads[side]) continue;

@@ -290,12 +290,15 @@ struct GeneralizedJsd {
                  .biases = {"student_bias", "teacher_bias"},
                  .weights_of = {{ScalarKind::Float, "weight_hard_loss", "0.0", false, ScalarRule::NonNegative},
                                 {ScalarKind::Float, "weight_soft_loss", "1.0", false, ScalarRule::NonNegative}}}};
-  // The aclnn APIs of its NPU path (npu/generalized_jsd.cpp), as ops-math and ops-nn v9.1.0 list them
-  // (docs/aclnn_reference.md, section 10, cites each document): the chips of each, those with bf16, the beta
-  // classes whose calls use it and whether only the gradients do. aclnnExp's product table in ops-math leaves
-  // out the Atlas training and inference series, which the CANN 8.0 to 8.3 API reference lists (and whose exp
-  // the composite needs as well): it counts here as on 910 and 310P. 'none' with labels places the kept rows'
-  // values and grad_output rows with torch_npu's index_select and index_put_, as the composite does.
+  // The aclnn APIs of its NPU path (npu/generalized_jsd.cpp), on the chips where every CANN version the package
+  // supports documents them, the newest included (docs/aclnn_reference.md, section 10, cites the document or
+  // commit behind each claim): the chips of each, those with bf16, the beta classes whose calls use it and
+  // whether only the gradients do. aclnnExp: ops-math's document has listed the Atlas training (910) and
+  // inference (310P) series as unsupported since commit 9d65d0d11 (2026-01-22), while the CANN 8.0 to 8.3
+  // references list them; the documents disagree, so it counts only where all of them list it (910B, 950), and
+  // 910 runs the composite (whose exp is torch_npu's, through torch_npu's own path). 'none' with labels places
+  // the kept rows' values and grad_output rows with torch_npu's index_select and index_put_, as the composite
+  // does.
   static constexpr chips::Set kListed = chips::k910 | chips::k310P | chips::k910B | chips::k950;
   static constexpr chips::Set kNot310P = chips::k910 | chips::k910B | chips::k950;
   static constexpr chips::Set kWithBf16 = chips::k910B | chips::k950;
@@ -305,7 +308,7 @@ struct GeneralizedJsd {
       {"aclnnInplaceMuls", kListed, kWithBf16},
       {"aclnnInplaceMul", kListed, kWithBf16},
       {"aclnnLogSoftmax", kListed, kWithBf16},
-      {"aclnnExp", kListed, kWithBf16},
+      {"aclnnExp", kWithBf16, kWithBf16},
       {"aclnnSub", kNot310P, kWithBf16},
       {"aclnnReduceSum", kListed, kWithBf16},
       {"aclnnDivs", kNot310P, kWithBf16},
@@ -316,15 +319,16 @@ struct GeneralizedJsd {
       {"aclnnLogSoftmaxBackward", kListed, kWithBf16, chips::kAll, true},
       {"aclnnKlDivTargetBackward", kWithBf16, kWithBf16, chips::kKlEnds, true},
   };
-  static constexpr const char* kWhy310P = "ops-math v9.1.0 does not list aclnnAdd, aclnnSub or aclnnDivs for Ascend 310P";
-  static constexpr const char* kWhyBf16 = "the ops-math and ops-nn documents list bf16 from Ascend 910B on";
+  static constexpr const char* kWhy910 =
+      "ops-math's aclnnExp document lists no Atlas training series (910) since 9d65d0d11 (2026-01-22); every beta "
+      "class calls it";
+  static constexpr const char* kWhy310P =
+      "ops-math does not list aclnnAdd, aclnnSub or aclnnDivs for Ascend 310P, nor aclnnExp since 9d65d0d11";
   static constexpr const char* kWhy310B = "Ascend 310B has none of the path's APIs (aclnnLogSoftmax, aclnnExp, ...)";
   static constexpr chips::PathRow forward_paths[] = {
       {.chips = chips::k910B | chips::k950, .betas = chips::kKlEnds, .aclnn = "aclnnLogSoftmax"},
       {.chips = chips::k910B | chips::k950, .betas = chips::kMixture, .aclnn = "aclnnLogAddExp"},
-      {.chips = chips::k910, .dtypes = chips::kNoBf16, .betas = chips::kKlEnds, .aclnn = "aclnnLogSoftmax"},
-      {.chips = chips::k910, .dtypes = chips::kNoBf16, .betas = chips::kMixture, .aclnn = "aclnnLogAddExp"},
-      {.chips = chips::k910, .dtypes = chips::kBf16, .why = kWhyBf16},
+      {.chips = chips::k910, .why = kWhy910},
       {.chips = chips::k310P, .why = kWhy310P},
       {.chips = chips::k310B, .why = kWhy310B},
   };
@@ -332,10 +336,7 @@ struct GeneralizedJsd {
       {.chips = chips::k910B | chips::k950, .betas = chips::kKlEnds, .aclnn = "aclnnKlDivTargetBackward",
        .why = "the teacher's gradient at beta 0 (the student's at beta 1) is the seed kernel's"},
       {.chips = chips::k910B | chips::k950, .betas = chips::kMixture, .aclnn = "aclnnLogAddExp"},
-      {.chips = chips::k910, .dtypes = chips::kNoBf16, .betas = chips::kMixture, .aclnn = "aclnnLogAddExp"},
-      {.chips = chips::k910, .dtypes = chips::kNoBf16, .betas = chips::kKlEnds,
-       .why = "the Atlas training series (910) has no aclnnKlDivTargetBackward kernel"},
-      {.chips = chips::k910, .dtypes = chips::kBf16, .why = kWhyBf16},
+      {.chips = chips::k910, .why = kWhy910},
       {.chips = chips::k310P, .why = kWhy310P},
       {.chips = chips::k310B, .why = kWhy310B},
   };

@@ -3,7 +3,7 @@
 Run in an environment where torch-npu is installed (with TORCH_DEVICE_BACKEND_AUTOLOAD=0) after building
 with NPU_LOSS_OPS_NPU=1. Checks that
   1. _C_npu was built and records libtorch_npu.so as a needed library (readelf -d);
-  2. every aclnn API the NPU sources call is present by name in it (strings: EXEC_NPU_CMD_EXT resolves
+  2. every aclnn API the NPU sources call is present by name in it (strings: NPU_LOSS_EXEC_ACLNN resolves
      them by name at run time, so nm cannot see them);
   3. the symbol guard (scripts/check_npu_symbols.py): every symbol _C_npu and _C import is provided by
      something they are loaded with, and the guard rejects a probe that imports c10_npu::GetSocVersion()

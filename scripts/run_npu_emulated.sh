@@ -12,8 +12,9 @@
 # API each op ran on that chip; then benchmarks/npu_launches.py, which counts the aclnn launches of every
 # loss x dtype x reduction and fails if any row launches more than benchmarks/results/npu_launches.json
 # (to update that table after a deliberate change: see benchmarks/README.md, "NPU launches"). Then one run over an emulated older CANN that lacks the loss APIs
-# (every op must take the composite path, without an error), and examples/train.py and examples/distill.py on
-# the emulated NPU.
+# (every op must take the composite path, without an error), examples/train.py and examples/distill.py on
+# the emulated NPU, and tests/test_npu_rejection.py (each aclnn API the package calls, rejected in turn on every
+# family and TASK_QUEUE_ENABLE).
 set -euo pipefail
 # shellcheck source=setup_env.sh
 source "$(dirname "${BASH_SOURCE[0]}")/setup_env.sh"
@@ -152,6 +153,10 @@ if (($# == 0)); then
     "$REPO_ROOT/examples/train.py" --device npu
   start "example-distill-910B" 910B "" python "$REPO_ROOT/tests/npu_emulator/run_script.py" \
     "$REPO_ROOT/examples/distill.py" --device npu --steps 5 --vocab 2048
+  # Each aclnn API the package calls, rejected in turn on every family under TASK_QUEUE_ENABLE 0, 1 and 2 (the
+  # test starts one emulated worker per family and mode; it is not a device-suite run itself).
+  start "rejections" 910B "" env -u NPU_LOSS_OPS_TEST_DEVICE NPU_LOSS_OPS_EMULATOR_DIR="$EMU_DIR" \
+    python -m pytest "$REPO_ROOT/tests/test_npu_rejection.py" -q -p no:cacheprovider -rs
 fi
 wait
 

@@ -245,20 +245,27 @@ void append_rows(std::vector<PathTableRow>& table) {
 
 }  // namespace
 
-// A row loss's linear form runs, chunk by chunk, torch_npu's matmuls and then its forward with gradients:
-// its forward's rows, under the linear form's name.
+// A row loss's linear form runs, chunk by chunk, torch_npu's matmuls and then its forward with gradients,
+// whose path is the forward's rows when no gradient is wanted (an evaluation, or torch.no_grad) and the
+// backward's when one is (training): both sets, each under the linear form's name with its step written out.
 template <typename Loss>
 void append_linear_rows(std::vector<PathTableRow>& table) {
   if constexpr (Loss::decl.kind == LossKind::Rows) {
     if (Loss::decl.linear.forward == nullptr) return;
-    const size_t first = table.size();
+    const auto relabel = [&](size_t first, const char* step, const char* rows_of_op) {
+      for (size_t i = first; i < table.size(); ++i) {
+        PathTableRow& row = table[i];
+        row.op = Loss::decl.linear.forward;
+        row.why = std::string(step) + ": each chunk's logits by torch_npu's matmul, then `" + rows_of_op +
+            "`'s row" + (row.why.empty() ? "" : "; " + row.why);
+      }
+    };
+    const size_t without = table.size();
     append_rows<Loss, false>(table);
-    for (size_t i = first; i < table.size(); ++i) {
-      PathTableRow& row = table[i];
-      row.op = Loss::decl.linear.forward;
-      row.why = std::string("each chunk: its logits by torch_npu's matmul, then the row above") +
-          (row.why.empty() ? "" : "; " + row.why);
-    }
+    relabel(without, "without gradients", Loss::decl.forward);
+    const size_t with = table.size();
+    append_rows<Loss, true>(table);
+    relabel(with, "with gradients", Loss::decl.backward);
   }
 }
 

@@ -153,18 +153,16 @@ at::Tensor masked(const at::Tensor& x, const at::Tensor& keep) {
 
 // Calls fn(zs, zt, keep, first_row) for every chunk of rows: the chunk's logits in the compute dtype (copies of
 // the chunk alone, the dropped rows zeroed: their logits reach no formula), the rows' keep mask (undefined
-// without labels), the chunk's first row. Never called for empty logits.
+// without labels), the chunk's first row. `rows_per_chunk`: 0 for chunk_rows's, relative to the call's rows.
+// Never called for empty logits.
 template <typename Fn>
-void for_each_chunk(const RowCall& c, const at::Tensor& keep, const Fn& fn) {
+void for_each_chunk(const RowCall& c, const at::Tensor& keep, const Fn& fn, int64_t rows_per_chunk = 0) {
   std::vector<std::pair<at::Tensor, at::Tensor>> blocks;
   row_blocks(c.student, c.teacher, blocks);
   const int64_t vocab = c.student.size(-1);
-  // float32 (rows, V) tensors alive at once in a chunk's formulas: the mixture with both gradients holds about
-  // 16 (the chunk's logits, s, t, p, q, d and its softplus parts, the terms, the gradients' products); 20 leaves
-  // room for the allocator's rounding.
-  constexpr int64_t kTemporaries = 20;
-  const int64_t chunk = chunk_rows(c.student.numel() / vocab, vocab,
-                                   std::max(c.student.element_size(), c.teacher.element_size()), kTemporaries);
+  const int64_t chunk = rows_per_chunk > 0 ? rows_per_chunk
+      : chunk_rows(c.student.numel() / vocab, vocab, std::max(c.student.element_size(), c.teacher.element_size()),
+                   kCompositeTemporaries);
   const auto dtype = compute_dtype(c.student, c.teacher);
   int64_t first = 0;
   for (const auto& [zs, zt] : blocks) {
@@ -223,7 +221,7 @@ at::Tensor forward(GeneralizedJsd, const RowCall& c) {
 }
 
 std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> with_grads(
-    GeneralizedJsd, const RowCall& c, std::array<bool, 2> mask) {
+    GeneralizedJsd, const RowCall& c, std::array<bool, 2> mask, int64_t rows_per_chunk) {
   const at::Tensor keep = keep_mask(c.labels, c.ignore_index);
   at::Tensor gs = gradient_or_empty(c.student, mask[0]), gt = gradient_or_empty(c.teacher, mask[1]);
   const at::Tensor row_scale = at::ones(leading_shape(c.student), c.student.options().dtype(at::kFloat));
@@ -253,7 +251,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> with_grads(
     }
     if (mask[0]) rows_of(gs, first, n).copy_(cs);
     if (mask[1]) rows_of(gt, first, n).copy_(ct);
-  });
+  }, rows_per_chunk);
   return {(total / count).to(result), gs, gt, row_scale};  // the forward's division, the same bits
 }
 

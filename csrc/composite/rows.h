@@ -33,6 +33,11 @@ void row_blocks(const at::Tensor& a, const at::Tensor& b, std::vector<std::pair<
 // kChunkMaxBytes, and at least one row (so for N below about temporaries * 4 * 8 / itemsize rows, one row's
 // temporaries, more than the eighth).
 inline constexpr int64_t kChunkMaxBytes = int64_t{256} << 20;
+
+// The composite's float32 (rows, V) tensors alive at once in a chunk's formulas: the mixture with both gradients
+// holds about 16 (the chunk's logits, s, t, p, q, d and its softplus parts, the terms, the gradients' products);
+// 20 leaves room for the allocator's rounding.
+inline constexpr int64_t kCompositeTemporaries = 20;
 int64_t chunk_rows(int64_t rows, int64_t vocab, int64_t itemsize, int64_t temporaries);
 
 // The rows kept: labels != ignore_index over the flattened leading dims, compared as int64 (as the CPU kernels
@@ -72,11 +77,12 @@ at::Tensor row_powers(const at::Tensor& bound);
 
 
 // In chunks of rows (no temporary of N x V: chunk_rows says how many rows a chunk holds), as the ops' kernels:
-// the forward, the forward with the gradients of its reduced result, and the backward op.
+// the forward, the forward with the gradients of its reduced result, and the backward op. with_grads takes the
+// rows of a chunk where its caller has sized them already (the linear form's step on the NPU; 0: chunk_rows's).
 // Each told apart by the loss's declaration type (losses.h) as its first argument, as math.h's.
 at::Tensor forward(GeneralizedJsd, const RowCall& c);
 std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> with_grads(
-    GeneralizedJsd, const RowCall& c, std::array<bool, 2> mask);
+    GeneralizedJsd, const RowCall& c, std::array<bool, 2> mask, int64_t rows_per_chunk = 0);
 std::tuple<at::Tensor, at::Tensor> backward(
     GeneralizedJsd, const RowCall& c, const at::Tensor& grad_output, std::array<bool, 2> mask);
 

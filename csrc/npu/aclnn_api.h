@@ -1,25 +1,38 @@
-// The aclnn prototypes this package calls, and a compile-time guard that every call passes exactly their
-// C types.
+// The aclnn prototypes this package calls, a compile-time guard that every call passes exactly their C
+// types, and the two-phase frame every call goes through.
 //
-// EXEC_NPU_CMD_EXT looks the functions up by name at run time and builds the function-pointer type from
-// the arguments it is given (at::Tensor becomes aclTensor*, scalars pass through unchanged). A `double`
-// beta or an `int` reduction would therefore be passed with the wrong type, silently. NPU_LOSS_EXEC_ACLNN
-// static_asserts each argument against the prototype below (std::is_same on the decayed type, since a
-// double converts to float without complaint) before expanding EXEC_NPU_CMD_EXT.
+// The frame (NPU_LOSS_EXEC_ACLNN) is torch_npu's EXEC_NPU_CMD_V1_EXT with the one step that macro leaves out:
+// it reads GetWorkspaceSize's status. torch_npu's EXEC_NPU_CMD_EXT ignores it and enqueues the launch with the
+// executor it got (null after a rejection; with TASK_QUEUE_ENABLE=2 the first phase itself runs on the queue's
+// thread), which hangs the task queue or corrupts the calls after it (docs/aclnn_reference.md, section 5). Here
+// the first phase runs on the calling thread whatever TASK_QUEUE_ENABLE is, and a non-zero status releases
+// what it converted and throws AclnnRejected before anything is enqueued; only a status of 0 enqueues the launch
+// (torch_npu's RunAclCall: on the task queue, or at once without it). The kernels' frames (npu_common.h) catch
+// AclnnRejected and run the composite for the whole call.
+//
+// The frame builds the function-pointer type from the arguments it is given (at::Tensor becomes aclTensor*,
+// scalars pass through unchanged), as torch_npu's macro does. A `double` beta or an `int` reduction would
+// therefore be passed with the wrong type, silently: NPU_LOSS_EXEC_ACLNN static_asserts each argument against
+// the prototype below (std::is_same on the decayed type, since a double converts to float without complaint).
 //
 // Prototypes: aclnnSmoothL1LossBackward from the CANN operator document; the others from hicann/ops-nn
 // op_api/aclnn_*.h (aclnn_mse_loss.h and aclnn_mse_loss_backward.h for MSE's) and hicann/ops-math
 // (aclnnKlDiv).
 #pragma once
 
+#include <ATen/Context.h>
 #include <ATen/core/Tensor.h>
 
 #include <cstdint>
+#include <stdexcept>
+#include <string>
 #include <tuple>
 #include <type_traits>
 #include <utility>
 
-#include "op_plugin/include/npu_cpp_extension.h"  // EXEC_NPU_CMD_EXT, aclTensor, aclOpExecutor
+#include "op_plugin/include/npu_cpp_extension.h"  // ConvertTypes, RunAclCall, aclTensor, aclOpExecutor
+#include "torch_npu/csrc/core/npu/NPUFunctions.h"      // c10_npu::GetDeterministicLevel
+#include "torch_npu/csrc/framework/OpParamMaker.h"   // at_npu::native::ApplyDeterministicLevel
 
 using aclnnStatus = int32_t;
 
@@ -104,7 +117,7 @@ template <>
 struct fills_param<at::Tensor, const aclTensor*> : std::true_type {};
 template <>
 struct fills_param<at::Tensor, aclTensor*> : std::true_type {};
-// Scalars, int arrays and dtypes, which EXEC_NPU_CMD_EXT converts with op-plugin's ConvertType.
+// Scalars, int arrays and dtypes, which op-plugin's ConvertType converts with op-plugin's ConvertType.
 template <>
 struct fills_param<at::Scalar, const aclScalar*> : std::true_type {};
 template <>
@@ -136,7 +149,60 @@ inline bool aclnn_scalar(bool value) {
   return value;
 }
 
+// An aclnn first phase (GetWorkspaceSize) that returned a non-zero status: nothing of the call was enqueued.
+// Thrown by the frame below; the kernels' frames (npu_common.h) catch it, note it (note_rejection) and run the
+// composite for the whole call. Its message names the API, the status and the chip.
+struct AclnnRejected : std::runtime_error {
+  AclnnRejected(std::string api_name, int32_t status_code, const std::string& message)
+      : std::runtime_error(message), api(std::move(api_name)), status(status_code) {}
+  std::string api;
+  int32_t status;
+};
+
+// Throws AclnnRejected for `api`'s status (npu_common.cpp: the message names this process's chip).
+[[noreturn]] void throw_rejected(const char* api, int32_t status);
+
 }  // namespace npu_loss::npu
+
+// The two phases of one aclnn call (see the top of this file): torch_npu's EXEC_NPU_CMD_V1_EXT steps, with the
+// first phase's status read on the calling thread before anything is enqueued.
+#define NPU_LOSS_CHECKED_EXEC(aclnn_api, ...)                                                                      \
+  do {                                                                                                             \
+    static void* opApiFuncAddr = nullptr;                                                                          \
+    static void* getWorkspaceSizeFuncAddr = nullptr;                                                               \
+    GetApiFunc(#aclnn_api, #aclnn_api "GetWorkspaceSize", opApiFuncAddr, getWorkspaceSizeFuncAddr);                \
+    InitExecCommonCtx();                                                                                           \
+    auto acl_stream = GetAclStream();                                                                              \
+    const uint32_t level = c10_npu::GetDeterministicLevel();                                                       \
+    const bool deterministic = at::globalContext().deterministicAlgorithms();                                      \
+    at_npu::native::ApplyDeterministicLevel(static_cast<int64_t>(level), deterministic, true);                     \
+    /* a hit is an executor a successful first phase of the same call left in CANN's cache */                     \
+    if (hit_cache_ext(acl_stream, #aclnn_api, opApiFuncAddr, level, __VA_ARGS__)) break;                          \
+    uint64_t workspace_size = 0;                                                                                   \
+    uint64_t* workspace_size_addr = &workspace_size;                                                               \
+    aclOpExecutor* executor = nullptr;                                                                             \
+    aclOpExecutor** executor_addr = &executor;                                                                     \
+    auto converted_params = ConvertTypes(__VA_ARGS__, workspace_size_addr, executor_addr);                         \
+    auto getWorkspaceSizeFunc = ConvertToOpApiFunc(converted_params, getWorkspaceSizeFuncAddr);                    \
+    const auto workspace_status = call(getWorkspaceSizeFunc, converted_params);                                    \
+    if (workspace_status != 0) {                                                                                   \
+      /* rejected: release what was converted, enqueue nothing */                                                  \
+      ReleaseConvertTypes(converted_params);                                                                       \
+      ReleaseExecCommonCtx();                                                                                      \
+      UnInitExecCommonCtx();                                                                                       \
+      ::npu_loss::npu::throw_rejected(#aclnn_api, static_cast<int32_t>(workspace_status));                         \
+    }                                                                                                              \
+    void* workspace_addr = GetWorkSpaceAddr(workspace_size);                                                       \
+    auto acl_call = [converted_params, workspace_addr, workspace_size, acl_stream, executor]() -> int {            \
+      InitExecSubTheadCtx(acl_stream);                                                                             \
+      const auto api_ret = ExecuteApiFunc(opApiFuncAddr, acl_stream, workspace_addr, workspace_size, executor);    \
+      ReleaseConvertTypes(converted_params);                                                                       \
+      ReleaseExecCommonCtx();                                                                                      \
+      return api_ret;                                                                                              \
+    };                                                                                                             \
+    RunAclCall(#aclnn_api, acl_call);                                                                              \
+    UnInitExecCommonCtx();                                                                                         \
+  } while (false)
 
 #define NPU_LOSS_EXEC_ACLNN(aclnn_api, ...)                                                                  \
   do {                                                                                                       \
@@ -145,7 +211,7 @@ inline bool aclnn_scalar(bool value) {
             decltype(aclnn_api##GetWorkspaceSize),                                                           \
             decltype(::npu_loss::npu::decayed_types(__VA_ARGS__))>::value,                                   \
         "arguments do not match the prototype of " #aclnn_api "GetWorkspaceSize (exact C types required)"); \
-    EXEC_NPU_CMD_EXT(aclnn_api, __VA_ARGS__);                                                                \
+    NPU_LOSS_CHECKED_EXEC(aclnn_api, __VA_ARGS__);                                                           \
   } while (false)
 
 // The forward and backward calls (AclnnKernels, npu_common.h) of a loss whose row's API is its own, with

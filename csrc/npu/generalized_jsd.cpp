@@ -14,6 +14,11 @@
 //     w (1 - beta) p (s - m) at s and of w beta q (t - m) at t (the teacher's: beta q (t - m - KL(t || m)) w).
 // Dropped rows are computed like any other and then overwritten with 0 (a NaN there reaches no sum: each row's
 // sums stay in the row, and the chunk's total is taken after the fill).
+//
+// A rejected call: every aclnn call's first phase runs on the calling thread, and a non-zero status enqueues
+// nothing of that call (aclnn_api.h). The chunks already enqueued wrote only this call's own results and
+// temporaries, which are dropped: the whole call then runs the composite (on_aclnn then sends every later call
+// whose beta class uses the API there too, and the one warning names it: npu_common.h).
 #include <ATen/ATen.h>
 #include <torch/library.h>
 
@@ -399,12 +404,32 @@ bool apis_present(chips::BetaClass beta) {
   return present[beta == chips::BetaClass::Zero ? 0 : beta == chips::BetaClass::Mixture ? 1 : 2];
 }
 
+// Whether this chip's CANN rejected, in this process, an API a call of this beta class makes on the path.
+template <bool Backward>
+bool apis_rejected(chips::BetaClass beta) {
+  for (const auto& use : GeneralizedJsd::aclnn_apis) {
+    if ((use.gradients && !Backward) || !chips::contains(use.betas, beta)) continue;
+    if (api_rejected(use.api)) return true;
+  }
+  return false;
+}
+
 // Whether a call of the forward (Backward false) or of an op that makes gradients runs the aclnn path here.
 template <bool Backward>
 bool on_aclnn(const RowCall& c) {
   const chips::BetaClass beta = chips::unit_beta_class(c.beta);
   const Path p = path_here<GeneralizedJsd, Backward>(dtype_class({&c.student, &c.teacher}), beta, false);
-  return p.aclnn != nullptr && apis_present<Backward>(beta);
+  return p.aclnn != nullptr && apis_present<Backward>(beta) && !apis_rejected<Backward>(beta);
+}
+
+// run(), or nothing when the chip's CANN rejected one of its calls (noted: the caller runs the composite).
+std::optional<Results> run_or_rejected(const JsdCall& jc, const Weight& w) {
+  try {
+    return run(jc, w);
+  } catch (const AclnnRejected& rejected) {
+    note_rejection(rejected);
+    return std::nullopt;
+  }
 }
 
 struct NpuRows {
@@ -412,7 +437,8 @@ struct NpuRows {
   static at::Tensor forward(Loss, const RowSpec&, const RowCall& c) {
     const c10::OptionalDeviceGuard guard(at::device_of(c.student));
     if (c.student.numel() == 0 || !on_aclnn<false>(c)) return composite::forward(Loss{}, c);
-    return run({c, {false, false}, true}, Weight{}).value;
+    if (auto r = run_or_rejected({c, {false, false}, true}, Weight{})) return r->value;
+    return composite::forward(Loss{}, c);
   }
   template <typename Loss>
   static std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> with_grads(
@@ -424,8 +450,8 @@ struct NpuRows {
     }
     Weight w;
     w.mean = c.reduction == kMean;
-    Results r = run({c, mask, true}, w);
-    return {r.value, r.gs, r.gt, r.row_scale};
+    if (auto r = run_or_rejected({c, mask, true}, w)) return {r->value, r->gs, r->gt, r->row_scale};
+    return composite::with_grads(Loss{}, c, mask);
   }
   template <typename Loss>
   static std::tuple<at::Tensor, at::Tensor> backward(
@@ -441,14 +467,16 @@ struct NpuRows {
       w.scalar = grad_output.item<double>();
       w.mean = c.reduction == kMean;
     }
-    Results r = run({c, mask, false}, w);
-    return {r.gs, r.gt};
+    if (auto r = run_or_rejected({c, mask, false}, w)) return {r->gs, r->gt};
+    return composite::backward(Loss{}, c, grad_output, mask);
   }
 };
 
 // The linear form's step (composite/linear.h): each of its chunks, already sized by its own budget (which counts
 // this path's float32 temporaries), in one chunk of the path above; sized relative to the chunk's own rows,
-// the path would split it again into chunks of a few rows, each a round of launches.
+// the path would split it again into chunks of a few rows, each a round of launches. Where the row is the
+// composite (or this chip's CANN rejected an API of the path), the composite's chunks within the same budget:
+// kTemporaries of its kCompositeTemporaries rows per row of the step.
 template <typename Loss>
 struct NpuLinearStep {
   static composite::RowStep step() {
@@ -456,14 +484,16 @@ struct NpuLinearStep {
                double beta, double temperature, int64_t ignore_index, std::array<bool, 2> mask,
                composite::RowExtras*) -> std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> {
               const RowCall c{student, teacher, labels, kSum, beta, temperature, ignore_index};
-              const bool grads = mask[0] || mask[1];
-              if (student.numel() == 0 || !(grads ? on_aclnn<true>(c) : on_aclnn<false>(c))) {
-                return ops::row_with_grads<Loss>().call(student, teacher, labels, kSum, beta, temperature,
-                                                        ignore_index, mask);
-              }
               const c10::OptionalDeviceGuard guard(at::device_of(student));
-              Results r = run({c, mask, true, student.size(0)}, Weight{});
-              return {r.value, r.gs, r.gt, r.row_scale};
+              const bool grads = mask[0] || mask[1];
+              if (student.numel() > 0 && (grads ? on_aclnn<true>(c) : on_aclnn<false>(c))) {
+                if (auto r = run_or_rejected({c, mask, true, student.size(0)}, Weight{})) {
+                  return {r->value, r->gs, r->gt, r->row_scale};
+                }
+              }
+              const int64_t rows = student.numel() / std::max<int64_t>(student.size(-1), 1);
+              return composite::with_grads(
+                  Loss{}, c, mask, std::max<int64_t>(1, rows * kTemporaries / composite::kCompositeTemporaries));
             },
             false, kTemporaries * 4};
   }

@@ -1,4 +1,5 @@
 // The Python module _C_npu: importing it (after torch_npu) registers the aclnn kernels for PrivateUse1.
+#include <pybind11/stl.h>
 #include <torch/extension.h>
 
 #include <string>
@@ -20,4 +21,8 @@ PYBIND11_MODULE(_C_npu, m) {
   m.def(
       "aclnn_api_available", [](const std::string& api) { return npu_loss::npu::aclnn_api_available(api.c_str()); },
       "Whether the installed CANN has the aclnn API (both phases).");
+  m.def("rejected_apis", &npu_loss::npu::rejected_apis,
+        "The aclnn APIs this chip's CANN rejected in this process (their calls run the composite since).");
+  m.def("_forget_rejected_apis", &npu_loss::npu::forget_rejected_apis,
+        "Forget the rejected APIs, so that the next call tries each again (for tests).");
 }

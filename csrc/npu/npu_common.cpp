@@ -1,8 +1,13 @@
 // This process's chip, the path of a call on it, aclnn API presence and private formats (see npu_common.h).
 #include "npu_common.h"
 
+#include <atomic>
 #include <mutex>
+#include <set>
 #include <unordered_map>
+
+#include <c10/util/Exception.h>
+#include <torch/csrc/Exceptions.h>  // torch::PyWarningHandler
 
 // aclrtGetSocName, aclFormat: declared in acl_base.h or in the acl_base_rt.h it includes (torch-npu 2.8.0 ships
 // no acl_base_rt.h).
@@ -49,6 +54,62 @@ bool aclnn_api_available(const char* name) {
     it = found.emplace(api, present).first;
   }
   return it->second;
+}
+
+namespace {
+
+// The APIs rejected in this process; `any_rejected` lets the calls of a process without one skip the lock.
+std::atomic<bool> any_rejected{false};
+std::mutex rejected_mutex;
+std::set<std::string>& rejected_api_set() {
+  static std::set<std::string> apis;
+  return apis;
+}
+
+}  // namespace
+
+void throw_rejected(const char* api, int32_t status) {
+  const std::string name = soc_name();
+  throw AclnnRejected(api, status,
+                      std::string(api) + "GetWorkspaceSize returned status " + std::to_string(status) + " on " +
+                          (name.empty() ? std::string("this NPU") : name) + " (" + chip_family_name(current_chip()) +
+                          "); nothing of the call was enqueued");
+}
+
+void note_rejection(const AclnnRejected& rejected) {
+  bool first = false;
+  {
+    const std::lock_guard<std::mutex> lock(rejected_mutex);
+    first = rejected_api_set().insert(rejected.api).second;
+    any_rejected.store(true, std::memory_order_release);
+  }
+  if (first) {
+    // A Python UserWarning where it is raised: torch.ops' calls install no Python warning handler of their own
+    // (a bare TORCH_WARN would only reach stderr), so this scope's handler turns it into one (taking the GIL),
+    // and raises it under an "error" filter. In a backward, the engine's thread does the same.
+    const torch::PyWarningHandler to_python;
+    TORCH_WARN("npu_loss_ops: this chip's CANN rejected ", rejected.api, " (", rejected.what(),
+               "). The loss runs its composite of torch_npu ops instead, here and in every later call of this process "
+               "that would use ", rejected.api, " (docs/npu_paths.md, \"A rejected aclnn call\").");
+  }
+}
+
+bool api_rejected(const char* api) {
+  if (!any_rejected.load(std::memory_order_acquire)) return false;
+  const std::lock_guard<std::mutex> lock(rejected_mutex);
+  return rejected_api_set().count(api) != 0;
+}
+
+std::vector<std::string> rejected_apis() {
+  const std::lock_guard<std::mutex> lock(rejected_mutex);
+  const auto& apis = rejected_api_set();
+  return {apis.begin(), apis.end()};
+}
+
+void forget_rejected_apis() {
+  const std::lock_guard<std::mutex> lock(rejected_mutex);
+  rejected_api_set().clear();
+  any_rejected.store(false, std::memory_order_release);
 }
 
 DtypeClass dtype_class(std::initializer_list<const at::Tensor*> tensors) {

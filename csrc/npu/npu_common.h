@@ -1,7 +1,7 @@
 // What every NPU kernel shares: the chip of this process and the path of a call on it (the rows are each
-// loss's declaration's, chips/paths.h), whether the installed CANN has an aclnn API at all, private NPU
-// formats, the small host-side fixes around the aclnn calls, and the one frame every loss's kernels run in
-// (AclnnKernels).
+// loss's declaration's, chips/paths.h), whether the installed CANN has an aclnn API at all and whether this
+// chip's CANN rejected one, private NPU formats, the small host-side fixes around the aclnn calls, and the
+// frame the elementwise losses' kernels run in (AclnnKernels; the row losses' is npu/generalized_jsd.cpp's).
 #pragma once
 
 #include <ATen/ATen.h>
@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "../chips/paths.h"
+#include "aclnn_api.h"
 #include "../composite/math.h"
 #include "../core/backend.h"
 #include "../core/checks.h"
@@ -31,6 +32,17 @@ Chip current_chip();
 // checks it: an older toolkit may lack one, and EXEC_NPU_CMD_EXT would then fail from inside the macro.
 bool aclnn_api_available(const char* name);
 
+// An aclnn API whose first phase this chip's CANN rejected (AclnnRejected), in this process. The first
+// rejection of an API is noted with one warning naming the API, its status and the chip; later calls of every
+// op whose path uses that API go straight to the composite, without calling it again. A call that sees a
+// rejection discards everything it made and runs the composite for the whole call (nothing half-written is
+// returned, nothing of the rejected call is enqueued, and no executor, workspace or scale outlives it).
+void note_rejection(const AclnnRejected& rejected);
+bool api_rejected(const char* api);
+// The APIs rejected so far, and (for the tests, which reject each API in turn in one process) forgetting them.
+std::vector<std::string> rejected_apis();
+void forget_rejected_apis();
+
 // The dtype class of a call (chips/paths.h) from its operands and result.
 DtypeClass dtype_class(std::initializer_list<const at::Tensor*> tensors);
 
@@ -48,7 +60,7 @@ Path path_here(DtypeClass dtypes, BetaClass beta, bool log_target) {
     for (const PathRow& row : rows_of<Loss, Backward>()) found.push_back(row.aclnn && aclnn_api_available(row.aclnn));
     return found;
   }();
-  return p.aclnn && present[p.row] ? p : Path{nullptr, 0, p.row};
+  return p.aclnn && present[p.row] && !api_rejected(p.aclnn) ? p : Path{nullptr, 0, p.row};
 }
 
 // The aclnn loss kernels reject private NPU storage formats (NZ, 5HD, ...) with 161002, which
@@ -104,9 +116,10 @@ inline bool log_target_of(bool log_target) {
   return log_target;
 }
 
-// Every loss's NPU kernels, one frame around its aclnn calls: the checks, empty inputs, this chip's path of
-// the call (the composite where it names no API, or where Api::takes refuses the operands), private formats
-// in and out. `Api` holds the loss's calls, each given the call's path (the API its row names, the fixes it
+// Every elementwise loss's NPU kernels, one frame around its aclnn calls: the checks, empty inputs, this chip's
+// path of the call (the composite where it names no API, or where Api::takes refuses the operands), private
+// formats in and out, and the composite for the whole call when the chip's CANN rejects an API (the frame of
+// aclnn_api.h enqueues nothing of a rejected call; `out` is written only by the composite then). `Api` holds the loss's calls, each given the call's path (the API its row names, the fixes it
 // asks for), its checked spec and the tensor it writes (NPU_LOSS_PLAIN_FORWARD and _BACKWARD in aclnn_api.h
 // write the calls that need nothing more):
 //   Api::forward(path, spec, out, self, target, reduction, scalars...)
@@ -129,7 +142,12 @@ struct AclnnKernels<Loss, Api, std::tuple<S...>> {
         dtype_class({&self, &target}), beta_of(spec.dtype, s...), log_target_of(s...));
     if (!path.aclnn) return Composite<Loss>::forward(self, target, reduction, s...);
     at::Tensor out = empty_result(spec, self.options());
-    Api::forward(path, spec, out, base_format(self), base_format(target), reduction, s...);
+    try {
+      Api::forward(path, spec, out, base_format(self), base_format(target), reduction, s...);
+    } catch (const AclnnRejected& rejected) {
+      note_rejection(rejected);
+      return Composite<Loss>::forward(self, target, reduction, s...);
+    }
     return out;
   }
 
@@ -144,7 +162,16 @@ struct AclnnKernels<Loss, Api, std::tuple<S...>> {
       return;
     }
     at::Tensor result = base_format_out(out);
-    Api::backward(path, spec, result, base_format(grad_output), base_format(self), base_format(target), reduction, s...);
+    try {
+      Api::backward(path, spec, result, base_format(grad_output), base_format(self), base_format(target), reduction,
+                    s...);
+    } catch (const AclnnRejected& rejected) {
+      // Each backward makes one aclnn call, its fixes' torch ops before it write only temporaries: out is
+      // untouched (and may alias self or target, which the composite reads before out is written).
+      note_rejection(rejected);
+      out.copy_(Composite<Loss>::backward(grad_output, self, target, reduction, s...));
+      return;
+    }
     copy_back(out, result);
   }
 };

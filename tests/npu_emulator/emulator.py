@@ -3,14 +3,16 @@
 Importable as a plain module by path; it imports nothing heavy at module level (no torch).
 
     SOCS                     the SoC name each chip family runs as (what aclrtGetSocName returns)
-    env(family, lib_dir, without_loss_apis=False) -> dict
-                             the environment of a subprocess that runs on the emulator
+    env(family, lib_dir, without_loss_apis=False, reject=(), task_queue=1) -> dict
+                             the environment of a subprocess that runs on the emulator (`reject`: APIs whose
+                             first phase rejects the package's own calls, NPU_EMU_REJECT)
     import_torch_npu()       `import torch_npu` as the emulated runs do it: through c10_keys.py's step, which
                              lets torch_npu load into a CUDA build of torch (README.md)
     active() -> bool         whether this process runs on the emulator (its libopapi.so is loaded)
     trace() -> dict          counts of executed aclnn operators, rejected GetWorkspaceSize calls
                              ("<api>GetWorkspaceSize:<status>") and aclop fallbacks ("aclop:<optype>")
     trace_reset()            clears the counts
+    reject(*apis)            from now on, the named APIs reject the package's own calls (161002); reject() none
     pin_jit_compile_off()    keeps torch_npu's ops on aclnn in this thread and the autograd engine's NPU worker
 """
 
@@ -45,11 +47,13 @@ def _lib_dirs(lib_dir, without_loss_apis):
     return out, lib
 
 
-def env(family, lib_dir, without_loss_apis=False):
+def env(family, lib_dir, without_loss_apis=False, reject=(), task_queue=1):
     """Environment (a full copy of os.environ plus the emulator's variables) for a subprocess that runs
     torch_npu on the emulated chip `family` (a key of SOCS, or a SoC name such as "Ascend910B2").
     lib_dir is build.sh's OUT_DIR/lib (OUT_DIR works too); without_loss_apis selects the libopapi.so that
-    lacks the loss APIs (an older CANN toolkit)."""
+    lacks the loss APIs (an older CANN toolkit). `reject`: aclnn APIs whose first phase rejects the package's
+    own calls with 161002 (NPU_EMU_REJECT; torch_npu's calls of them keep their path). `task_queue`:
+    TASK_QUEUE_ENABLE."""
     soc = SOCS.get(family, family)
     if not str(soc).startswith("Ascend"):
         raise ValueError(f"unknown chip family {family!r}; expected one of {sorted(SOCS)} or an Ascend SoC name")
@@ -57,8 +61,11 @@ def env(family, lib_dir, without_loss_apis=False):
     e = dict(os.environ)
     e["LD_LIBRARY_PATH"] = lib + (os.pathsep + e["LD_LIBRARY_PATH"] if e.get("LD_LIBRARY_PATH") else "")
     e["NPU_EMU_SOC"] = soc
-    # Ops go through torch_npu's task queue in mode 1 (an error in the run phase would leave mode 2 broken).
-    e["TASK_QUEUE_ENABLE"] = "1"
+    # Ops go through torch_npu's task queue in mode 1 by default (an error in the run phase would leave mode 2
+    # broken; the package's own calls check their first phase before anything is enqueued, in every mode).
+    e["TASK_QUEUE_ENABLE"] = str(task_queue)
+    if reject:
+        e["NPU_EMU_REJECT"] = ",".join(reject)
     ascend = os.path.join(out, "ascend")
     if os.path.isdir(ascend):  # the stand-in install tree build.sh writes (silences torch_npu's warning)
         e["ASCEND_HOME_PATH"] = ascend
@@ -149,6 +156,17 @@ def trace_reset():
     """Clears the counts (after synchronizing the NPU)."""
     _sync()
     _trace_lib().npu_emu_trace_reset()
+
+
+def reject(*apis):
+    """From the next call on, the first phase of each named aclnn API rejects the package's own calls with
+    161002, as a chip whose CANN does not have it; reject() with no name rejects nothing (NPU_EMU_REJECT's
+    list, replaced). torch_npu's own calls of the same APIs keep their path."""
+    lib = _loaded_lib()
+    if lib is None:
+        raise RuntimeError("the emulator's libopapi.so is not loaded in this process yet (make an aclnn call first)")
+    lib.npu_emu_reject_set.argtypes = [ctypes.c_char_p]
+    lib.npu_emu_reject_set(",".join(apis).encode())
 
 
 def pin_jit_compile_off():

@@ -63,7 +63,8 @@ aclDataType scalar_dtype(const aclScalar* s);
 std::vector<int64_t> IA(const aclIntArray* a);  // null -> {}
 std::vector<bool> BA(const aclBoolArray* a);
 
-// Status helpers. reject() logs the reason (stderr unless NPU_EMU_LOG=0; also aclGetRecentErrMsg) and
+// Status helpers. submit() rejects (161002) a call of an API NPU_EMU_REJECT names when the package made it.
+// reject() logs the reason (stderr unless NPU_EMU_LOG=0; also aclGetRecentErrMsg) and
 // counts "<api>GetWorkspaceSize:<status>" in the trace.
 aclnnStatus reject(const char* api, aclnnStatus status, const std::string& why);
 
@@ -73,9 +74,15 @@ aclnnStatus submit(const char* api, uint64_t* ws, aclOpExecutor** ex, std::funct
 // Second phase: run (and free) the executor under the compute guard, count it in the trace.
 aclnnStatus run(const char* api, aclOpExecutor* ex);
 
-// Counts "<api>:undocumented" in the trace when the documents of one of the generalized JSD's APIs do not list
-// this chip, or bfloat16 on it, for these tensors (ops_rows.cpp); nothing for any other API.
-void documented(const char* api, std::initializer_list<const TensorDesc*> tensors);
+// When the current documents of one of the generalized JSD's APIs do not list this chip, or bfloat16 on it, for
+// these tensors (ops_rows.cpp): the package's own call is rejected (161002, returned), and torch_npu's is counted
+// as "<api>:undocumented" in the trace (0 returned); 0 for any other API or call.
+aclnnStatus documented(const char* api, std::initializer_list<const TensorDesc*> tensors);
+
+// Whether the first phase being run was called by the package's own NPU module (npu_loss_ops/_C_npu), rather
+// than by torch_npu: the first frame of the calling thread's stack outside the emulator's libraries. The knob
+// NPU_EMU_REJECT (and npu_emu_reject_set) rejects the named APIs for the package's calls only.
+bool called_by_package();
 
 // The SoC family the emulator runs as (see npuemu_soc_family()).
 std::string family();

@@ -3,9 +3,16 @@
 // reference; each computes on the host what the operator documents, with ATen CPU kernels (PyTorch's
 // semantics, which these operators mirror).
 
+#include <dlfcn.h>
+#include <execinfo.h>
+
+#include <algorithm>
 #include <cstdarg>
 #include <cstdio>
 #include <cstdlib>
+#include <cstring>
+#include <mutex>
+#include <set>
 
 #include <ATen/native/TypeProperties.h>
 #include <ATen/ops/abs.h>
@@ -326,8 +333,68 @@ aclnnStatus reject(const char* api, aclnnStatus status, const std::string& why) 
   return status;
 }
 
+namespace {
+
+// NPU_EMU_REJECT: the APIs whose first phase rejects the package's calls (161002), as a chip whose CANN does
+// not have them; npu_emu_reject_set() replaces the list at run time.
+std::mutex reject_mutex;
+std::set<std::string>& rejected_for_package() {
+  static std::set<std::string> apis = [] {
+    std::set<std::string> names;
+    const char* v = std::getenv("NPU_EMU_REJECT");
+    std::string list = v ? v : "";
+    size_t start = 0;
+    while (start <= list.size()) {
+      const size_t end = std::min(list.find(',', start), list.size());
+      if (end > start) names.insert(list.substr(start, end - start));
+      start = end + 1;
+    }
+    return names;
+  }();
+  return apis;
+}
+
+// NPU_EMU_TRACE_PACKAGE=1: each first phase the package's own module passes is also counted as "<api>:package".
+bool trace_package_calls() {
+  static const bool on = [] {
+    const char* v = std::getenv("NPU_EMU_TRACE_PACKAGE");
+    return v != nullptr && std::strcmp(v, "1") == 0;
+  }();
+  return on;
+}
+
+bool knob_rejects(const char* api) {
+  const std::lock_guard<std::mutex> lock(reject_mutex);
+  const auto& apis = rejected_for_package();
+  return !apis.empty() && apis.count(api) != 0;
+}
+
+}  // namespace
+
+bool called_by_package() {
+  // The calling thread's stack: the first frame outside this library (and nnopbase, which it calls back
+  // through) is the caller of the first phase: the package's own NPU module, or torch_npu (its own kernels, the
+  // package's composite among them, whose first phases torch_npu calls).
+  void* frames[16];
+  const int n = backtrace(frames, 16);
+  Dl_info self{};
+  dladdr(reinterpret_cast<void*>(&called_by_package), &self);
+  for (int i = 0; i < n; ++i) {
+    Dl_info info{};
+    if (dladdr(frames[i], &info) == 0 || info.dli_fname == nullptr) continue;
+    if (self.dli_fname != nullptr && std::strcmp(info.dli_fname, self.dli_fname) == 0) continue;
+    if (std::strstr(info.dli_fname, "libnnopbase") != nullptr) continue;
+    return std::strstr(info.dli_fname, "npu_loss_ops/_C_npu") != nullptr;
+  }
+  return false;
+}
+
 aclnnStatus submit(const char* api, uint64_t* ws, aclOpExecutor** ex, std::function<void()> fn, bool empty) {
   if (ws == nullptr || ex == nullptr) return reject(api, ACLNN_ERR_PARAM_NULLPTR, "workspaceSize or executor is null");
+  if (knob_rejects(api) && called_by_package()) {
+    return reject(api, ACLNN_ERR_PARAM_INVALID, "rejected for the package's calls (NPU_EMU_REJECT)");
+  }
+  if (trace_package_calls() && called_by_package()) npuemu_trace_add((std::string(api) + ":package").c_str(), 1);
   auto* e = new FnExecutor();
   e->name = api;
   e->fn = std::move(fn);
@@ -404,6 +471,20 @@ at::ScalarType promote(const std::vector<const TensorDesc*>& ts) {
 
 // The trace, readable with ctypes on libopapi.so (the counts live in libascendcl.so).
 EMU_API size_t npu_emu_trace_json(char* buf, size_t len) { return npuemu_trace_json(buf, len); }
+
+// Replaces NPU_EMU_REJECT's list (comma-separated API names; "" for none) for the calls that follow.
+EMU_API void npu_emu_reject_set(const char* apis) {
+  std::set<std::string> names;
+  const std::string list = apis ? apis : "";
+  size_t start = 0;
+  while (start <= list.size()) {
+    const size_t end = std::min(list.find(',', start), list.size());
+    if (end > start) names.insert(list.substr(start, end - start));
+    start = end + 1;
+  }
+  const std::lock_guard<std::mutex> lock(emu::reject_mutex);
+  emu::rejected_for_package() = std::move(names);
+}
 EMU_API void npu_emu_trace_reset() { npuemu_trace_reset(); }
 
 
@@ -420,7 +501,8 @@ using emu::any_empty;
   EMU_API aclnnStatus aclnn##NAME##GetWorkspaceSize(const aclTensor* self, aclTensor* out, uint64_t* ws,    \
                                                     aclOpExecutor** ex) {                                  \
     ACLNN_CHECK_NOTNULL("aclnn" #NAME, self, out);                                                        \
-    auto a = T(self), o = T(out); emu::documented("aclnn" #NAME, {&a, &o});                                 \
+    auto a = T(self), o = T(out);                                                                          \
+    if (const aclnnStatus st_ = emu::documented("aclnn" #NAME, {&a, &o})) return st_;                      \
     return emu::submit("aclnn" #NAME, ws, ex, [=] {                                                        \
       at::Tensor x = a.get();                                                                              \
       o.write(EXPR);                                                                                       \
@@ -432,7 +514,8 @@ using emu::any_empty;
 #define EMU_INPLACE_UNARY(NAME, EXPR)                                                                      \
   EMU_API aclnnStatus aclnnInplace##NAME##GetWorkspaceSize(aclTensor* self, uint64_t* ws, aclOpExecutor** ex) { \
     ACLNN_CHECK_NOTNULL("aclnnInplace" #NAME, self);                                                      \
-    auto a = T(self); emu::documented("aclnnInplace" #NAME, {&a});                                          \
+    auto a = T(self);                                                                                      \
+    if (const aclnnStatus st_ = emu::documented("aclnnInplace" #NAME, {&a})) return st_;                   \
     return emu::submit("aclnnInplace" #NAME, ws, ex, [=] {                                                 \
       at::Tensor x = a.get();                                                                              \
       a.write(EXPR);                                                                                       \
@@ -449,7 +532,8 @@ using emu::any_empty;
   EMU_API aclnnStatus aclnn##NAME##GetWorkspaceSize(const aclTensor* self, const aclTensor* other,          \
                                                     aclTensor* out, uint64_t* ws, aclOpExecutor** ex) {    \
     ACLNN_CHECK_NOTNULL("aclnn" #NAME, self, other, out);                                                 \
-    auto a = T(self), b = T(other), o = T(out); emu::documented("aclnn" #NAME, {&a, &b, &o});               \
+    auto a = T(self), b = T(other), o = T(out);                                                            \
+    if (const aclnnStatus st_ = emu::documented("aclnn" #NAME, {&a, &b, &o})) return st_;                  \
     return emu::submit("aclnn" #NAME, ws, ex, [=] {                                                        \
       at::Tensor x = a.get(), y = b.get();                                                                 \
       o.write(EXPR);                                                                                       \
@@ -462,7 +546,8 @@ using emu::any_empty;
   EMU_API aclnnStatus aclnnInplace##NAME##GetWorkspaceSize(aclTensor* self, const aclTensor* other,         \
                                                            uint64_t* ws, aclOpExecutor** ex) {             \
     ACLNN_CHECK_NOTNULL("aclnnInplace" #NAME, self, other);                                               \
-    auto a = T(self), b = T(other); emu::documented("aclnnInplace" #NAME, {&a, &b});                        \
+    auto a = T(self), b = T(other);                                                                        \
+    if (const aclnnStatus st_ = emu::documented("aclnnInplace" #NAME, {&a, &b})) return st_;               \
     return emu::submit("aclnnInplace" #NAME, ws, ex, [=] {                                                 \
       at::Tensor x = a.get(), y = b.get();                                                                 \
       a.write(EXPR);                                                                                       \
@@ -475,7 +560,8 @@ using emu::any_empty;
   EMU_API aclnnStatus aclnn##NAME##GetWorkspaceSize(const aclTensor* self, const aclScalar* other,          \
                                                     aclTensor* out, uint64_t* ws, aclOpExecutor** ex) {    \
     ACLNN_CHECK_NOTNULL("aclnn" #NAME, self, other, out);                                                 \
-    auto a = T(self), o = T(out); emu::documented("aclnn" #NAME, {&a, &o});                                 \
+    auto a = T(self), o = T(out);                                                                          \
+    if (const aclnnStatus st_ = emu::documented("aclnn" #NAME, {&a, &o})) return st_;                      \
     at::Scalar s = S(other);                                                                               \
     return emu::submit("aclnn" #NAME, ws, ex, [=] {                                                        \
       at::Tensor x = a.get();                                                                              \
@@ -489,7 +575,8 @@ using emu::any_empty;
   EMU_API aclnnStatus aclnnInplace##NAME##GetWorkspaceSize(aclTensor* self, const aclScalar* other,         \
                                                            uint64_t* ws, aclOpExecutor** ex) {             \
     ACLNN_CHECK_NOTNULL("aclnnInplace" #NAME, self, other);                                               \
-    auto a = T(self); emu::documented("aclnnInplace" #NAME, {&a});                                          \
+    auto a = T(self);                                                                                      \
+    if (const aclnnStatus st_ = emu::documented("aclnnInplace" #NAME, {&a})) return st_;                   \
     at::Scalar s = S(other);                                                                               \
     return emu::submit("aclnnInplace" #NAME, ws, ex, [=] {                                                 \
       at::Tensor x = a.get();                                                                              \
@@ -517,7 +604,7 @@ EMU_API aclnnStatus aclnnCastGetWorkspaceSize(const aclTensor* self, aclDataType
                                               aclOpExecutor** ex) {
   ACLNN_CHECK_NOTNULL("aclnnCast", self, out);
   auto a = T(self), o = T(out);
-  emu::documented("aclnnCast", {&a, &o});
+  if (const aclnnStatus st_ = emu::documented("aclnnCast", {&a, &o})) return st_;
   (void)dtype;  // the out tensor carries it
   return emu::submit("aclnnCast", ws, ex, [=] { o.write(a.get()); }, any_empty({&a, &o}));
 }
@@ -534,7 +621,8 @@ EMU_INPLACE_BINARY(Copy, y)
                                                     const aclScalar* alpha, aclTensor* out, uint64_t* ws,  \
                                                     aclOpExecutor** ex) {                                  \
     ACLNN_CHECK_NOTNULL("aclnn" #NAME, self, other, out);                                                 \
-    auto a = T(self), b = T(other), o = T(out); emu::documented("aclnn" #NAME, {&a, &b, &o});               \
+    auto a = T(self), b = T(other), o = T(out);                                                            \
+    if (const aclnnStatus st_ = emu::documented("aclnn" #NAME, {&a, &b, &o})) return st_;                  \
     at::Scalar al = alpha ? S(alpha) : at::Scalar(1);                                                      \
     return emu::submit("aclnn" #NAME, ws, ex,                                                              \
                        [=] { o.write(at::OP(a.get(), b.get(), al)); }, any_empty({&a, &b, &o}));           \
@@ -545,7 +633,7 @@ EMU_INPLACE_BINARY(Copy, y)
                                                      aclOpExecutor** ex) {                                 \
     ACLNN_CHECK_NOTNULL("aclnn" #NAME "s", self, other, out);                                             \
     auto a = T(self), o = T(out);                                                                          \
-    emu::documented("aclnn" #NAME "s", {&a, &o});                                                          \
+    if (const aclnnStatus st_ = emu::documented("aclnn" #NAME "s", {&a, &o})) return st_;                  \
     at::Scalar s = S(other), al = alpha ? S(alpha) : at::Scalar(1);                                        \
     return emu::submit("aclnn" #NAME "s", ws, ex,                                                          \
                        [=] { o.write(at::OP(a.get(), s, al)); }, any_empty({&a, &o}));                     \
@@ -556,7 +644,7 @@ EMU_INPLACE_BINARY(Copy, y)
                                                            aclOpExecutor** ex) {                           \
     ACLNN_CHECK_NOTNULL("aclnnInplace" #NAME, self, other);                                               \
     auto a = T(self), b = T(other);                                                                        \
-    emu::documented("aclnnInplace" #NAME, {&a, &b});                                                       \
+    if (const aclnnStatus st_ = emu::documented("aclnnInplace" #NAME, {&a, &b})) return st_;               \
     at::Scalar al = alpha ? S(alpha) : at::Scalar(1);                                                      \
     return emu::submit("aclnnInplace" #NAME, ws, ex,                                                       \
                        [=] { a.write(at::OP(a.get(), b.get(), al)); }, any_empty({&a, &b}));               \
@@ -838,7 +926,7 @@ EMU_API aclnnStatus aclnnInplaceMaskedFillScalarGetWorkspaceSize(aclTensor* self
                                                                  aclOpExecutor** ex) {
   ACLNN_CHECK_NOTNULL("aclnnInplaceMaskedFillScalar", self, mask, value);
   auto a = T(self), m = T(mask);
-  emu::documented("aclnnInplaceMaskedFillScalar", {&a});
+  if (const aclnnStatus st_ = emu::documented("aclnnInplaceMaskedFillScalar", {&a})) return st_;
   // 161002: selfRef's shape is the broadcast shape of selfRef and mask
   if (!emu::broadcastable(a.sizes, m.sizes) || emu::broadcast_shape(a.sizes, m.sizes) != a.sizes) {
     return emu::reject("aclnnInplaceMaskedFillScalar", ACLNN_ERR_PARAM_INVALID, "mask does not broadcast to selfRef");

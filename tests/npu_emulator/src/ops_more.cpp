@@ -114,7 +114,7 @@ c10::List<c10::optional<at::Tensor>> index_list(const std::vector<TensorDesc>& i
     ACLNN_CHECK_NOTNULL("aclnn" #NAME, self, out);                                                        \
     auto a = T(self), o = T(out);                                                                          \
     auto dims = IA(dim);                                                                                   \
-    emu::documented("aclnn" #NAME, {&a, &o});                                                              \
+    if (const aclnnStatus st_ = emu::documented("aclnn" #NAME, {&a, &o})) return st_;                      \
     auto st = emu::has_at(dtype) ? emu::to_at(dtype) : o.scalar_type();                                   \
     return emu::submit("aclnn" #NAME, ws, ex, [=] { o.write(at::FN(a.get(), dims, keepdim, st)); },        \
                        o.numel() == 0);                                                                    \
@@ -530,7 +530,7 @@ ACLNN_RUN(aclnnLinspace)
                                                     uint64_t* ws, aclOpExecutor** ex) {                    \
     ACLNN_CHECK_NOTNULL("aclnn" #NAME, self, out);                                                        \
     auto a = T(self), o = T(out);                                                                          \
-    emu::documented("aclnn" #NAME, {&a, &o});                                                              \
+    if (const aclnnStatus st_ = emu::documented("aclnn" #NAME, {&a, &o})) return st_;                      \
     if (dim < -std::max<int64_t>(a.dim(), 1) || dim >= std::max<int64_t>(a.dim(), 1))                      \
       return emu::reject("aclnn" #NAME, ACLNN_ERR_PARAM_INVALID, "dim out of range");                      \
     return emu::submit("aclnn" #NAME, ws, ex, [=] { o.write(at::FN(a.get(), dim, o.scalar_type())); },     \
@@ -557,7 +557,7 @@ EMU_API aclnnStatus aclnnLogSoftmaxBackwardGetWorkspaceSize(const aclTensor* gra
                                                             aclOpExecutor** ex) {
   ACLNN_CHECK_NOTNULL("aclnnLogSoftmaxBackward", grad, output, out);
   auto g = T(grad), y = T(output), o = T(out);
-  emu::documented("aclnnLogSoftmaxBackward", {&g, &y, &o});
+  if (const aclnnStatus st_ = emu::documented("aclnnLogSoftmaxBackward", {&g, &y, &o})) return st_;
   // ops-nn's op_api checks dim in [-n, n - 1] (its document writes [-n, n])
   if (dim < -std::max<int64_t>(g.dim(), 1) || dim >= std::max<int64_t>(g.dim(), 1))
     return emu::reject("aclnnLogSoftmaxBackward", ACLNN_ERR_PARAM_INVALID, "dim out of range");

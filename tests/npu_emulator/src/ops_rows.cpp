@@ -7,14 +7,17 @@
 //     math/cast/docs/aclnnCast.md, conversion/masked_fill/docs/aclnnInplaceMaskedFillScalar.md;
 //   ops-nn v9.1.0: activation/log_softmax_v2/docs/aclnnLogSoftmax.md,
 //     activation/log_softmax_grad/docs/aclnnLogSoftmaxBackward.md;
-//   the CANN 8.3.RC1 API reference (hiascend.com) for aclnnExp on the Atlas training and inference series, which
-//   ops-math's product table leaves out.
+//   aclnnExp as ops-math's current document lists it: not on the Atlas training (910) and inference (310P)
+//   series since commit 9d65d0d11 (2026-01-22), which the CANN 8.0 to 8.3 API references and ops-math of
+//   2025-10-30 still list (docs/aclnn_reference.md, section 10: the documents disagree, the newest one counts).
 //
 // aclnnLogAddExp is implemented here with its validation. The others are implemented with torch_npu's ordinary
 // ops (ops_base.cpp, ops_more.cpp), which torch_npu itself calls on every chip in dtypes the documents do not
 // list there (bfloat16 on 910 and 310P, everything on 310B): rejecting those would fail torch_npu's own kernels,
-// not this package's. A call outside a document's listing is therefore counted in the trace as
-// "<api>:undocumented" (documented() below), and the package's tests assert that its aclnn path makes none.
+// where a real chip's torch_npu routes such an op through its own fallbacks. So a call outside a document's
+// listing is rejected (161002) when the package's own NPU module made it (called_by_package()), as the chip's
+// CANN would reject it, and only counted in the trace as "<api>:undocumented" when torch_npu made it
+// (documented() below).
 #include <map>
 #include <string>
 
@@ -55,7 +58,7 @@ const std::map<std::string, Listing>& listings() {
       {"aclnnAdd", {k910 | k910B | k950, kBf16}},   // aclnnAdd's product table leaves out 310P
       {"aclnnSub", {k910 | k910B | k950, kBf16}},   // as does aclnnSub's (which lists 310B, without bf16)
       {"aclnnDivs", {k910 | k910B | k950, kBf16}},  // and aclnnDivs'
-      {"aclnnExp", {kTrainingAndInference, kBf16}},
+      {"aclnnExp", {k910B | k950, kBf16}},  // the current document leaves out 910 and 310P (9d65d0d11)
       {"aclnnReduceSum", {kTrainingAndInference, kBf16}},
       {"aclnnInplaceMaskedFillScalar", {kTrainingAndInference, kBf16}},
       {"aclnnLogSoftmax", {kTrainingAndInference, kBf16}},
@@ -68,16 +71,21 @@ const std::map<std::string, Listing>& listings() {
 
 namespace emu {
 
-void documented(const char* api, std::initializer_list<const TensorDesc*> tensors) {
+aclnnStatus documented(const char* api, std::initializer_list<const TensorDesc*> tensors) {
   const auto& table = listings();
   const auto it = table.find(api);
-  if (it == table.end()) return;
+  if (it == table.end()) return ACLNN_SUCCESS;
   const unsigned here = family_bit();
   bool listed = (it->second.chips & here) != 0;
   for (const TensorDesc* t : tensors) {
     if (t->defined && t->dtype == ACL_BF16 && (it->second.bf16_chips & here) == 0) listed = false;
   }
-  if (!listed) npuemu_trace_add((std::string(api) + ":undocumented").c_str(), 1);
+  if (listed) return ACLNN_SUCCESS;
+  if (called_by_package()) {
+    return reject(api, ACLNN_ERR_PARAM_INVALID, "not listed for this chip (or its dtype) in the current documents");
+  }
+  npuemu_trace_add((std::string(api) + ":undocumented").c_str(), 1);
+  return ACLNN_SUCCESS;
 }
 
 }  // namespace emu

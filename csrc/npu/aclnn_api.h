@@ -164,6 +164,33 @@ struct AclnnRejected : std::runtime_error {
 
 }  // namespace npu_loss::npu
 
+// The frame's one step that differs between torch_npu lines: the execution config (deterministic algorithms).
+// torch_npu 2.8 declares a global SetExecConfig(); 2.7.1 and 2.9 on at_npu::native::ApplyDeterministicLevel.
+// Each call below resolves to the line's own function where it is declared (a function beats a template as good
+// a match) and to these stand-in templates, which do nothing, where it is not.
+namespace npu_loss_exec_config_fallback {
+template <typename = void>
+inline void SetExecConfig() {}
+template <typename = void>
+inline void ApplyDeterministicLevel(int64_t, bool, bool) {}
+}  // namespace npu_loss_exec_config_fallback
+
+namespace npu_loss::npu {
+
+// Sets the execution config of the call about to be made, as the line's own EXEC_NPU_CMD_V1_EXT does; the
+// deterministic level (which 2.7.1 and 2.9 on also hash into the executor cache's key) is returned.
+inline uint32_t apply_exec_config() {
+  using namespace at_npu::native;                    // ApplyDeterministicLevel (2.7.1, 2.9 on)
+  using namespace npu_loss_exec_config_fallback;     // the stand-ins
+  const uint32_t level = c10_npu::GetDeterministicLevel();
+  const bool deterministic = at::globalContext().deterministicAlgorithms();
+  ApplyDeterministicLevel(static_cast<int64_t>(level), deterministic, true);
+  SetExecConfig();                                   // torch_npu 2.8's
+  return level;
+}
+
+}  // namespace npu_loss::npu
+
 // The two phases of one aclnn call (see the top of this file): torch_npu's EXEC_NPU_CMD_V1_EXT steps, with the
 // first phase's status read on the calling thread before anything is enqueued.
 #define NPU_LOSS_CHECKED_EXEC(aclnn_api, ...)                                                                      \
@@ -173,10 +200,9 @@ struct AclnnRejected : std::runtime_error {
     GetApiFunc(#aclnn_api, #aclnn_api "GetWorkspaceSize", opApiFuncAddr, getWorkspaceSizeFuncAddr);                \
     InitExecCommonCtx();                                                                                           \
     auto acl_stream = GetAclStream();                                                                              \
-    const uint32_t level = c10_npu::GetDeterministicLevel();                                                       \
-    const bool deterministic = at::globalContext().deterministicAlgorithms();                                      \
-    at_npu::native::ApplyDeterministicLevel(static_cast<int64_t>(level), deterministic, true);                     \
-    /* a hit is an executor a successful first phase of the same call left in CANN's cache */                     \
+    const uint32_t level = ::npu_loss::npu::apply_exec_config();                                                   \
+    /* a hit is an executor a successful first phase of the same call left in CANN's cache (torch_npu 2.8's */    \
+    /* hit_cache_ext takes no level: there it is one more value of the key) */                                     \
     if (hit_cache_ext(acl_stream, #aclnn_api, opApiFuncAddr, level, __VA_ARGS__)) break;                          \
     uint64_t workspace_size = 0;                                                                                   \
     uint64_t* workspace_size_addr = &workspace_size;                                                               \

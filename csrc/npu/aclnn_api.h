@@ -117,7 +117,7 @@ template <>
 struct fills_param<at::Tensor, const aclTensor*> : std::true_type {};
 template <>
 struct fills_param<at::Tensor, aclTensor*> : std::true_type {};
-// Scalars, int arrays and dtypes, which op-plugin's ConvertType converts with op-plugin's ConvertType.
+// Scalars, int arrays and dtypes, which op-plugin's ConvertType converts.
 template <>
 struct fills_param<at::Scalar, const aclScalar*> : std::true_type {};
 template <>

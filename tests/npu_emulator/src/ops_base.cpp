@@ -338,19 +338,22 @@ namespace {
 // NPU_EMU_REJECT: the APIs whose first phase rejects the package's calls (161002), as a chip whose CANN does
 // not have them; npu_emu_reject_set() replaces the list at run time.
 std::mutex reject_mutex;
+
+// The names of a comma-separated list ("" and null: none).
+std::set<std::string> api_names(const char* list) {
+  std::set<std::string> names;
+  const std::string text = list ? list : "";
+  size_t start = 0;
+  while (start <= text.size()) {
+    const size_t end = std::min(text.find(',', start), text.size());
+    if (end > start) names.insert(text.substr(start, end - start));
+    start = end + 1;
+  }
+  return names;
+}
+
 std::set<std::string>& rejected_for_package() {
-  static std::set<std::string> apis = [] {
-    std::set<std::string> names;
-    const char* v = std::getenv("NPU_EMU_REJECT");
-    std::string list = v ? v : "";
-    size_t start = 0;
-    while (start <= list.size()) {
-      const size_t end = std::min(list.find(',', start), list.size());
-      if (end > start) names.insert(list.substr(start, end - start));
-      start = end + 1;
-    }
-    return names;
-  }();
+  static std::set<std::string> apis = api_names(std::getenv("NPU_EMU_REJECT"));
   return apis;
 }
 
@@ -474,14 +477,7 @@ EMU_API size_t npu_emu_trace_json(char* buf, size_t len) { return npuemu_trace_j
 
 // Replaces NPU_EMU_REJECT's list (comma-separated API names; "" for none) for the calls that follow.
 EMU_API void npu_emu_reject_set(const char* apis) {
-  std::set<std::string> names;
-  const std::string list = apis ? apis : "";
-  size_t start = 0;
-  while (start <= list.size()) {
-    const size_t end = std::min(list.find(',', start), list.size());
-    if (end > start) names.insert(list.substr(start, end - start));
-    start = end + 1;
-  }
+  std::set<std::string> names = emu::api_names(apis);
   const std::lock_guard<std::mutex> lock(emu::reject_mutex);
   emu::rejected_for_package() = std::move(names);
 }

@@ -6,9 +6,11 @@ NPU_EMU_TRACE_PACKAGE=1 so that the trace tells the package's own first phases f
     python _rejection_worker.py
 
 1. Every case below runs once on the NPU and on the CPU: the trace's "<api>:package" counts give the aclnn APIs
-   the package calls on this chip, and which case calls each.
+   the package calls on this chip, and which case calls each; nothing may be rejected here (a call outside the
+   chip's documents would be, and would pass unnoticed as the composite's result).
 2. For each of those APIs: the emulator rejects it (161002) for the package's calls, the first case that calls
-   it runs, then the next five cases; each result is compared with the CPU kernels'. Recorded: the warnings
+   it runs, then five more (that case again and the other cases that call the API first, so that a forgotten
+   rejection would call it again); each result is compared with the CPU kernels'. Recorded: the warnings
    naming the API, how often its first phase was called (rejected), the package's rejected APIs. A case that
    does not return within CASE_TIMEOUT seconds ends the process with a traceback (faulthandler): a hang.
 """
@@ -145,22 +147,32 @@ def main():
     torch.npu.set_compile_mode(jit_compile=False)
     family = _C_npu.chip_family()
 
-    # 1. what the package calls here, case by case
+    # 1. what the package calls here, case by case (nothing rejected: no rejection, no warning of the package's)
     calls = {}  # api -> the indices of the cases that call it
     found_problems = []
-    for i, (name, run) in enumerate(CASES):
-        emulator.trace_reset()
-        found_problems += _problems_of(name, run)
-        for key in emulator.trace():
-            if key.endswith(":package"):
-                calls.setdefault(key[: -len(":package")], []).append(i)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        for i, (name, run) in enumerate(CASES):
+            emulator.trace_reset()
+            found_problems += _problems_of(name, run)
+            trace = emulator.trace()
+            found_problems += [f"{name}: {k} {v}" for k, v in trace.items() if "GetWorkspaceSize:" in k]
+            for key in trace:
+                if key.endswith(":package"):
+                    calls.setdefault(key[: -len(":package")], []).append(i)
+    found_problems += [f"warning: {w.message}" for w in caught if "rejected" in str(w.message)]
+    found_problems += [f"rejected: {api}" for api in _C_npu.rejected_apis()]
     print(json.dumps({"family": family, "soc": _C_npu.soc_name(), "apis": sorted(calls),
                       "problems": found_problems}), flush=True)
 
     # 2. each API rejected in turn
     for api in sorted(calls):
         first = calls[api][0]
-        order = [first] + [(first + k) % len(CASES) for k in range(1, 6)]  # the rejected call, then five more
+        # The rejected call, then five more: the same case again, the other cases that call the API (each would
+        # call it again if the rejection were forgotten), then the cases after it in the list.
+        after = [first] + calls[api][1:]
+        after += [(first + k) % len(CASES) for k in range(1, len(CASES)) if (first + k) % len(CASES) not in after]
+        order = [first] + after[:5]
         emulator.trace_reset()
         emulator.reject(api)
         faulthandler.dump_traceback_later(CASE_TIMEOUT, exit=True)

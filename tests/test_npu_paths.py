@@ -458,8 +458,8 @@ FRACTAL_NZ = 29
 
 @pytest.mark.parametrize("op", list(BACKWARD_OP.values()))
 def test_private_format_tensors(npu, op):
-    """NZ tensors (which aclnnKlDivTargetBackward rejects with 161002, unreported by EXEC_NPU_CMD_EXT) are
-    converted to ND for the call, and an NZ out= tensor keeps its format and gets the values."""
+    """NZ tensors (which aclnnKlDivTargetBackward rejects with 161002) are converted to ND for the call, and an
+    NZ out= tensor keeps its format and gets the values."""
     import torch_npu
 
     if family() != "950":

@@ -62,7 +62,7 @@ def test_each_rejected_api_runs_the_composite(family, task_queue):
         # 310P's GJSD is composite-only; the elementwise rows' APIs are always among what was called.
         missing = _declared_apis(family) - apis
         assert not missing, f"{family}: the path rows name {sorted(missing)}, which no case called"
-    assert [r["api"] for r in per_api] == sorted(apis), per_api
+    assert len(per_api) == len(apis), per_api
     for r in per_api:
         where = f"{family}, TASK_QUEUE_ENABLE={task_queue}, {r['api']} rejected (first in '{r['case']}')"
         assert r["problems"] == [], f"{where}: {r['problems']}"

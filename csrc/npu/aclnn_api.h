@@ -165,31 +165,51 @@ struct AclnnRejected : std::runtime_error {
 }  // namespace npu_loss::npu
 
 // The frame's one step that differs between torch_npu lines: the execution config (deterministic algorithms).
-// torch_npu 2.8 declares a global SetExecConfig(); 2.7.1 and 2.9 on at_npu::native::ApplyDeterministicLevel.
-// Each call below resolves to the line's own function where it is declared (a function beats a template as good
-// a match) and to these stand-in templates, which do nothing, where it is not.
+// torch_npu 2.8 declares a global SetExecConfig() (and exports no c10_npu::GetDeterministicLevel); 2.7.1 and
+// 2.9 on declare at_npu::native::ApplyDeterministicLevel(level, deterministic, is_opapi) instead. These
+// stand-in templates tell which the line declares: a declared function beats a template as good a match, so a
+// call resolves to the stand-in (returning Missing) only where the line has no such function.
 namespace npu_loss_exec_config_fallback {
+struct Missing {};
 template <typename = void>
-inline void SetExecConfig() {}
+Missing SetExecConfig() {
+  return {};
+}
 template <typename = void>
-inline void ApplyDeterministicLevel(int64_t, bool, bool) {}
+Missing ApplyDeterministicLevel(int64_t, bool, bool) {
+  return {};
+}
 }  // namespace npu_loss_exec_config_fallback
 
-namespace npu_loss::npu {
+namespace npu_loss::npu::exec_config {
 
-// Sets the execution config of the call about to be made, as the line's own EXEC_NPU_CMD_V1_EXT does; the
-// deterministic level (which 2.7.1 and 2.9 on also hash into the executor cache's key) is returned.
-inline uint32_t apply_exec_config() {
-  using namespace at_npu::native;                    // ApplyDeterministicLevel (2.7.1, 2.9 on)
-  using namespace npu_loss_exec_config_fallback;     // the stand-ins
-  const uint32_t level = c10_npu::GetDeterministicLevel();
-  const bool deterministic = at::globalContext().deterministicAlgorithms();
-  ApplyDeterministicLevel(static_cast<int64_t>(level), deterministic, true);
-  SetExecConfig();                                   // torch_npu 2.8's
-  return level;
+using namespace at_npu::native;                 // ApplyDeterministicLevel (2.7.1, 2.9 on)
+using namespace npu_loss_exec_config_fallback;  // the stand-ins
+
+inline constexpr bool kSetExecConfig = !std::is_same_v<decltype(SetExecConfig()), Missing>;
+inline constexpr bool kApplyDeterministicLevel =
+    !std::is_same_v<decltype(ApplyDeterministicLevel(int64_t{0}, false, true)), Missing>;
+static_assert(kSetExecConfig != kApplyDeterministicLevel,
+              "torch_npu declares neither (or both) of SetExecConfig() and ApplyDeterministicLevel(level, "
+              "deterministic, is_opapi): its EXEC_NPU_CMD_V1_EXT changed, and NPU_LOSS_CHECKED_EXEC with it");
+
+// Sets the execution config of the call about to be made, as the line's own EXEC_NPU_CMD_V1_EXT does, and
+// returns the deterministic level its executor cache hashes into the key (0 on 2.8, whose hit_cache_ext takes
+// no level: there it is one more value of the key). A template, so that only the line's own branch is
+// instantiated (and 2.8's unexported GetDeterministicLevel never referenced).
+template <bool Legacy = kSetExecConfig>
+uint32_t apply() {
+  if constexpr (Legacy) {
+    SetExecConfig();
+    return 0;
+  } else {
+    const uint32_t level = c10_npu::GetDeterministicLevel();
+    ApplyDeterministicLevel(static_cast<int64_t>(level), at::globalContext().deterministicAlgorithms(), true);
+    return level;
+  }
 }
 
-}  // namespace npu_loss::npu
+}  // namespace npu_loss::npu::exec_config
 
 // The two phases of one aclnn call (see the top of this file): torch_npu's EXEC_NPU_CMD_V1_EXT steps, with the
 // first phase's status read on the calling thread before anything is enqueued.
@@ -200,25 +220,42 @@ inline uint32_t apply_exec_config() {
     GetApiFunc(#aclnn_api, #aclnn_api "GetWorkspaceSize", opApiFuncAddr, getWorkspaceSizeFuncAddr);                \
     InitExecCommonCtx();                                                                                           \
     auto acl_stream = GetAclStream();                                                                              \
-    const uint32_t level = ::npu_loss::npu::apply_exec_config();                                                   \
-    /* a hit is an executor a successful first phase of the same call left in CANN's cache (torch_npu 2.8's */    \
-    /* hit_cache_ext takes no level: there it is one more value of the key) */                                     \
+    const uint32_t level = ::npu_loss::npu::exec_config::apply();                                                  \
+    /* a hit is an executor a successful first phase of the same call left in CANN's cache (torch_npu's macro */  \
+    /* leaves the context as it is then, and so does this one) */                                                 \
     if (hit_cache_ext(acl_stream, #aclnn_api, opApiFuncAddr, level, __VA_ARGS__)) break;                          \
     uint64_t workspace_size = 0;                                                                                   \
     uint64_t* workspace_size_addr = &workspace_size;                                                               \
     aclOpExecutor* executor = nullptr;                                                                             \
     aclOpExecutor** executor_addr = &executor;                                                                     \
-    auto converted_params = ConvertTypes(__VA_ARGS__, workspace_size_addr, executor_addr);                         \
+    /* every exit by an exception below releases what was made so far (torch_npu's macro leaves it) */            \
+    auto converted_params = [&] {                                                                                  \
+      try {                                                                                                        \
+        return ConvertTypes(__VA_ARGS__, workspace_size_addr, executor_addr);                                     \
+      } catch (...) {                                                                                              \
+        UnInitExecCommonCtx();                                                                                     \
+        throw;                                                                                                     \
+      }                                                                                                            \
+    }();                                                                                                           \
+    const auto release_call = [&] {                                                                                \
+      ReleaseConvertTypes(converted_params);                                                                       \
+      ReleaseExecCommonCtx();                                                                                      \
+      UnInitExecCommonCtx();                                                                                       \
+    };                                                                                                             \
     auto getWorkspaceSizeFunc = ConvertToOpApiFunc(converted_params, getWorkspaceSizeFuncAddr);                    \
     const auto workspace_status = call(getWorkspaceSizeFunc, converted_params);                                    \
     if (workspace_status != 0) {                                                                                   \
       /* rejected: release what was converted, enqueue nothing */                                                  \
-      ReleaseConvertTypes(converted_params);                                                                       \
-      ReleaseExecCommonCtx();                                                                                      \
-      UnInitExecCommonCtx();                                                                                       \
+      release_call();                                                                                              \
       ::npu_loss::npu::throw_rejected(#aclnn_api, static_cast<int32_t>(workspace_status));                         \
     }                                                                                                              \
-    void* workspace_addr = GetWorkSpaceAddr(workspace_size);                                                       \
+    void* workspace_addr = nullptr;                                                                                \
+    try {                                                                                                          \
+      workspace_addr = GetWorkSpaceAddr(workspace_size);                                                           \
+    } catch (...) {                                                                                                \
+      release_call(); /* out of device memory: the executor, never run, is left as torch_npu's macro leaves it */ \
+      throw;                                                                                                       \
+    }                                                                                                              \
     auto acl_call = [converted_params, workspace_addr, workspace_size, acl_stream, executor]() -> int {            \
       InitExecSubTheadCtx(acl_stream);                                                                             \
       const auto api_ret = ExecuteApiFunc(opApiFuncAddr, acl_stream, workspace_addr, workspace_size, executor);    \
@@ -226,7 +263,14 @@ inline uint32_t apply_exec_config() {
       ReleaseExecCommonCtx();                                                                                      \
       return api_ret;                                                                                              \
     };                                                                                                             \
-    RunAclCall(#aclnn_api, acl_call);                                                                              \
+    /* handed off: the launch releases the converted arguments; a launch error (raised here without the task */   \
+    /* queue, at the next synchronization with it) leaves only the context to close */                             \
+    try {                                                                                                          \
+      RunAclCall(#aclnn_api, acl_call);                                                                            \
+    } catch (...) {                                                                                                \
+      UnInitExecCommonCtx();                                                                                       \
+      throw;                                                                                                       \
+    }                                                                                                              \
     UnInitExecCommonCtx();                                                                                         \
   } while (false)
 

@@ -1,5 +1,5 @@
 // The generalized JSD on the NPU (losses.h's GeneralizedJsd): chunk by chunk of rows, each chunk's log-softmax
-// statistics, loss and gradients through aclnn calls (EXEC_NPU_CMD_EXT), where this chip's path row names an
+// statistics, loss and gradients through aclnn calls (NPU_LOSS_EXEC_ACLNN), where this chip's path row names an
 // API; the chunked composite of ATen ops (composite/rows.h) elsewhere. docs/npu_paths.md has the rows, the
 // calls of each beta class and the chunk's memory budget; docs/semantics.md, "Distillation", the formulas.
 //

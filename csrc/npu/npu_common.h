@@ -29,7 +29,7 @@ const std::string& soc_name();
 Chip current_chip();
 
 // Whether the installed CANN has the aclnn API `name` (both phases), as op-plugin's DO_COMPATIBILITY
-// checks it: an older toolkit may lack one, and EXEC_NPU_CMD_EXT would then fail from inside the macro.
+// checks it: an older toolkit may lack one, and the frame (aclnn_api.h) would then fail looking it up.
 bool aclnn_api_available(const char* name);
 
 // An aclnn API whose first phase this chip's CANN rejected (AclnnRejected), in this process. The first
@@ -63,9 +63,9 @@ Path path_here(DtypeClass dtypes, BetaClass beta, bool log_target) {
   return p.aclnn && present[p.row] && !api_rejected(p.aclnn) ? p : Path{nullptr, 0, p.row};
 }
 
-// The aclnn loss kernels reject private NPU storage formats (NZ, 5HD, ...) with 161002, which
-// EXEC_NPU_CMD_EXT does not report. Inputs in such a format are converted to ND; an out= tensor in one
-// gets the result through an ND temporary (base_format_out, copy_back).
+// The aclnn loss kernels reject private NPU storage formats (NZ, 5HD, ...) with 161002. Inputs in such a
+// format are converted to ND; an out= tensor in one gets the result through an ND temporary (base_format_out,
+// copy_back).
 bool has_private_format(const at::Tensor& t);
 at::Tensor base_format(const at::Tensor& t);
 

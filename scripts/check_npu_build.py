@@ -3,8 +3,8 @@
 Run in an environment where torch-npu is installed (with TORCH_DEVICE_BACKEND_AUTOLOAD=0) after building
 with NPU_LOSS_OPS_NPU=1. Checks that
   1. _C_npu was built and records libtorch_npu.so as a needed library (readelf -d);
-  2. every aclnn API the NPU sources call is present by name in it (strings: NPU_LOSS_EXEC_ACLNN resolves
-     them by name at run time, so nm cannot see them);
+  2. every aclnn API the NPU sources call is present by name in it, as a NUL-terminated C string
+     (NPU_LOSS_EXEC_ACLNN resolves them by name at run time, so nm cannot see them);
   3. the symbol guard (scripts/check_npu_symbols.py): every symbol _C_npu and _C import is provided by
      something they are loaded with, and the guard rejects a probe that imports c10_npu::GetSocVersion()
      (declared by torch_npu's headers, not exported), the defect that once kept _C_npu from loading;
@@ -84,12 +84,17 @@ def check_library():
     if "[libtorch_npu.so]" not in dynamic:
         fail("readelf -d shows no NEEDED libtorch_npu.so")
     ok("readelf -d: NEEDED libtorch_npu.so")
-    strings = set(subprocess.run(["strings", lib], capture_output=True, text=True, check=True).stdout.split())
+    # Each name as the C string the frame looks up: its bytes followed by the NUL that ends it. (`strings` splits
+    # the file into runs of printable bytes, and a constant the compiler stores without a NUL right before a
+    # name joins the two into one run: a build against torch 2.7.1 laid "aclnnL1LossBackwardGetWorkspaceSize"
+    # out that way.)
+    with open(lib, "rb") as f:
+        data = f.read()
     for name in called_aclnn_apis():
         for symbol in (name, name + "GetWorkspaceSize"):
-            if symbol not in strings:
-                fail(f"strings finds no {symbol} in {os.path.basename(lib)}")
-        ok(f"strings: {name} and {name}GetWorkspaceSize")
+            if symbol.encode() + b"\0" not in data:
+                fail(f"no C string {symbol} in {os.path.basename(lib)}")
+        ok(f"C strings: {name} and {name}GetWorkspaceSize")
 
 
 def check_symbols():

@@ -48,15 +48,16 @@ def _with_npu():
 # The releases CI runs beyond the default, by role, derived from the table above (.ci/run asks
 # `build_config.py --role NAME`); everything else runs in scripts/check_releases.sh.
 ROLES = {
-    "default": DEFAULT_TORCH,  # everything: CPU suite, NPU build check, every emulated chip family, wheel
-    "oldest-npu": _with_npu()[0],  # NPU build check, emulated 910B, a slice of the CPU suite
-    "newest": max(TESTED_RELEASES, key=_key),  # the rebuild check (default, then this, in one checkout)
+    "default": DEFAULT_TORCH,  # CPU suite, NPU build check, emulated 910B and one other family, wheel
+    "oldest-npu": _with_npu()[0],  # the rebuild check over default, NPU build check, emulated 910B, a CPU slice
+    "newest": max(TESTED_RELEASES, key=_key),  # scripts/check_releases.sh's rebuild check (default, then this)
 }
 
 # How far each release's NPU kernels were taken; build_info()["npu_tested"] reports it. docs/releases.md has
 # what scripts/check_releases.sh ran on every other row.
 NPU_TESTED = {
-    ROLES["default"]: "run on the emulated CANN (every chip family) in CI",
+    ROLES["default"]: "run on the emulated CANN in CI (910B and one other chip family per commit, in rotation; "
+                      "every family by scripts/check_releases.sh)",
     ROLES["oldest-npu"]: "run on the emulated CANN (910B family) in CI",
 }
 # Every other line with a torch_npu: its NPU build check and emulated 910B suite, on the registry's CUDA build of

@@ -336,6 +336,25 @@ class BuildClib(build_clib):
         with exclusive(self.build_temp):
             super().run()
 
+    def build_libraries(self, libraries):
+        """build_clib compiles a library's sources one after another; here each is its own compiler process,
+        MAX_JOBS at a time (as ninja runs the extensions' own; every CPU when unset), objects in source order."""
+        from concurrent.futures import ThreadPoolExecutor
+
+        serial = self.compiler.compile
+        jobs = int(os.environ.get("MAX_JOBS") or 0) or os.cpu_count() or 1
+
+        def compile_each(sources, *args, **kwargs):
+            with ThreadPoolExecutor(max_workers=max(1, min(jobs, len(sources)))) as pool:
+                parts = list(pool.map(lambda source: serial([source], *args, **kwargs), sources))
+            return [obj for part in parts for obj in part]
+
+        self.compiler.compile = compile_each
+        try:
+            super().build_libraries(libraries)
+        finally:
+            self.compiler.compile = serial
+
 
 def torch_headers(directory):
     """torch's include directory and its copy in the build key's directory, made (with the files' times) by

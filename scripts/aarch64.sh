@@ -8,6 +8,7 @@
 #                                   2**31 elements (-m "not large"); 40+ minutes, for scripts/check_releases.sh
 #   bash scripts/aarch64.sh npu     sysroot, torch, cross-build, and the NPU build check only
 #   bash scripts/aarch64.sh setup   sysroot, torch and cross-build only
+#   bash scripts/aarch64.sh prefetch  the aarch64 wheels into pip's cache only (CI, in the background)
 # Arguments after ci or full go to pytest. Each stage prints its wall time, and a summary at the end.
 #
 # Everything lives under build/aarch64/ (removing it starts from scratch; each stage skips what is done):
@@ -235,18 +236,32 @@ NPU_VENV="$WORK/venv-npu$SUFFIX"
 SRC="$WORK/src$SUFFIX"
 # mypy at the release scripts/run_tests.sh pins (tests/test_typing.py runs it).
 MYPY_PIN="$(grep -o 'mypy==[0-9.]*' "$REPO_ROOT/scripts/run_tests.sh" | head -n 1)"
-TOOLS=(pip setuptools wheel pytest expecttest hypothesis numpy ${MYPY_PIN:-mypy})
+TOOLS=(pip setuptools wheel pytest pytest-xdist==3.8.0 expecttest hypothesis numpy ${MYPY_PIN:-mypy})
 
 # host_pip_aarch64 TARGET REQUIREMENT...: aarch64 cp311 wheels into the directory TARGET.
+AARCH64_PLATFORMS=()
+for ((n = 17; n <= 39; n++)); do AARCH64_PLATFORMS+=(--platform "manylinux_2_${n}_aarch64"); done
+AARCH64_PLATFORMS+=(--platform manylinux2014_aarch64 --platform linux_aarch64)
+AARCH64_WHEELS=(--python-version 3.11 --implementation cp --abi cp311 --only-binary=:all: "${AARCH64_PLATFORMS[@]}")
 host_pip_aarch64() {
-  local target="$1" n platforms=()
+  local target="$1"
   shift
-  for ((n = 17; n <= 39; n++)); do platforms+=(--platform "manylinux_2_${n}_aarch64"); done
-  platforms+=(--platform manylinux2014_aarch64 --platform linux_aarch64)
-  "$HOST_PYTHON" -m pip install --progress-bar off --upgrade --target "$target" --python-version 3.11 \
-    --implementation cp --abi cp311 --only-binary=:all: "${platforms[@]}" "$@" 2>&1 \
+  "$HOST_PYTHON" -m pip install --progress-bar off --upgrade --target "$target" "${AARCH64_WHEELS[@]}" "$@" 2>&1 \
     | grep -v "is ignored: it is neither a file nor a directory" || true
   # (the grep drops the noise of this machine's pip configuration; success is checked by the caller)
+}
+
+# prefetch: the aarch64 wheels the stages install (torch with its requirements, the test tools, torch-npu),
+# downloaded into pip's cache and nothing installed; CI runs it in the background while x86 stages compile.
+prefetch() {
+  local tmp npu_release
+  tmp="$(mktemp -d)"
+  npu_release="$("$HOST_PYTHON" "$REPO_ROOT/build_config.py" --torch-npu-version "$TORCH_VERSION")"
+  "$HOST_PYTHON" -m pip download --progress-bar off -q -d "$tmp" "${AARCH64_WHEELS[@]}" "torch==$TORCH_VERSION" "${TOOLS[@]}"
+  [[ -z "$npu_release" ]] || "$HOST_PYTHON" -m pip download --progress-bar off -q -d "$tmp" --no-deps "${AARCH64_WHEELS[@]}" \
+    "torch-npu==$npu_release"
+  _log "prefetched $(find "$tmp" -name '*.whl' | wc -l) aarch64 wheels ($(du -sh "$tmp" | cut -f1)) into pip's cache"
+  rm -rf "$tmp"
 }
 
 # The version of DISTRIBUTION installed in the site-packages SITE, read from its dist-info (no Python needed).
@@ -503,7 +518,7 @@ run_pytest() {
   (cd "$SRC" && env CXX="$RUNTIME_CXX" CPLUS_INCLUDE_PATH="$SYSROOT/usr/include" \
     "$VENV/bin/python" -m pytest -p no:cacheprovider -rfEs "$@") 2>&1 | tee "$PYTEST_LOG" || status=$?
   local selected
-  selected="$(grep -m 1 -E '^collected [0-9]+ items' "$PYTEST_LOG" || true)"
+  selected="$(grep -m 1 -E '^collected [0-9]+ items|workers \[[0-9]+ items\]' "$PYTEST_LOG" || true)"
   _log "$name: ${selected:-no collection line}"
   if ((status == 5)); then _log "$name: pytest collected no tests; that is a failure"; fi
   return "$status"
@@ -511,7 +526,8 @@ run_pytest() {
 
 run_ci_slice() {
   _log "the CI slice: ${SLICE_FILES[*]} -k \"$(slice_expression)\""
-  run_pytest ci "${SLICE_FILES[@]}" -k "$(slice_expression)" "$@"
+  # Two pytest-xdist workers: most of a test under qemu is one emulated thread, so two processes use both cores.
+  run_pytest ci -n 2 "${SLICE_FILES[@]}" -k "$(slice_expression)" "$@"
 }
 
 run_full_suite() {
@@ -546,6 +562,7 @@ main() {
     full) prepare; stage tests run_full_suite "$@" ;;
     npu) prepare; stage npu-build-check npu_build_check ;;
     setup) prepare ;;
+    prefetch) prefetch ;;
     *) sed -n '2,/^set -euo/p' "${BASH_SOURCE[0]}" | sed '$d' >&2; exit 2 ;;
   esac
 }

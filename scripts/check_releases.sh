@@ -4,7 +4,8 @@
 #
 #   bash scripts/check_releases.sh                   every check below (hours: each release is a 5 GB install)
 #   bash scripts/check_releases.sh 2.8.0 aarch64     only these (a torch release of build_config.py's table,
-#                                                    aarch64, large); their rows are replaced
+#                                                    aarch64, large, debug, rebuild, sanitizers, emulated);
+#                                                    their rows are replaced
 #   bash scripts/check_releases.sh 2.11.0/cpu        only that release's CPU suite
 #   bash scripts/check_releases.sh 2.14.0/npu        only that release's NPU checks
 #   bash scripts/check_releases.sh --verify          what CI runs: every row passed on a commit whose
@@ -15,7 +16,11 @@
 # elements, and, where the release has a torch_npu, the NPU build check and the emulated NPU suite on 910B.
 # "aarch64": the whole suite under qemu (scripts/aarch64.sh full). "large": the tests over 2**31 elements at
 # the default release. "debug": the whole suite (without those tests) from a DEBUG=1 build (-O0 -g), whose
-# sums must have the release build's bits (tests/test_same_bits.py). The releases come from build_config.py; pip installs exactly torch==<release> (the
+# sums must have the release build's bits (tests/test_same_bits.py). What CI runs in rotation or at another
+# release, here in full: "rebuild", the README's install command at the default release and then at the newest
+# torch in one venv (scripts/check_rebuild.sh) and a slice of the suite from it; "sanitizers", the whole ASan
+# and UBSan selection at every instruction set (scripts/run_sanitized.sh); "emulated", the whole device suite
+# on every emulated chip family (scripts/run_npu_emulated.sh). The releases come from build_config.py; pip installs exactly torch==<release> (the
 # registry's build: a CUDA build of about 5 GB for every release but the default) with its torch-npu.
 set -euo pipefail
 REPO_ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
@@ -31,7 +36,7 @@ if (($#)); then
   CHECKS=("$@")
 else
   mapfile -t CHECKS < <(python3 scripts/release_table.py pending)
-  CHECKS+=(aarch64 large debug)
+  CHECKS+=(aarch64 large debug rebuild sanitizers emulated)
 fi
 
 COMMIT="$(git rev-parse HEAD)"
@@ -101,10 +106,26 @@ for check in "${CHECKS[@]}"; do
       run "$(python3 build_config.py --torch-version)" x86_64 "whole suite from a DEBUG=1 build (-O0)" \
         env NPU_LOSS_OPS_TORCH=cpu NPU_LOSS_OPS_REBUILD=1 DEBUG=1 bash scripts/run_tests.sh -m "not large" -p no:cacheprovider
       ;;
+    rebuild)
+      newest="$(python3 build_config.py --role newest)"
+      run "$newest" x86_64 "rebuild over $(python3 build_config.py --torch-version) (one venv), a slice of the suite" \
+        bash scripts/check_rebuild.sh "$WORK/.venv-rebuild" "$(python3 build_config.py --torch-version)" "$newest" \
+        tests/test_import.py tests/test_registration.py tests/test_signatures.py tests/test_functional.py
+      rm -rf "$WORK/.venv-rebuild"
+      ;;
+    sanitizers)
+      run "$(python3 build_config.py --torch-version)" x86_64 "sanitizers (ASan, UBSan), every instruction set" \
+        env NPU_LOSS_OPS_TORCH=cpu bash scripts/run_sanitized.sh
+      rm -rf "$WORK/.venv-sanitize"
+      ;;
+    emulated)
+      run "$(python3 build_config.py --torch-version)" x86_64 "emulated NPU, every chip family" \
+        env NPU_LOSS_OPS_TORCH=cpu bash scripts/run_npu_emulated.sh
+      ;;
     [0-9]*/cpu) release_checks "${check%/cpu}" cpu ;;
     [0-9]*/npu) release_checks "${check%/npu}" npu ;;
     [0-9]*) release_checks "$check" ;;
-    *) echo "check_releases: unknown check '$check' (a release of build_config.py, aarch64, large or debug)" >&2; exit 2 ;;
+    *) echo "check_releases: unknown check '$check' (a release of build_config.py, aarch64, large, debug, rebuild, sanitizers or emulated)" >&2; exit 2 ;;
   esac
 done
 python3 "$REPO_ROOT/scripts/release_table.py" verify "$TABLE"

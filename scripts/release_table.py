@@ -10,9 +10,11 @@ check) that CI does not run, with its counts and the commit it ran on.
                                               TESTED_RELEASES) are today's; it lists (without failing) the
                                               checks of a release that neither CI nor a row has run yet
 
-What CI runs at each release is build_config.ROLES: the default release in full and the oldest torch_npu
-line's NPU build check and emulated 910B suite (with a slice of its CPU suite); at the newest torch only the
-rebuild check (a slice of the suite). So every CPU suite but the default release's is a row here.
+What CI runs at each release is build_config.ROLES: the default release in full (but for the checks in
+rotation below) and the oldest torch_npu line's rebuild check over the default, NPU build check and emulated 910B
+suite (with a slice of its CPU suite). So every CPU suite but the default release's is a row here, and so are
+what CI runs in part: the rebuild check to the newest torch, the sanitizers at every instruction set (CI: one,
+in rotation) and the emulated suite on every chip family (CI: 910B and one other, in rotation).
 """
 import datetime
 import os
@@ -139,7 +141,16 @@ def changed_since(commit):
 
 
 DEBUG_SUITE = "whole suite from a DEBUG=1 build (-O0)"
-CHECK_NAMES = {"whole suite (qemu)": "aarch64", "tests over 2**31 elements": "large", DEBUG_SUITE: "debug"}
+SANITIZERS = "sanitizers (ASan, UBSan), every instruction set"
+EMULATED = "emulated NPU, every chip family"
+
+
+def rebuild_check():
+    return f"rebuild over {build_config.DEFAULT_TORCH} (one venv), a slice of the suite"
+
+
+CHECK_NAMES = {"whole suite (qemu)": "aarch64", "tests over 2**31 elements": "large", DEBUG_SUITE: "debug",
+               SANITIZERS: "sanitizers", EMULATED: "emulated", rebuild_check(): "rebuild"}
 
 
 def missing(rows):
@@ -149,7 +160,8 @@ def missing(rows):
               for check in sorted(required_checks(release) - ci_checks(release))]
     default = build_config.DEFAULT_TORCH
     wanted += [(default, "aarch64", "whole suite (qemu)"), (default, "x86_64", "tests over 2**31 elements"),
-               (default, "x86_64", DEBUG_SUITE)]
+               (default, "x86_64", DEBUG_SUITE), (default, "x86_64", SANITIZERS), (default, "x86_64", EMULATED),
+               (build_config.ROLES["newest"], "x86_64", rebuild_check())]
     return [w for w in wanted if w not in passed]
 
 

@@ -6,6 +6,9 @@
 #                                                    # its chip-path tests), the older-CANN run, the examples
 #   bash scripts/run_npu_emulated.sh 910B 950        # only these families
 #   NPU_EMU_PYTEST_ARGS="-x -k backward" bash scripts/run_npu_emulated.sh 910B
+#   NPU_LOSS_OPS_EMU_SUITE_FAMILIES="910B 310P" bash scripts/run_npu_emulated.sh
+#                                                    # the whole suite on these two only; on the others the
+#                                                    # chip-path tests and the launch check (what CI runs)
 #
 # Per family: the device-parametrised test suite on device="npu" (NPU_LOSS_OPS_TEST_DEVICE=npu), compared
 # with the CPU kernels, plus tests/test_npu_paths.py, which asserts from the emulator's trace which aclnn
@@ -133,8 +136,15 @@ t_all=$SECONDS
 # runs there, its SoC name's family) and the launch check; named on the command line, the whole suite.
 SAME_AS_910B=()
 (($#)) || SAME_AS_910B=(910_93)
+# NPU_LOSS_OPS_EMU_SUITE_FAMILIES="910B 310P": only these families run the whole suite; the others run the
+# chip-path tests and the launch check (CI: 910B and one family in rotation; docs/usage.md, "Testing").
+read -r -a SUITE_FAMILIES <<<"${NPU_LOSS_OPS_EMU_SUITE_FAMILIES:-}"
+for family in "${SUITE_FAMILIES[@]}"; do
+  [[ " ${ALL_FAMILIES[*]} " == *" $family "* ]] || { echo "NPU_LOSS_OPS_EMU_SUITE_FAMILIES: unknown family '$family' (${ALL_FAMILIES[*]})" >&2; exit 2; }
+done
 for family in "${FAMILIES[@]}"; do
-  if [[ " ${SAME_AS_910B[*]} " == *" $family "* ]]; then
+  if [[ " ${SAME_AS_910B[*]} " == *" $family "* ]] \
+      || { ((${#SUITE_FAMILIES[@]})) && [[ " ${SUITE_FAMILIES[*]} " != *" $family "* ]]; }; then
     start "paths-$family" "$family" "" python -m pytest "$REPO_ROOT/tests/test_npu_paths.py" -q -p no:cacheprovider \
       "${PYTEST_ARGS[@]}"
   else

@@ -5,10 +5,15 @@
 # instrumented, so it must come first) and every report written under build/sanitizer-logs/. Any report
 # fails the run, a spawned worker's (DDP, DTensor) too.
 #
-#   bash scripts/run_sanitized.sh              CI's selection: the kernel, out=, layout, autograd and enable()
-#                                              tests at the best instruction set the CPU has (the ISA tests
-#                                              run every sample at every other one), then the kernel and out=
-#                                              tests at the baseline
+#   bash scripts/run_sanitized.sh              the whole selection (scripts/check_releases.sh's "sanitizers"
+#                                              row): the kernel, out=, layout, autograd and enable() tests at
+#                                              the best instruction set the CPU has (the ISA tests run every
+#                                              sample at every other one), then the kernel and out= tests at
+#                                              the baseline
+#   bash scripts/run_sanitized.sh --ci         CI's: the kernels' and autograd's tests (test_sanitizer.py,
+#                                              test_correctness.py, test_layouts.py, test_autograd_nodes.py) at
+#                                              one instruction set the CPU runs, in rotation by commit
+#                                              (NPU_LOSS_OPS_SANITIZE_ISA names one)
 #   bash scripts/run_sanitized.sh tests/test_dtensor.py tests/test_ddp.py
 #                                              the distributed tests, which CI's selection leaves out
 #   bash scripts/run_sanitized.sh tests/X.py   pytest arguments instead (run from outside the checkout, so
@@ -54,7 +59,21 @@ run_pytest() {
   (cd "$(mktemp -d)" && python -m pytest $workers -q -p no:cacheprovider -rs "$@")
 }
 status=0
-if (($#)); then
+if [[ "${1:-}" == "--ci" ]]; then
+  shift
+  T="$REPO_ROOT/tests"
+  # The instruction sets this CPU runs, as the sanitized build reports them; the commit picks one.
+  read -r -a isas <<<"$(cd / && python -c 'import npu_loss_ops; print(*npu_loss_ops.build_info()["cpu_isas_available"])')"
+  ((${#isas[@]})) || { echo "run_sanitized: the build reports no instruction set" >&2; exit 1; }
+  isa="${NPU_LOSS_OPS_SANITIZE_ISA:-}"
+  if [[ -z "$isa" ]]; then
+    commit="$(git -C "$REPO_ROOT" rev-parse HEAD)"
+    isa="${isas[$((16#${commit:0:8} % ${#isas[@]}))]}"
+  fi
+  echo "run_sanitized: CI's selection at $isa (of ${isas[*]}: one per commit, in rotation)"
+  NPU_LOSS_OPS_CPU_ISA="$isa" run_pytest "$T/test_sanitizer.py" "$T/test_correctness.py" "$T/test_layouts.py" \
+    "$T/test_autograd_nodes.py" "$@" || status=$?
+elif (($#)); then
   args=()
   for arg in "$@"; do
     if [[ "$arg" == tests/* ]]; then args+=("$REPO_ROOT/$arg"); else args+=("$arg"); fi

@@ -2,13 +2,14 @@
 # aarch64 Linux (the host CPU of most Ascend servers, e.g. Kunpeng 920) on an x86-64 Debian 12 machine:
 # cross-build npu_loss_ops with aarch64-linux-gnu-g++ and run it under qemu-aarch64-static.
 #
-#   bash scripts/aarch64.sh ci      sysroot, torch, cross-build, the NPU build check, and a slice of about
-#                                   700 tests (listed in SLICE below); what CI runs
+#   bash scripts/aarch64.sh ci      sysroot, torch, cross-build, and a slice of about 700 tests (listed in
+#                                   SLICE below) in two workers; what CI runs
 #   bash scripts/aarch64.sh full    sysroot, torch, cross-build, and the whole suite without the tests over
 #                                   2**31 elements (-m "not large"); 40+ minutes, for scripts/check_releases.sh
-#   bash scripts/aarch64.sh npu     sysroot, torch, cross-build, and the NPU build check only
+#   bash scripts/aarch64.sh npu     sysroot, torch, cross-build, and the NPU build check (scripts/check_releases.sh's
+#                                   aarch64-npu row)
 #   bash scripts/aarch64.sh setup   sysroot, torch and cross-build only
-#   bash scripts/aarch64.sh prefetch  the aarch64 wheels into pip's cache only (CI, in the background)
+#   bash scripts/aarch64.sh prefetch DIR  the aarch64 wheels downloaded into DIR only (CI, in the background)
 # Arguments after ci or full go to pytest. Each stage prints its wall time, and a summary at the end.
 #
 # Everything lives under build/aarch64/ (removing it starts from scratch; each stage skips what is done):
@@ -251,17 +252,18 @@ host_pip_aarch64() {
   # (the grep drops the noise of this machine's pip configuration; success is checked by the caller)
 }
 
-# prefetch: the aarch64 wheels the stages install (torch with its requirements, the test tools, torch-npu),
-# downloaded into pip's cache and nothing installed; CI runs it in the background while x86 stages compile.
+# prefetch DIR: the aarch64 wheels the stages install (torch with its requirements, the test tools, torch-npu),
+# downloaded into DIR and nothing installed; CI runs it in the background while x86 stages compile, and names
+# DIR in PIP_FIND_LINKS for the installs (pip takes a release from a --find-links directory before the index).
 prefetch() {
-  local tmp npu_release
-  tmp="$(mktemp -d)"
+  local dir="$1" npu_release
+  [[ -n "$dir" ]] || _die "prefetch needs the directory to download into"
+  mkdir -p "$dir"
   npu_release="$("$HOST_PYTHON" "$REPO_ROOT/build_config.py" --torch-npu-version "$TORCH_VERSION")"
-  "$HOST_PYTHON" -m pip download --progress-bar off -q -d "$tmp" "${AARCH64_WHEELS[@]}" "torch==$TORCH_VERSION" "${TOOLS[@]}"
-  [[ -z "$npu_release" ]] || "$HOST_PYTHON" -m pip download --progress-bar off -q -d "$tmp" --no-deps "${AARCH64_WHEELS[@]}" \
+  "$HOST_PYTHON" -m pip download --progress-bar off -q -d "$dir" "${AARCH64_WHEELS[@]}" "torch==$TORCH_VERSION" "${TOOLS[@]}"
+  [[ -z "$npu_release" ]] || "$HOST_PYTHON" -m pip download --progress-bar off -q -d "$dir" --no-deps "${AARCH64_WHEELS[@]}" \
     "torch-npu==$npu_release"
-  _log "prefetched $(find "$tmp" -name '*.whl' | wc -l) aarch64 wheels ($(du -sh "$tmp" | cut -f1)) into pip's cache"
-  rm -rf "$tmp"
+  _log "prefetched the aarch64 wheels into $dir"
 }
 
 # The version of DISTRIBUTION installed in the site-packages SITE, read from its dist-info (no Python needed).
@@ -558,11 +560,11 @@ main() {
   local command="${1:-}"
   (($#)) && shift
   case "$command" in
-    ci) prepare; stage npu-build-check npu_build_check; stage tests run_ci_slice "$@" ;;
+    ci) prepare; stage tests run_ci_slice "$@" ;;
     full) prepare; stage tests run_full_suite "$@" ;;
     npu) prepare; stage npu-build-check npu_build_check ;;
     setup) prepare ;;
-    prefetch) prefetch ;;
+    prefetch) prefetch "${1:-}" ;;
     *) sed -n '2,/^set -euo/p' "${BASH_SOURCE[0]}" | sed '$d' >&2; exit 2 ;;
   esac
 }

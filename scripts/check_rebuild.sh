@@ -15,6 +15,10 @@ REPO_ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 venv="$1" from="$2" to="$3"
 shift 3
 export PIP_CONSTRAINT=/dev/null PIP_DISABLE_PIP_VERSION_CHECK=1
+# The venv's own tools first, as in an activated venv: its ninja, not another one on PATH (a ninja of another
+# version rewrites the build directory's dependency log, and every ninja after it recompiles everything).
+[[ "$venv" == /* ]] || venv="$PWD/$venv"
+export PATH="$venv/bin:$PATH"
 pip_q() { "$venv/bin/python" -m pip install -q --progress-bar off "$@"; }
 _log() { printf '[rebuild %s] %s\n' "$(date +%H:%M:%S)" "$*" >&2; }
 
@@ -39,7 +43,7 @@ t0=$SECONDS
 rm -rf "$venv"
 python3 -m venv "$venv"
 _log "torch $from, then the README's install command"
-pip_q "torch==$from" ninja setuptools wheel pytest expecttest numpy hypothesis mypy==2.4.1
+pip_q "torch==$from" ninja setuptools wheel pytest pytest-xdist==3.8.0 expecttest numpy hypothesis mypy==2.4.1
 (cd "$REPO_ROOT" && MAX_JOBS="${MAX_JOBS:-2}" "$venv/bin/python" -m pip install -q --progress-bar off --no-build-isolation .)
 installed_against "$from"
 _log "torch $to over it, then the README's install command again"

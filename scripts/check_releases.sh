@@ -4,7 +4,8 @@
 #
 #   bash scripts/check_releases.sh                   every check below (hours: each release is a 5 GB install)
 #   bash scripts/check_releases.sh 2.8.0 aarch64     only these (a torch release of build_config.py's table,
-#                                                    aarch64, large, debug, rebuild, sanitizers, emulated);
+#                                                    aarch64, aarch64-npu, large, debug, rebuild,
+#                                                    sanitizers, emulated);
 #                                                    their rows are replaced
 #   bash scripts/check_releases.sh 2.11.0/cpu        only that release's CPU suite
 #   bash scripts/check_releases.sh 2.14.0/npu        only that release's NPU checks
@@ -14,7 +15,8 @@
 #
 # Per torch release of the table that CI does not run in full: the CPU suite without the tests over 2**31
 # elements, and, where the release has a torch_npu, the NPU build check and the emulated NPU suite on 910B.
-# "aarch64": the whole suite under qemu (scripts/aarch64.sh full). "large": the tests over 2**31 elements at
+# "aarch64": the whole suite under qemu (scripts/aarch64.sh full); "aarch64-npu": the NPU build check against the
+# aarch64 torch_npu wheel (scripts/aarch64.sh npu; CI cross-builds _C and runs a slice under qemu). "large": the tests over 2**31 elements at
 # the default release. "debug": the whole suite (without those tests) from a DEBUG=1 build (-O0 -g), whose
 # sums must have the release build's bits (tests/test_same_bits.py). What CI runs in rotation or at another
 # release, here in full: "rebuild", the README's install command at the default release and then at the newest
@@ -36,7 +38,7 @@ if (($#)); then
   CHECKS=("$@")
 else
   mapfile -t CHECKS < <(python3 scripts/release_table.py pending)
-  CHECKS+=(aarch64 large debug rebuild sanitizers emulated)
+  CHECKS+=(aarch64 aarch64-npu large debug rebuild sanitizers emulated)
 fi
 
 COMMIT="$(git rev-parse HEAD)"
@@ -97,6 +99,10 @@ for check in "${CHECKS[@]}"; do
       run "$(python3 build_config.py --torch-version)" aarch64 "whole suite (qemu)" \
         env NPU_LOSS_OPS_AARCH64_DIR="$REPO_ROOT/build/aarch64" bash scripts/aarch64.sh full
       ;;
+    aarch64-npu)
+      run "$(python3 build_config.py --torch-version)" aarch64 "NPU build check (cross-built)" \
+        env NPU_LOSS_OPS_AARCH64_DIR="$REPO_ROOT/build/aarch64" bash scripts/aarch64.sh npu
+      ;;
     large)
       # NPU_LOSS_OPS_REBUILD=1 here and in "debug": the two share the clone's in-place build.
       run "$(python3 build_config.py --torch-version)" x86_64 "tests over 2**31 elements" \
@@ -125,7 +131,7 @@ for check in "${CHECKS[@]}"; do
     [0-9]*/cpu) release_checks "${check%/cpu}" cpu ;;
     [0-9]*/npu) release_checks "${check%/npu}" npu ;;
     [0-9]*) release_checks "$check" ;;
-    *) echo "check_releases: unknown check '$check' (a release of build_config.py, aarch64, large, debug, rebuild, sanitizers or emulated)" >&2; exit 2 ;;
+    *) echo "check_releases: unknown check '$check' (a release of build_config.py, aarch64, aarch64-npu, large, debug, rebuild, sanitizers or emulated)" >&2; exit 2 ;;
   esac
 done
 python3 "$REPO_ROOT/scripts/release_table.py" verify "$TABLE"

@@ -14,7 +14,8 @@ What CI runs at each release is build_config.ROLES: the default release in full 
 rotation below) and the oldest torch_npu line's rebuild check over the default, NPU build check and emulated 910B
 suite (with a slice of its CPU suite). So every CPU suite but the default release's is a row here, and so are
 what CI runs in part: the rebuild check to the newest torch, the sanitizers at every instruction set (CI: one,
-in rotation) and the emulated suite on every chip family (CI: 910B and one other, in rotation).
+in rotation), the emulated suite on every chip family (CI: 910B and one other, in rotation), and the aarch64
+NPU build check (CI: the aarch64 cross-build and a slice under qemu).
 """
 import datetime
 import os
@@ -142,6 +143,7 @@ def changed_since(commit):
 
 DEBUG_SUITE = "whole suite from a DEBUG=1 build (-O0)"
 SANITIZERS = "sanitizers (ASan, UBSan), every instruction set"
+AARCH64_NPU = "NPU build check (cross-built)"
 EMULATED = "emulated NPU, every chip family"
 
 
@@ -150,7 +152,7 @@ def rebuild_check():
 
 
 CHECK_NAMES = {"whole suite (qemu)": "aarch64", "tests over 2**31 elements": "large", DEBUG_SUITE: "debug",
-               SANITIZERS: "sanitizers", EMULATED: "emulated", rebuild_check(): "rebuild"}
+               SANITIZERS: "sanitizers", EMULATED: "emulated", rebuild_check(): "rebuild", AARCH64_NPU: "aarch64-npu"}
 
 
 def missing(rows):
@@ -159,7 +161,8 @@ def missing(rows):
     wanted = [(release, "x86_64", check) for release in build_config.TESTED_RELEASES
               for check in sorted(required_checks(release) - ci_checks(release))]
     default = build_config.DEFAULT_TORCH
-    wanted += [(default, "aarch64", "whole suite (qemu)"), (default, "x86_64", "tests over 2**31 elements"),
+    wanted += [(default, "aarch64", "whole suite (qemu)"), (default, "aarch64", AARCH64_NPU),
+               (default, "x86_64", "tests over 2**31 elements"),
                (default, "x86_64", DEBUG_SUITE), (default, "x86_64", SANITIZERS), (default, "x86_64", EMULATED),
                (build_config.ROLES["newest"], "x86_64", rebuild_check())]
     return [w for w in wanted if w not in passed]

@@ -10,6 +10,7 @@
 #                                              the best instruction set the CPU has (the ISA tests run every
 #                                              sample at every other one), then the kernel and out= tests at
 #                                              the baseline
+#   bash scripts/run_sanitized.sh --build-only the venv and the sanitized build, no test (CI, in the background)
 #   bash scripts/run_sanitized.sh --ci         CI's: the kernels' and autograd's tests (test_sanitizer.py,
 #                                              test_correctness.py, test_layouts.py, test_autograd_nodes.py) at
 #                                              one instruction set the CPU runs, in rotation by commit
@@ -26,14 +27,25 @@ source "$(dirname "${BASH_SOURCE[0]}")/setup_env.sh"
 SANITIZERS=address,undefined
 t0=$SECONDS
 setup_venv "$REPO_ROOT/.venv-sanitize" pytest pytest-xdist==3.8.0 expecttest numpy hypothesis
-_setup_log "building npu_loss_ops with NPU_LOSS_OPS_SANITIZE=$SANITIZERS (MAX_JOBS=${MAX_JOBS:-2}; log: build/pip-build-sanitize.log)"
-mkdir -p "$REPO_ROOT/build"
-(cd "$REPO_ROOT" && NPU_LOSS_OPS_SANITIZE=$SANITIZERS MAX_JOBS="${MAX_JOBS:-2}" python -m pip install -v \
-  --progress-bar off --no-build-isolation --no-deps --force-reinstall . >build/pip-build-sanitize.log 2>&1) || {
-  tail -n 60 "$REPO_ROOT/build/pip-build-sanitize.log" >&2
-  exit 1
-}
-_setup_log "sanitized build installed in $((SECONDS - t0))s"
+# The build is skipped when the venv holds one of these very sources (a stamp of their digest): CI builds it
+# ahead, in the background (--build-only), and runs the tests later.
+stamp="$VIRTUAL_ENV/.npu_loss_ops.sanitized-digest"
+digest="$(sources_digest "${BUILD_INPUTS[@]}")-$SANITIZERS"
+if [[ "${NPU_LOSS_OPS_REBUILD:-0}" != 1 && -f "$stamp" && "$(cat "$stamp")" == "$digest" ]]; then
+  _setup_log "the sanitized build in $VIRTUAL_ENV is up to date (NPU_LOSS_OPS_REBUILD=1 forces a build)"
+else
+  rm -f "$stamp"
+  _setup_log "building npu_loss_ops with NPU_LOSS_OPS_SANITIZE=$SANITIZERS (MAX_JOBS=${MAX_JOBS:-2}; log: build/pip-build-sanitize.log)"
+  mkdir -p "$REPO_ROOT/build"
+  (cd "$REPO_ROOT" && NPU_LOSS_OPS_SANITIZE=$SANITIZERS MAX_JOBS="${MAX_JOBS:-2}" python -m pip install -v \
+    --progress-bar off --no-build-isolation --no-deps --force-reinstall . >build/pip-build-sanitize.log 2>&1) || {
+    tail -n 60 "$REPO_ROOT/build/pip-build-sanitize.log" >&2
+    exit 1
+  }
+  echo "$digest" >"$stamp"
+  _setup_log "sanitized build installed in $((SECONDS - t0))s"
+fi
+[[ "${1:-}" != "--build-only" ]] || exit 0
 
 logs="$REPO_ROOT/build/sanitizer-logs"
 rm -rf "$logs"

@@ -45,11 +45,12 @@ def _with_npu():
     return sorted((r for r, npu in TESTED_RELEASES.items() if npu is not None), key=_key)
 
 
-# The releases CI runs beyond the default, by role, derived from the table above (.ci/run asks
-# `build_config.py --role NAME`); everything else runs in scripts/check_releases.sh.
+# The releases the checks run in a role, derived from the table above (`build_config.py --role NAME`). CI
+# runs the default release only; every other release, and what CI runs of the default only in part, is a row
+# of docs/releases.md (scripts/check_releases.sh).
 ROLES = {
-    "default": DEFAULT_TORCH,  # CPU suite, NPU build check, emulated 910B and one other family, wheel
-    "oldest-npu": _with_npu()[0],  # the rebuild check over default, NPU build check, emulated 910B, a CPU slice
+    "default": DEFAULT_TORCH,  # CI: CPU suite, NPU build check, emulated 910B and one other family, wheel
+    "oldest-npu": _with_npu()[0],  # the oldest torch_npu line (README, "Supported versions")
     "newest": max(TESTED_RELEASES, key=_key),  # scripts/check_releases.sh's rebuild check (default, then this)
 }
 
@@ -58,7 +59,6 @@ ROLES = {
 NPU_TESTED = {
     ROLES["default"]: "run on the emulated CANN in CI (910B and one other chip family per commit, in rotation; "
                       "every family by scripts/check_releases.sh)",
-    ROLES["oldest-npu"]: "run on the emulated CANN (910B family) in CI",
 }
 # Every other line with a torch_npu: its NPU build check and emulated 910B suite, on the registry's CUDA build of
 # torch (for 2.10 to 2.12 and 2.14 through the emulated runs' test-harness step, tests/npu_emulator/README.md).

@@ -10,12 +10,15 @@ check) that CI does not run, with its counts and the commit it ran on.
                                               TESTED_RELEASES) are today's; it lists (without failing) the
                                               checks of a release that neither CI nor a row has run yet
 
-What CI runs at each release is build_config.ROLES: the default release in full (but for the checks in
-rotation below) and the oldest torch_npu line's rebuild check over the default, NPU build check and emulated 910B
-suite (with a slice of its CPU suite). So every CPU suite but the default release's is a row here, and so are
-what CI runs in part: the rebuild check to the newest torch, the sanitizers at every instruction set (CI: one,
-in rotation), the emulated suite on every chip family (CI: 910B and one other, in rotation), and the aarch64
-NPU build check (CI: the aarch64 cross-build and a slice under qemu).
+CI runs the default release (build_config.ROLES["default"]) on x86-64, in full but for the checks in rotation
+below. So every other release's CPU suite and NPU checks are rows here, and so are the default release's
+checks CI runs in part or not at all: the rebuild check to the newest torch, the sanitizers at every
+instruction set (CI: one, in rotation), the emulated suite on every chip family (CI: 910B and one other, in
+rotation), and on aarch64 the whole suite under qemu and the NPU build check.
+
+A row is out of date when the code it covers changed since its commit: for every row, csrc/compat and the table
+of releases; for a row that alone runs some code, that code too (COVERS: the aarch64 suite runs the CPU
+kernels built for NEON, the rebuild check setup.py's build keys).
 """
 import datetime
 import os
@@ -36,14 +39,8 @@ CPU_SUITE, NPU_BUILD = "CPU suite", "NPU build check"
 
 
 def ci_checks(release):
-    """The checks .ci/run makes at a release (x86-64)."""
-    roles = build_config.ROLES
-    checks = set()
-    if release == roles["default"]:
-        checks.add(CPU_SUITE)
-    if release in (roles["default"], roles["oldest-npu"]):
-        checks.add(NPU_BUILD)
-    return checks
+    """The checks .ci/run makes at a release (x86-64): the default release's CPU suite and NPU build check."""
+    return {CPU_SUITE, NPU_BUILD} if release == build_config.ROLES["default"] else set()
 
 
 def required_checks(release):
@@ -105,14 +102,15 @@ def verify(table):
         if subprocess.run(["git", "cat-file", "-e", f"{commit}^{{commit}}"], cwd=ROOT,
                           capture_output=True).returncode != 0:
             problems.append(f"{where}: commit not in this repository")
-        elif changed_since(commit):
-            problems.append(f"{where}: csrc/compat or the release table changed since; run scripts/check_releases.sh {torch}")
+        elif changed_since(commit, covers(check)):
+            problems.append(f"{where}: {' or '.join(covers(check))} or the release table changed since; "
+                            f"run bash scripts/check_releases.sh {rerun(torch, arch, check)}")
     for problem in problems:
         print(f"release table: {problem}")
     unchecked = missing(rows)
     for release, arch, check in unchecked:
         print(f"release table: not checked yet: torch {release} {arch} '{check}' (bash scripts/check_releases.sh "
-              f"{release if arch == 'x86_64' and check in (CPU_SUITE, NPU_BUILD) else CHECK_NAMES[check]})")
+              f"{rerun(release, arch, check)})")
     if problems:
         sys.exit(1)
     print(f"release table: {len(rows)} rows, each passed on a commit with today's csrc/compat and release table; "
@@ -131,9 +129,9 @@ def _release_table(source):
     return values
 
 
-def changed_since(commit):
-    """True when csrc/compat or the table of releases differs between `commit` and the work tree."""
-    if subprocess.run(["git", "diff", "--quiet", commit, "--", "csrc/compat"], cwd=ROOT).returncode != 0:
+def changed_since(commit, paths):
+    """True when one of `paths` or the table of releases differs between `commit` and the work tree."""
+    if subprocess.run(["git", "diff", "--quiet", commit, "--", *paths], cwd=ROOT).returncode != 0:
         return True
     then = subprocess.run(["git", "show", f"{commit}:build_config.py"], cwd=ROOT, capture_output=True, text=True)
     with open(os.path.join(ROOT, "build_config.py")) as f:
@@ -145,10 +143,29 @@ DEBUG_SUITE = "whole suite from a DEBUG=1 build (-O0)"
 SANITIZERS = "sanitizers (ASan, UBSan), every instruction set"
 AARCH64_NPU = "NPU build check (cross-built)"
 EMULATED = "emulated NPU, every chip family"
+EMULATED_910B = "emulated NPU 910B"
 
 
 def rebuild_check():
     return f"rebuild over {build_config.DEFAULT_TORCH} (one venv), a slice of the suite"
+
+
+# The code a row covers beyond csrc/compat: what no other check runs (CI runs the CPU kernels only as x86-64
+# code, and builds over no other torch's build).
+COVERS = {"whole suite (qemu)": ("csrc/cpu",), rebuild_check(): ("setup.py",)}
+
+
+def covers(check):
+    return ("csrc/compat", *COVERS.get(check, ()))
+
+
+def rerun(torch, arch, check):
+    """check_releases.sh's argument that runs this row again."""
+    if arch == "x86_64" and check == CPU_SUITE:
+        return f"{torch}/cpu"
+    if arch == "x86_64" and check in (NPU_BUILD, EMULATED_910B):
+        return f"{torch}/npu"
+    return CHECK_NAMES[check]
 
 
 CHECK_NAMES = {"whole suite (qemu)": "aarch64", "tests over 2**31 elements": "large", DEBUG_SUITE: "debug",

@@ -8,7 +8,9 @@
 #   NPU_EMU_PYTEST_ARGS="-x -k backward" bash scripts/run_npu_emulated.sh 910B
 #   NPU_LOSS_OPS_EMU_SUITE_FAMILIES="910B 310P" bash scripts/run_npu_emulated.sh
 #                                                    # the whole suite on these two only; on the others the
-#                                                    # chip-path tests and the launch check (what CI runs)
+#                                                    # chip-path tests and the launch check
+#   bash scripts/run_npu_emulated.sh --ci            # CI's: the same with 910B and one of 950, 910, 310P
+#                                                    # and 310B, in rotation by commit
 #
 # Per family: the device-parametrised test suite on device="npu" (NPU_LOSS_OPS_TEST_DEVICE=npu), compared
 # with the CPU kernels, plus tests/test_npu_paths.py, which asserts from the emulator's trace which aclnn
@@ -23,6 +25,11 @@ set -euo pipefail
 source "$(dirname "${BASH_SOURCE[0]}")/setup_env.sh"
 
 ALL_FAMILIES=(910B 910_93 950 910 310P 310B)
+if [[ "${1:-}" == "--ci" ]]; then
+  shift
+  NPU_LOSS_OPS_EMU_SUITE_FAMILIES="910B $(in_rotation "${ALL_FAMILIES[@]:2}")"
+  echo "run_npu_emulated: the whole suite on $NPU_LOSS_OPS_EMU_SUITE_FAMILIES (the second in rotation by commit)"
+fi
 if (($#)); then FAMILIES=("$@"); else FAMILIES=("${ALL_FAMILIES[@]}"); fi
 EMU_DIR="${NPU_LOSS_OPS_EMULATOR_DIR:-$REPO_ROOT/build/npu_emulator}"
 LOG_DIR="${NPU_LOSS_OPS_EMULATOR_LOGS:-$REPO_ROOT/build/npu_emulator_logs}"

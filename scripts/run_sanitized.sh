@@ -77,11 +77,7 @@ if [[ "${1:-}" == "--ci" ]]; then
   # The instruction sets this CPU runs, as the sanitized build reports them; the commit picks one.
   read -r -a isas <<<"$(cd / && python -c 'import npu_loss_ops; print(*npu_loss_ops.build_info()["cpu_isas_available"])')"
   ((${#isas[@]})) || { echo "run_sanitized: the build reports no instruction set" >&2; exit 1; }
-  isa="${NPU_LOSS_OPS_SANITIZE_ISA:-}"
-  if [[ -z "$isa" ]]; then
-    commit="$(git -C "$REPO_ROOT" rev-parse HEAD)"
-    isa="${isas[$((16#${commit:0:8} % ${#isas[@]}))]}"
-  fi
+  isa="${NPU_LOSS_OPS_SANITIZE_ISA:-$(in_rotation "${isas[@]}")}"
   echo "run_sanitized: CI's selection at $isa (of ${isas[*]}: one per commit, in rotation)"
   NPU_LOSS_OPS_CPU_ISA="$isa" run_pytest "$T/test_sanitizer.py" "$T/test_correctness.py" "$T/test_layouts.py" \
     "$T/test_autograd_nodes.py" "$@" || status=$?

@@ -283,6 +283,15 @@ sources_digest() {
   _source_files "$@" | (cd "$REPO_ROOT" && xargs -0r sha256sum) | sha256sum | cut -d' ' -f1
 }
 
+# in_rotation ITEM...: the one CI runs at this commit (HEAD's hash picks it, so a rerun of a commit runs the
+# same one; docs/usage.md, "CI and the release checks").
+in_rotation() {
+  local commit
+  commit="$(git -C "$REPO_ROOT" rev-parse HEAD)"
+  shift "$((16#${commit:0:8} % $#))"
+  echo "$1"
+}
+
 # The pytest-xdist workers the test scripts start: NPU_LOSS_OPS_TEST_WORKERS, or the CPUs this process may
 # use, at most 4 (a distillation test holds up to 2 GB); 1 runs the tests in pytest's own process.
 test_workers() {

@@ -150,13 +150,18 @@ def rebuild_check():
     return f"rebuild over {build_config.DEFAULT_TORCH} (one venv), a slice of the suite"
 
 
-# The code a row covers beyond csrc/compat: what no other check runs (CI runs the CPU kernels only as x86-64
-# code, and builds over no other torch's build).
-COVERS = {"whole suite (qemu)": ("csrc/cpu",), rebuild_check(): ("setup.py",)}
+# The code a row covers beyond csrc/compat, by check_releases.sh's name of the check: what no other check runs
+# (CI runs the CPU kernels only as x86-64 code, and builds over no other torch's build).
+COVERS = {"aarch64": ("csrc/cpu",), "rebuild": ("setup.py",)}
+
+
+def check_name(check):
+    """check_releases.sh's name of a row's check (a rebuild row names the default release it built over)."""
+    return CHECK_NAMES.get(check) or ("rebuild" if check.startswith("rebuild over ") else None)
 
 
 def covers(check):
-    return ("csrc/compat", *COVERS.get(check, ()))
+    return ("csrc/compat", *COVERS.get(check_name(check), ()))
 
 
 def rerun(torch, arch, check):
@@ -165,7 +170,7 @@ def rerun(torch, arch, check):
         return f"{torch}/cpu"
     if arch == "x86_64" and check in (NPU_BUILD, EMULATED_910B):
         return f"{torch}/npu"
-    return CHECK_NAMES[check]
+    return check_name(check) or torch
 
 
 CHECK_NAMES = {"whole suite (qemu)": "aarch64", "tests over 2**31 elements": "large", DEBUG_SUITE: "debug",

@@ -1,0 +1,107 @@
+"""scripts/release_table.py's verify, which CI runs (docs/releases.md): a row is out of date when the code it
+covers changed since its commit. Every row covers csrc/compat and the table of releases; the aarch64 suite
+also csrc/cpu (CI runs the CPU kernels only as x86-64 code), the rebuild check also setup.py. Run in a
+repository of its own, made here: the files verify reads, committed, then changed one at a time."""
+import os
+import shutil
+import subprocess
+import sys
+
+import pytest
+
+from helpers import REPO_ROOT, build_config
+
+pytestmark = pytest.mark.skipif(shutil.which("git") is None, reason="git is not installed")
+
+HEADER = "| torch | torch_npu | arch | check | result | time | commit | date |\n|---|---|---|---|---|---|---|---|\n"
+GIT_ENV = {**os.environ, "GIT_AUTHOR_NAME": "t", "GIT_AUTHOR_EMAIL": "t@t", "GIT_COMMITTER_NAME": "t",
+           "GIT_COMMITTER_EMAIL": "t@t"}
+
+
+def _git(repo, *args):
+    return subprocess.run(["git", *args], cwd=repo, env=GIT_ENV, check=True, capture_output=True,
+                          text=True).stdout.strip()
+
+
+def _commit(repo, path, text):
+    full = os.path.join(repo, path)
+    os.makedirs(os.path.dirname(full), exist_ok=True)
+    with open(full, "w") as f:
+        f.write(text)
+    _git(repo, "add", "-A")
+    _git(repo, "commit", "-q", "-m", f"change {path}")
+    return _git(repo, "rev-parse", "HEAD")
+
+
+def _verify(repo, rows):
+    table = os.path.join(repo, "docs", "releases.md")
+    with open(table, "w") as f:
+        f.write(HEADER + "".join(f"| {' | '.join(row)} |\n" for row in rows))
+    return subprocess.run([sys.executable, os.path.join(repo, "scripts", "release_table.py"), "verify", table],
+                          capture_output=True, text=True)
+
+
+@pytest.fixture
+def repo(tmp_path):
+    os.makedirs(tmp_path / "scripts")
+    os.makedirs(tmp_path / "docs")
+    shutil.copy(os.path.join(REPO_ROOT, "build_config.py"), tmp_path)
+    shutil.copy(os.path.join(REPO_ROOT, "scripts", "release_table.py"), tmp_path / "scripts")
+    _git(tmp_path, "init", "-q")
+    for path in ("csrc/compat/torch_compat.h", "csrc/cpu/kernels.cpp", "csrc/npu/l1_loss.cpp", "setup.py"):
+        _commit(tmp_path, path, "// first\n")
+    return str(tmp_path)
+
+
+def _rows(commit):
+    config = build_config()
+    default, newest = config.DEFAULT_TORCH, max(config.TESTED_RELEASES, key=config._key)
+    old = min(config.TESTED_RELEASES, key=config._key)
+    return {
+        "cpu": [old, "x", "x86_64", "CPU suite", "passed: 1 passed", "1 min", commit, "2026-12-02"],
+        "aarch64": [default, "x", "aarch64", "whole suite (qemu)", "passed: 1 passed", "1 min", commit, "2026-12-02"],
+        "rebuild": [newest, "none", "x86_64", f"rebuild over {default} (one venv), a slice of the suite",
+                    "passed: 1 passed", "1 min", commit, "2026-12-02"],
+    }
+
+
+def test_rows_on_todays_code_pass(repo):
+    result = _verify(repo, _rows(_git(repo, "rev-parse", "HEAD")).values())
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert "3 rows" in result.stdout
+
+
+@pytest.mark.parametrize("path, stale", [
+    ("csrc/npu/l1_loss.cpp", set()),  # CI runs it at every commit: no row goes stale
+    ("csrc/cpu/kernels.cpp", {"aarch64"}),
+    ("setup.py", {"rebuild"}),
+    ("csrc/compat/torch_compat.h", {"cpu", "aarch64", "rebuild"}),
+])
+def test_a_row_goes_stale_when_the_code_it_covers_changes(repo, path, stale):
+    rows = _rows(_git(repo, "rev-parse", "HEAD"))
+    _commit(repo, path, "// second\n")
+    result = _verify(repo, rows.values())
+    flagged = {name for name, row in rows.items() if f"{row[2]} {row[3]} ({row[6]})" in result.stdout}
+    assert flagged == stale, result.stdout
+    assert result.returncode == (1 if stale else 0), result.stdout
+    if "aarch64" in stale:
+        assert "run bash scripts/check_releases.sh aarch64" in result.stdout
+    if "cpu" in stale:
+        assert f"run bash scripts/check_releases.sh {rows['cpu'][0]}/cpu" in result.stdout
+
+
+def test_a_change_to_the_release_table_makes_every_row_stale(repo):
+    rows = _rows(_git(repo, "rev-parse", "HEAD"))
+    with open(os.path.join(repo, "build_config.py")) as f:
+        source = f.read()
+    _commit(repo, "build_config.py", source.replace('DEFAULT_TORCH = "', 'DEFAULT_TORCH = "9.', 1))
+    result = _verify(repo, rows.values())
+    assert result.returncode == 1
+    assert result.stdout.count("changed since") == 3, result.stdout
+
+
+def test_a_row_that_did_not_pass_fails(repo):
+    rows = _rows(_git(repo, "rev-parse", "HEAD"))
+    rows["cpu"][4] = "failed (exit 1)"
+    result = _verify(repo, rows.values())
+    assert result.returncode == 1 and "failed (exit 1)" in result.stdout, result.stdout

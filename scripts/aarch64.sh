@@ -2,15 +2,15 @@
 # aarch64 Linux (the host CPU of most Ascend servers, e.g. Kunpeng 920) on an x86-64 Debian 12 machine:
 # cross-build npu_loss_ops with aarch64-linux-gnu-g++ and run it under qemu-aarch64-static.
 #
-#   bash scripts/aarch64.sh ci      sysroot, torch, cross-build, and a slice of about 700 tests (listed in
-#                                   SLICE below) in two workers; what CI runs
+#   bash scripts/aarch64.sh slice   sysroot, torch, cross-build, and a slice of about 700 tests (listed in
+#                                   SLICE below) in two workers: about 4 minutes after the setup, a first
+#                                   look before the whole suite (CI runs neither: the release table's rows)
 #   bash scripts/aarch64.sh full    sysroot, torch, cross-build, and the whole suite without the tests over
 #                                   2**31 elements (-m "not large"); 40+ minutes, for scripts/check_releases.sh
 #   bash scripts/aarch64.sh npu     sysroot, torch, cross-build, and the NPU build check (scripts/check_releases.sh's
 #                                   aarch64-npu row)
 #   bash scripts/aarch64.sh setup   sysroot, torch and cross-build only
-#   bash scripts/aarch64.sh prefetch DIR  the aarch64 wheels downloaded into DIR only (CI, in the background)
-# Arguments after ci or full go to pytest. Each stage prints its wall time, and a summary at the end.
+# Arguments after slice or full go to pytest. Each stage prints its wall time, and a summary at the end.
 #
 # Everything lives under build/aarch64/ (removing it starts from scratch; each stage skips what is done):
 #   sysroot/   an arm64 Python 3.11 and its libraries, unpacked (dpkg -x) from Debian's arm64 .debs, plus an
@@ -252,20 +252,6 @@ host_pip_aarch64() {
   # (the grep drops the noise of this machine's pip configuration; success is checked by the caller)
 }
 
-# prefetch DIR: the aarch64 wheels the stages install (torch with its requirements, the test tools, torch-npu),
-# downloaded into DIR and nothing installed; CI runs it in the background while x86 stages compile, and names
-# DIR in PIP_FIND_LINKS for the installs (pip takes a release from a --find-links directory before the index).
-prefetch() {
-  local dir="$1" npu_release
-  [[ -n "$dir" ]] || _die "prefetch needs the directory to download into"
-  mkdir -p "$dir"
-  npu_release="$("$HOST_PYTHON" "$REPO_ROOT/build_config.py" --torch-npu-version "$TORCH_VERSION")"
-  "$HOST_PYTHON" -m pip download --progress-bar off -q -d "$dir" "${AARCH64_WHEELS[@]}" "torch==$TORCH_VERSION" "${TOOLS[@]}"
-  [[ -z "$npu_release" ]] || "$HOST_PYTHON" -m pip download --progress-bar off -q -d "$dir" --no-deps "${AARCH64_WHEELS[@]}" \
-    "torch-npu==$npu_release"
-  _log "prefetched the aarch64 wheels into $dir"
-}
-
 # The version of DISTRIBUTION installed in the site-packages SITE, read from its dist-info (no Python needed).
 installed_version() {
   local site="$1" name="${2//-/_}" meta
@@ -464,14 +450,14 @@ CXX
   chmod +x "$RUNTIME_CXX"
 }
 
-# The CI slice: these files, and of them the tests the -k clauses below select (about 700 of the suite's
+# The slice: these files, and of them the tests the -k clauses below select (about 700 of the suite's
 # 14,800; the count is printed at each run). Chosen across what could differ on aarch64: the CPU kernels'
 # vector bodies and tails (5000-element samples), special values (NaN, inf, KL's zero target), every op,
 # dtype and reduction; the API's errors; autograd (gradcheck, the autograd nodes, the torch.func transforms
 # on broadcast samples); the row kernels; and the sums' committed bits.
 # Not here (they run in the whole suite under qemu, the release table's aarch64 row): the error matrix, whose
-# worker processes each start torch under qemu (the slice's longest part, with enable(), at over 15 minutes of
-# CI's 90), and enable(), whose dispatch is the same on every architecture; the API's own errors stay.
+# worker processes each start torch under qemu (the slice's longest part, with enable(), at over 15 minutes),
+# and enable(), whose dispatch is the same on every architecture; the API's own errors stay.
 SLICE_FILES=(tests/test_correctness.py tests/test_functional.py tests/test_weight.py
   tests/test_gradcheck.py tests/test_autograd_nodes.py tests/test_transforms.py
   tests/test_same_bits.py tests/test_distillation.py)
@@ -526,10 +512,10 @@ run_pytest() {
   return "$status"
 }
 
-run_ci_slice() {
-  _log "the CI slice: ${SLICE_FILES[*]} -k \"$(slice_expression)\""
+run_slice() {
+  _log "the slice: ${SLICE_FILES[*]} -k \"$(slice_expression)\""
   # Two pytest-xdist workers: most of a test under qemu is one emulated thread, so two processes use both cores.
-  run_pytest ci -n 2 "${SLICE_FILES[@]}" -k "$(slice_expression)" "$@"
+  run_pytest slice -n 2 "${SLICE_FILES[@]}" -k "$(slice_expression)" "$@"
 }
 
 run_full_suite() {
@@ -537,7 +523,7 @@ run_full_suite() {
 }
 
 # One run at a time per build/aarch64 (two would rewrite each other's source copy and venvs mid-build or
-# mid-test, e.g. CI's slice and scripts/check_releases.sh's full suite sharing it): a second one waits.
+# mid-test, e.g. the slice and scripts/check_releases.sh's full suite sharing it): a second one waits.
 lock_work() {
   mkdir -p "$WORK"
   exec 9>"$WORK/.lock"
@@ -560,11 +546,10 @@ main() {
   local command="${1:-}"
   (($#)) && shift
   case "$command" in
-    ci) prepare; stage tests run_ci_slice "$@" ;;
+    slice) prepare; stage tests run_slice "$@" ;;
     full) prepare; stage tests run_full_suite "$@" ;;
     npu) prepare; stage npu-build-check npu_build_check ;;
     setup) prepare ;;
-    prefetch) prefetch "${1:-}" ;;
     *) sed -n '2,/^set -euo/p' "${BASH_SOURCE[0]}" | sed '$d' >&2; exit 2 ;;
   esac
 }

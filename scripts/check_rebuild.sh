@@ -7,8 +7,8 @@
 #
 # VENV is made afresh; FROM and TO are exact releases (each installed as `pip install torch==X.Y.Z`, the cap
 # of this machine's pip configuration lifted); TEST... (paths under tests/) then run from VENV, outside the
-# checkout. CI runs it from the default release to the oldest torch_npu line and keeps the venv for that
-# line's NPU checks; scripts/check_releases.sh runs it to the newest torch ("rebuild" in docs/releases.md).
+# checkout. scripts/check_releases.sh runs it from the default release to the newest torch ("rebuild" in
+# docs/releases.md; the row goes stale when setup.py changes).
 set -euo pipefail
 REPO_ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 (($# >= 3)) || { sed -n '2,/^set -euo/p' "${BASH_SOURCE[0]}" | sed '$d' >&2; exit 2; }

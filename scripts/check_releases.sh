@@ -10,20 +10,23 @@
 #   bash scripts/check_releases.sh 2.11.0/cpu        only that release's CPU suite
 #   bash scripts/check_releases.sh 2.14.0/npu        only that release's NPU checks
 #   bash scripts/check_releases.sh --verify          what CI runs: every row passed on a commit whose
-#                                                    csrc/compat and build_config.py are today's, and every
-#                                                    release has its CPU suite and NPU build check in CI or here
+#                                                    covered code is today's (csrc/compat and the release
+#                                                    table; csrc/cpu for aarch64, setup.py for rebuild), and
+#                                                    every release has its CPU suite and NPU build check in
+#                                                    CI or here
 #
-# Per torch release of the table that CI does not run in full: the CPU suite without the tests over 2**31
-# elements, and, where the release has a torch_npu, the NPU build check and the emulated NPU suite on 910B.
-# "aarch64": the whole suite under qemu (scripts/aarch64.sh full); "aarch64-npu": the NPU build check against the
-# aarch64 torch_npu wheel (scripts/aarch64.sh npu; CI cross-builds _C and runs a slice under qemu). "large": the tests over 2**31 elements at
-# the default release. "debug": the whole suite (without those tests) from a DEBUG=1 build (-O0 -g), whose
-# sums must have the release build's bits (tests/test_same_bits.py). What CI runs in rotation or at another
-# release, here in full: "rebuild", the README's install command at the default release and then at the newest
-# torch in one venv (scripts/check_rebuild.sh) and a slice of the suite from it; "sanitizers", the whole ASan
-# and UBSan selection at every instruction set (scripts/run_sanitized.sh); "emulated", the whole device suite
-# on every emulated chip family (scripts/run_npu_emulated.sh). The releases come from build_config.py; pip installs exactly torch==<release> (the
-# registry's build: a CUDA build of about 5 GB for every release but the default) with its torch-npu.
+# CI runs the default release on x86-64 only. Per other torch release of the table: the CPU suite without the
+# tests over 2**31 elements, and, where the release has a torch_npu, the NPU build check and the emulated NPU
+# suite on 910B. "aarch64": the cross-build and the whole suite under qemu (scripts/aarch64.sh full);
+# "aarch64-npu": the NPU build check against the aarch64 torch_npu wheel (scripts/aarch64.sh npu). "large": the
+# tests over 2**31 elements at the default release. "debug": the whole suite (without those tests) from a
+# DEBUG=1 build (-O0 -g), whose sums must have the release build's bits (tests/test_same_bits.py). "rebuild":
+# the README's install command at the default release and then at the newest torch in one venv
+# (scripts/check_rebuild.sh) and a slice of the suite from it. What CI runs in rotation, here in full:
+# "sanitizers", the whole ASan and UBSan selection at every instruction set (scripts/run_sanitized.sh);
+# "emulated", the whole device suite on every emulated chip family (scripts/run_npu_emulated.sh). The releases
+# come from build_config.py; pip installs exactly torch==<release> (the registry's build: a CUDA build of about
+# 5 GB for every release but the default) with its torch-npu.
 set -euo pipefail
 REPO_ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 TABLE="$REPO_ROOT/docs/releases.md"

@@ -65,10 +65,23 @@ def read_rows(table):
 
 
 def counts(log):
-    """The last pytest summary in a log ('14,210 passed, 31 skipped'), or None."""
+    """The tests a log's pytest runs report: one run's summary ('14,210 passed, 31 skipped'), or, for several
+    (the emulated suite's families, the sanitizers' instruction sets), their passed, failed, skipped and error
+    counts summed, with the number of runs; None when the log has no summary."""
     with open(log, errors="replace") as f:
         text = f.read()
-    found = re.findall(r"(\d+ (?:passed|failed)(?:, \d+ \w+)*)(?: in [\d.]+s)?", text)
+    summary = r"(\d+ (?:passed|failed)(?:, \d+ \w+)*)"
+    # A run's closing line ends with its time; a script's table may repeat it, which is the same run.
+    runs = list({m.group(0): m.group(1) for m in re.finditer(summary + r" in [\d.]+s", text)}.values())
+    if len(runs) > 1:
+        total = {}
+        for run in runs:
+            for number, kind in re.findall(r"(\d+) (passed|failed|skipped|errors?)\b", run):
+                kind = "errors" if kind.startswith("error") else kind
+                total[kind] = total.get(kind, 0) + int(number)
+        parts = [f"{total[kind]} {kind}" for kind in ("passed", "failed", "skipped", "errors") if kind in total]
+        return f"{', '.join(parts)} in {len(runs)} pytest runs"
+    found = runs or re.findall(summary, text)
     return found[-1] if found else None
 
 

@@ -105,3 +105,28 @@ def test_a_row_that_did_not_pass_fails(repo):
     rows["cpu"][4] = "failed (exit 1)"
     result = _verify(repo, rows.values())
     assert result.returncode == 1 and "failed (exit 1)" in result.stdout, result.stdout
+
+
+def _release_table_module():
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("release_table", os.path.join(REPO_ROOT, "scripts", "release_table.py"))
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_a_rows_counts_sum_the_logs_pytest_runs(tmp_path):
+    counts = _release_table_module().counts
+    log = tmp_path / "one.log"
+    log.write_text("== 425 passed, 3 skipped in 29.26s ==\n")
+    assert counts(str(log)) == "425 passed, 3 skipped"
+    # Two runs, one of them repeated by a script's table of its runs (the same line, its time included), and a
+    # table line without a time, which is not a run's closing line.
+    log.write_text("3731 passed, 48 skipped, 15162 deselected, 1 warning in 85.43s\n"
+                   "18 passed, 1 failed in 97.56s\n"
+                   "  suite-910B  ok  86s  3731 passed, 48 skipped, 15162 deselected, 1 warning in 85.43s\n"
+                   "npu-suite test_x: 30 passed, 0 failed, 0 skipped\n")
+    assert counts(str(log)) == "3749 passed, 1 failed, 48 skipped in 2 pytest runs"
+    log.write_text("no tests here\n")
+    assert counts(str(log)) is None

@@ -27,6 +27,7 @@ source "$(dirname "${BASH_SOURCE[0]}")/setup_env.sh"
 ALL_FAMILIES=(910B 910_93 950 910 310P 310B)
 if [[ "${1:-}" == "--ci" ]]; then
   shift
+  # 910B, and one of the families after it and 910_93 (its second SoC, the same chip paths)
   NPU_LOSS_OPS_EMU_SUITE_FAMILIES="910B $(in_rotation "${ALL_FAMILIES[@]:2}")"
   echo "run_npu_emulated: the whole suite on $NPU_LOSS_OPS_EMU_SUITE_FAMILIES (the second in rotation by commit)"
 fi

@@ -10,10 +10,10 @@
 #   bash scripts/check_releases.sh 2.11.0/cpu        only that release's CPU suite
 #   bash scripts/check_releases.sh 2.14.0/npu        only that release's NPU checks
 #   bash scripts/check_releases.sh --verify          what CI runs: every row passed on a commit whose
-#                                                    covered code is today's (csrc/compat and the release
-#                                                    table; csrc/cpu for aarch64, setup.py for rebuild), and
-#                                                    every release has its CPU suite and NPU build check in
-#                                                    CI or here
+#                                                    csrc/compat and release table are today's, and every
+#                                                    release has its CPU suite and NPU build check in CI or
+#                                                    here; rows due (aarch64 after a change to csrc/cpu,
+#                                                    rebuild after one to setup.py) are listed
 #
 # CI runs the default release on x86-64 only. Per other torch release of the table: the CPU suite without the
 # tests over 2**31 elements, and, where the release has a torch_npu, the NPU build check and the emulated NPU

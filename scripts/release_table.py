@@ -8,7 +8,8 @@ check) that CI does not run, with its counts and the commit it ran on.
     release_table.py verify TABLE             CI's check: every row passed, on a commit whose csrc/compat
                                               and table of releases (build_config.py's DEFAULT_TORCH and
                                               TESTED_RELEASES) are today's; it lists (without failing) the
-                                              checks of a release that neither CI nor a row has run yet
+                                              rows due (DUE_AFTER) and the checks of a release that neither
+                                              CI nor a row has run yet
 
 CI runs the default release (build_config.ROLES["default"]) on x86-64, in full but for the checks in rotation
 below. So every other release's CPU suite and NPU checks are rows here, and so are the default release's

@@ -19,13 +19,19 @@ from torch.utils._python_dispatch import TorchDispatchMode
 REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
-def build_config() -> ModuleType:
-    """The repository's build_config.py (the tested torch / torch_npu releases), loaded by path."""
-    spec = importlib.util.spec_from_file_location("build_config", os.path.join(REPO_ROOT, "build_config.py"))
+def repo_module(path: str) -> ModuleType:
+    """A Python file of the repository (a path under it), loaded by path."""
+    name = os.path.splitext(os.path.basename(path))[0]
+    spec = importlib.util.spec_from_file_location(name, os.path.join(REPO_ROOT, path))
     assert spec is not None and spec.loader is not None
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module
+
+
+def build_config() -> ModuleType:
+    """The repository's build_config.py (the tested torch / torch_npu releases), loaded by path."""
+    return repo_module("build_config.py")
 
 
 def venv_with_this_torch(path: str) -> str:

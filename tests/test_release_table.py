@@ -10,7 +10,7 @@ import sys
 
 import pytest
 
-from helpers import REPO_ROOT, build_config
+from helpers import REPO_ROOT, build_config, repo_module
 
 pytestmark = pytest.mark.skipif(shutil.which("git") is None, reason="git is not installed")
 
@@ -115,17 +115,8 @@ def test_a_row_that_did_not_pass_fails(repo):
     assert result.returncode == 1 and "failed (exit 1)" in result.stdout, result.stdout
 
 
-def _release_table_module():
-    import importlib.util
-
-    spec = importlib.util.spec_from_file_location("release_table", os.path.join(REPO_ROOT, "scripts", "release_table.py"))
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
 def test_a_rows_counts_sum_the_logs_pytest_runs(tmp_path):
-    counts = _release_table_module().counts
+    counts = repo_module("scripts/release_table.py").counts
     log = tmp_path / "one.log"
     log.write_text("== 425 passed, 3 skipped in 29.26s ==\n")
     assert counts(str(log)) == "425 passed, 3 skipped"

@@ -6,7 +6,8 @@
 #                                   SLICE below) in two workers: about 4 minutes after the setup, a first
 #                                   look before the whole suite (CI runs neither: the release table's rows)
 #   bash scripts/aarch64.sh full    sysroot, torch, cross-build, and the whole suite without the tests over
-#                                   2**31 elements (-m "not large"); 40+ minutes, for scripts/check_releases.sh
+#                                   2**31 elements (-m "not large") and with 2 of the 38 memory-bound probes
+#                                   (MEMORY_PROBES below), in two workers, for scripts/check_releases.sh
 #   bash scripts/aarch64.sh npu     sysroot, torch, cross-build, and the NPU build check (scripts/check_releases.sh's
 #                                   aarch64-npu row)
 #   bash scripts/aarch64.sh setup   sysroot, torch and cross-build only
@@ -518,8 +519,16 @@ run_slice() {
   run_pytest slice -n 2 "${SLICE_FILES[@]}" -k "$(slice_expression)" "$@"
 }
 
+# The memory-bound probes (test_memory_bound, test_memory_bounds) measure a subprocess's resident peak over a
+# whole forward and backward at up to 155 million logits: minutes of emulated arithmetic each, hours for their
+# 38 cases. Their bound is a property of the chunk planning, the same code on both architectures, and the
+# README's test command runs every case on x86-64; under qemu one case of each runs, the heaviest bound at the
+# 151,936-token vocabulary.
+MEMORY_PROBES="not test_memory_bound or 512x151936-bfloat16-both-kernel or 1024x256x151936-bfloat16-teacher"
+
 run_full_suite() {
-  run_pytest full -m "not large" "$@"
+  # Two pytest-xdist workers, as in the slice: each test is mostly one emulated thread.
+  run_pytest full -n 2 -m "not large" -k "$MEMORY_PROBES" "$@"
 }
 
 # One run at a time per build/aarch64 (two would rewrite each other's source copy and venvs mid-build or

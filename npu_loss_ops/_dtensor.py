@@ -341,11 +341,7 @@ def _row_strategy(row: RowLossOps, which: str) -> Callable[[OpSchema], OpStrateg
         mask: Sequence[bool] = cast("Sequence[bool]", args[-1]) if which != "forward" else ()
         vocab_dim = len(logits_shape) - 1
         for name, k in zip(row.logits, (first, first + 1)):
-            for placement in _placements(args[k]):
-                if isinstance(placement, Shard) and placement.dim % len(logits_shape) == vocab_dim:
-                    raise ValueError(
-                        f"{row.forward}: {name} is sharded on the vocabulary dimension ({placement}); shard a "
-                        "token dimension of the logits (and of labels) instead, or replicate them")
+            refuse_vocabulary_split(row.forward, name, _placements(args[k]), len(logits_shape), False)
         tensors = 2 + labels + (which == "backward")
         outputs = {"forward": 1, "with_grads": 4, "backward": 2}[which]
         rules: list[list[Placement | None]] = [[Replicate()] * (outputs + tensors)]
@@ -376,6 +372,32 @@ def _row_strategy(row: RowLossOps, which: str) -> Callable[[OpSchema], OpStrateg
 # need the whole row's softmax.
 
 
+def refuse_vocabulary_split(op: str, name: str, placements: Sequence[Placement], ndim: int, weight: bool) -> None:
+    """A ValueError when `placements` shard the vocabulary dimension of `name`: the last of logits of `ndim`
+    dimensions, the first of an lm_head weight (`weight`). Called by the rules above and, so that the ValueError
+    itself reaches the caller rather than DTensor's RuntimeError around it, by the functions before the call."""
+    from torch.distributed.tensor.placement_types import Shard
+
+    vocab_dim = 0 if weight else ndim - 1
+    for placement in placements:
+        if isinstance(placement, Shard) and placement.dim % ndim == vocab_dim:
+            advice = ("replicate it (the hidden states may be sharded: they are gathered)" if weight else
+                      "shard a token dimension of the logits (and of labels) instead, or replicate them")
+            raise ValueError(f"{op}: {name} is sharded on the vocabulary dimension ({placement}); {advice}")
+
+
+def check_vocabulary_split(op: str, logits: Sequence[tuple[str, object]] = (),
+                           weights: Sequence[tuple[str, object]] = ()) -> None:
+    """refuse_vocabulary_split for a function's DTensor arguments, given as (name, tensor) pairs."""
+    module = sys.modules.get(_DTENSOR_MODULE)
+    if module is None:
+        return
+    for pairs, weight in ((logits, False), (weights, True)):
+        for name, tensor in pairs:
+            if isinstance(tensor, module.DTensor):
+                refuse_vocabulary_split(op, name, tensor.placements, tensor.dim(), weight)
+
+
 def _linear_strategy(linear: LinearFormOps, outputs: int) -> Callable[[OpSchema], OpStrategy]:
     def strategy(op_schema: OpSchema) -> OpStrategy:
         from torch.distributed.tensor._op_schema import OpStrategy
@@ -384,11 +406,7 @@ def _linear_strategy(linear: LinearFormOps, outputs: int) -> Callable[[OpSchema]
 
         args = op_schema.args_schema
         for name, k in zip(linear.weights, (1, 3)):
-            for placement in _placements(args[k]):
-                if isinstance(placement, Shard) and placement.dim % 2 == 0:
-                    raise ValueError(
-                        f"{linear.forward}: {name} is sharded on the vocabulary dimension ({placement}); replicate "
-                        "it (the hidden states may be sharded: they are gathered)")
+            refuse_vocabulary_split(linear.forward, name, _placements(args[k]), 2, True)
         tensors = sum(isinstance(a, OpStrategy) for a in args)
         rules: list[list[Placement | None]] = [[Replicate()] * (outputs + tensors)]
         return expand_to_full_mesh_op_strategy(op_schema.get_mesh_from_args(), op_schema, rules, input_index=outputs)

@@ -36,7 +36,7 @@ from torch._jit_internal import is_scripting as _is_scripting
 from torch.nn import _reduction as _Reduction
 from torch.overrides import handle_torch_function, has_torch_function_variadic
 
-from . import _dtensor
+from . import _dtensor, _scalars
 from ._reduction import get_enum as _reduction_enum
 
 __all__ = ["smooth_l1_loss", "huber_loss", "l1_loss", "kl_div", "mse_loss", "generalized_jsd_loss",
@@ -408,23 +408,32 @@ def mse_loss(input: Tensor, target: Tensor, size_average: bool | None = None, re
 _JSD_REDUCTIONS = ("batchmean", "sum", "mean", "none")
 
 
-def _check_num_items(num_items_in_batch: int | float | Tensor) -> None:
-    """TRL divides by num_items_in_batch unchecked; here a number or a CPU tensor of at most 0 is a ValueError.
-    A tensor on another device (the Trainer's count across devices) is checked for its shape only: reading its
-    value would wait for the device every step. Not inside torch.compile."""
+def _check_num_items(num_items_in_batch: int | float | Tensor, logits: Tensor) -> None:
+    """TRL divides by num_items_in_batch unchecked. Here it is a real number, or a one-element floating or integer
+    tensor on the logits' device or the CPU (a TypeError for another type, a ValueError for another shape or
+    device); a number or a CPU tensor of at most 0 is a ValueError. A tensor on the logits' device (the Trainer's
+    count across devices) is not read: that would wait for the device every step. Not inside torch.compile."""
     if isinstance(num_items_in_batch, Tensor):
         if torch.compiler.is_compiling():
             return
-        if num_items_in_batch.numel() != 1 or num_items_in_batch.is_complex():
+        if num_items_in_batch.dtype == torch.bool or num_items_in_batch.is_complex():
+            raise TypeError(
+                "generalized_jsd_loss: num_items_in_batch must be a real number or a one-element floating or "
+                f"integer tensor, got a tensor of dtype {num_items_in_batch.dtype}")
+        if num_items_in_batch.numel() != 1:
             raise ValueError(
                 "generalized_jsd_loss: num_items_in_batch must be a number or a one-element real tensor, got a "
-                f"tensor of shape {tuple(num_items_in_batch.shape)} and dtype {num_items_in_batch.dtype}")
-        if num_items_in_batch.device.type != "cpu":
+                f"tensor of shape {tuple(num_items_in_batch.shape)}")
+        device = num_items_in_batch.device
+        if device.type != "cpu" and device != logits.device:
+            where = "the CPU" if logits.device.type == "cpu" else f"the logits' device ({logits.device}) or the CPU"
+            raise ValueError(f"generalized_jsd_loss: num_items_in_batch must be on {where}, got a tensor on {device}")
+        if device.type != "cpu":
             return
         value = num_items_in_batch.item()
     elif isinstance(num_items_in_batch, bool) or not isinstance(num_items_in_batch, numbers.Real):
-        raise ValueError(f"generalized_jsd_loss: num_items_in_batch must be a number or a tensor, got "
-                         f"{type(num_items_in_batch).__name__}")
+        raise TypeError(f"generalized_jsd_loss: num_items_in_batch must be a real number or a tensor, got "
+                        f"{num_items_in_batch!r} ({type(num_items_in_batch).__name__})")
     else:
         value = num_items_in_batch
     if not value > 0:
@@ -487,12 +496,19 @@ def generalized_jsd_loss(
         return _overridden(generalized_jsd_loss, (student_logits, teacher_logits, labels), student_logits,
                            teacher_logits, labels, beta=beta, temperature=temperature, reduction=reduction,
                            num_items_in_batch=num_items_in_batch, ignore_index=ignore_index)
+    if not torch.compiler.is_compiling():
+        if not isinstance(reduction, str):
+            raise TypeError(f"generalized_jsd_loss: reduction must be a str, got {reduction!r} "
+                            f"({type(reduction).__name__})")
+        _scalars.check("generalized_jsd_loss", beta=beta, temperature=temperature, ignore_index=ignore_index)
+        _dtensor.check_vocabulary_split("generalized_jsd_loss", logits=(("student_logits", student_logits),
+                                                                         ("teacher_logits", teacher_logits)))
     if reduction not in _JSD_REDUCTIONS:
         raise ValueError(f"generalized_jsd_loss: reduction must be one of {', '.join(map(repr, _JSD_REDUCTIONS))}, "
                          f"got {reduction!r}")
     op = torch.ops.npu_loss.generalized_jsd_loss
     if num_items_in_batch is not None:
-        _check_num_items(num_items_in_batch)
+        _check_num_items(num_items_in_batch, student_logits)
         total: Tensor = op(student_logits, teacher_logits, labels, 2, beta, temperature, ignore_index)
         if isinstance(num_items_in_batch, Tensor):
             num_items_in_batch = num_items_in_batch.to(total.device)
@@ -594,12 +610,16 @@ def fused_linear_jsd_loss(
             dtype is not its input's, labels not of an integer dtype.
         RuntimeError: shapes that do not agree (each names the argument), tensors on different devices.
     """
-    if chunk_size is not None and (isinstance(chunk_size, bool) or not isinstance(chunk_size, int)):
-        raise TypeError(f"fused_linear_jsd_loss: chunk_size must be an int or None, got {chunk_size!r}")
+    if not torch.compiler.is_compiling():
+        _scalars.check("fused_linear_jsd_loss", reduction=reduction, beta=beta, temperature=temperature,
+                       ignore_index=ignore_index, weight_hard_loss=weight_hard_loss,
+                       weight_soft_loss=weight_soft_loss, chunk_size=chunk_size,
+                       return_soft_hard_loss=return_soft_hard_loss)
+        _dtensor.check_vocabulary_split("fused_linear_jsd_loss", weights=(("student_weight", student_weight),
+                                                                           ("teacher_weight", teacher_weight)))
     results: tuple[Tensor, Tensor, Tensor] = torch.ops.npu_loss.fused_linear_jsd_loss(
         student_input, student_weight, teacher_input, teacher_weight, labels, student_bias, teacher_bias, reduction,
-        float(beta), float(temperature), int(ignore_index), float(weight_hard_loss), float(weight_soft_loss),
-        chunk_size, bool(return_soft_hard_loss))
+        beta, temperature, ignore_index, weight_hard_loss, weight_soft_loss, chunk_size, return_soft_hard_loss)
     loss, soft, hard = results
     if return_soft_hard_loss:
         return loss, soft, hard

@@ -6,6 +6,7 @@ Drop-ins for :class:`torch.nn.SmoothL1Loss`, :class:`torch.nn.HuberLoss`, :class
 :mod:`npu_loss_ops.functional`. They compile with ``torch.jit.script``, alone or inside a model.
 :class:`JSDLoss` is the distillation loss :func:`npu_loss_ops.functional.generalized_jsd_loss` as a module.
 """
+import torch
 from torch import Tensor
 from torch.nn import Module
 from torch.nn.modules.loss import _Loss
@@ -257,6 +258,12 @@ class MSELoss(_LossOfReduction):
         return functional.mse_loss(input, target, reduction=self.reduction)
 
 
+def _meta(*shape: int, dtype: torch.dtype = torch.float32) -> Tensor:
+    """A tensor on the meta device: the modules check their arguments by calling their function on such tensors
+    (nothing is computed), so that they apply the function's rules, not a copy of them."""
+    return torch.empty(shape, dtype=dtype, device="meta")
+
+
 class JSDLoss(Module):
     """The generalized Jensen-Shannon divergence between a student's and a teacher's logits:
     :func:`npu_loss_ops.functional.generalized_jsd_loss` (TRL's ``GKDTrainer.generalized_jsd_loss``) as a
@@ -269,8 +276,9 @@ class JSDLoss(Module):
         reduction (str): ``'batchmean'``, ``'sum'``, ``'mean'`` or ``'none'``. Default: ``'batchmean'``
 
     Raises:
-        ValueError: at construction, for a ``beta`` outside ``[0, 1]``, a ``temperature`` that is not ``> 0`` or
-            an unknown ``reduction``.
+        TypeError, ValueError: at construction, as the function raises them for the same arguments (it checks them,
+            on meta tensors): a scalar of another type (a str, None or a bool where a number is expected), a
+            ``beta`` outside ``[0, 1]``, a ``temperature`` that is not ``> 0`` or an unknown ``reduction``.
 
     Called as ``loss(student_logits, teacher_logits, labels=None, num_items_in_batch=None)``.
     """
@@ -278,13 +286,9 @@ class JSDLoss(Module):
     def __init__(self, beta: float = 0.5, temperature: float = 1.0, ignore_index: int = -100,
                  reduction: str = "batchmean") -> None:
         super().__init__()
-        if not 0.0 <= beta <= 1.0:
-            raise ValueError(f"JSDLoss: beta must be in [0, 1], got {beta}")
-        if not temperature > 0.0:
-            raise ValueError(f"JSDLoss: temperature must be > 0, got {temperature}")
-        if reduction not in functional._JSD_REDUCTIONS:
-            raise ValueError(f"JSDLoss: reduction must be one of {', '.join(map(repr, functional._JSD_REDUCTIONS))}, "
-                             f"got {reduction!r}")
+        # The function's own checks (types, then the op's declared ranges), on meta tensors: nothing is computed.
+        functional.generalized_jsd_loss(_meta(1, 1), _meta(1, 1), None, beta, temperature, reduction,
+                                        ignore_index=ignore_index)
         self.beta = beta
         self.temperature = temperature
         self.ignore_index = ignore_index
@@ -302,7 +306,6 @@ class JSDLoss(Module):
                 f"reduction={self.reduction!r}")
 
 
-_FUSED_REDUCTIONS = ("batchmean", "sum", "mean")
 
 
 class FusedLinearJSDLoss(Module):
@@ -320,8 +323,10 @@ class FusedLinearJSDLoss(Module):
         chunk_size (int, optional): rows per chunk; ``None`` sizes it by bytes. Default: ``None``
 
     Raises:
-        ValueError: at construction, for a ``beta`` outside ``[0, 1]``, a ``temperature`` that is not ``> 0``,
-            a negative weight, a ``reduction`` outside the three or a ``chunk_size`` that is not a positive int.
+        TypeError, ValueError: at construction, as the function raises them for the same arguments (it checks them,
+            on meta tensors): a scalar of another type (a str, None or a bool where a number is expected), a
+            ``beta`` outside ``[0, 1]``, a ``temperature`` that is not ``> 0``, a negative weight, a ``reduction``
+            outside the three or a ``chunk_size`` below 1.
 
     Called as ``loss(student_input, student_weight, teacher_input, teacher_weight, labels=None,
     student_bias=None, teacher_bias=None)``.
@@ -331,19 +336,11 @@ class FusedLinearJSDLoss(Module):
                  reduction: str = "batchmean", weight_hard_loss: float = 0.0, weight_soft_loss: float = 1.0,
                  chunk_size: int | None = None) -> None:
         super().__init__()
-        if not 0.0 <= beta <= 1.0:
-            raise ValueError(f"FusedLinearJSDLoss: beta must be in [0, 1], got {beta}")
-        if not temperature > 0.0:
-            raise ValueError(f"FusedLinearJSDLoss: temperature must be > 0, got {temperature}")
-        for name, weight in (("weight_hard_loss", weight_hard_loss), ("weight_soft_loss", weight_soft_loss)):
-            if not weight >= 0.0:
-                raise ValueError(f"FusedLinearJSDLoss: {name} must be >= 0, got {weight}")
-        if reduction not in _FUSED_REDUCTIONS:
-            raise ValueError(f"FusedLinearJSDLoss: reduction must be one of "
-                             f"{', '.join(map(repr, _FUSED_REDUCTIONS))}, got {reduction!r}")
-        if chunk_size is not None and (isinstance(chunk_size, bool) or not isinstance(chunk_size, int)
-                                       or chunk_size < 1):
-            raise ValueError(f"FusedLinearJSDLoss: chunk_size must be a positive int or None, got {chunk_size!r}")
+        # The function's own checks, on meta tensors (labels given: a hard loss needs them).
+        functional.fused_linear_jsd_loss(
+            _meta(1, 1), _meta(1, 1), _meta(1, 1), _meta(1, 1), _meta(1, dtype=torch.long), beta=beta,
+            temperature=temperature, ignore_index=ignore_index, reduction=reduction, weight_hard_loss=weight_hard_loss,
+            weight_soft_loss=weight_soft_loss, chunk_size=chunk_size)
         self.beta = beta
         self.temperature = temperature
         self.ignore_index = ignore_index

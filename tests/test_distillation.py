@@ -768,9 +768,12 @@ def test_module():
                        npu_loss_ops.generalized_jsd_loss(student, teacher, labels, 0.3, 2.0, "sum", ignore_index=-1))
     assert torch.equal(loss(student, teacher, labels, 4), npu_loss_ops.generalized_jsd_loss(
         student, teacher, labels, 0.3, 2.0, "sum", num_items_in_batch=4, ignore_index=-1))
-    for kwargs, match in (({"beta": 1.5}, "beta must be in"), ({"temperature": 0.0}, "temperature must be > 0"),
-                          ({"reduction": "avg"}, "reduction must be one of")):
-        with pytest.raises(ValueError, match=match):
+    # At construction, by the function's rules: every scalar of BAD, each with the function's class and message.
+    module_bad = [(kwargs, error, match) for _, kwargs, error, match in BAD
+                  if set(kwargs) <= {"beta", "temperature", "ignore_index", "reduction"}]
+    assert len(module_bad) >= 15
+    for kwargs, error, match in module_bad:
+        with pytest.raises(error, match=match):
             npu_loss_ops.JSDLoss(**kwargs)
 
 
@@ -789,7 +792,22 @@ def _bad_inputs():
     yield "num_items-zero", dict(num_items_in_batch=0), ValueError, "num_items_in_batch must be > 0, got 0"
     yield "num_items-tensor", dict(num_items_in_batch=torch.tensor(-2)), ValueError, "num_items_in_batch must be > 0"
     yield "num_items-two", dict(num_items_in_batch=torch.tensor([2, 3])), ValueError, "one-element real tensor"
-    yield "num_items-string", dict(num_items_in_batch="4"), ValueError, "must be a number or a tensor, got str"
+    yield "num_items-string", dict(num_items_in_batch="4"), TypeError, "num_items_in_batch must be a real number or a tensor, got '4' \\(str\\)"
+    yield "num_items-bool", dict(num_items_in_batch=True), TypeError, "num_items_in_batch must be a real number or a tensor, got True"
+    yield "num_items-bool-tensor", dict(num_items_in_batch=torch.tensor(True)), TypeError, \
+        "num_items_in_batch must be a real number or a one-element floating or integer tensor, got a tensor of dtype torch.bool"
+    yield "num_items-complex", dict(num_items_in_batch=torch.tensor(4j)), TypeError, "num_items_in_batch must be a real"
+    yield "num_items-meta", dict(num_items_in_batch=torch.tensor(4.0, device="meta")), ValueError, \
+        "num_items_in_batch must be on the CPU, got a tensor on meta"
+    yield "beta-string", dict(beta="0.5"), TypeError, "generalized_jsd_loss: beta must be a real number, got '0.5' \\(str\\)"
+    yield "beta-none", dict(beta=None), TypeError, "beta must be a real number, got None"
+    yield "beta-bool", dict(beta=True), TypeError, "beta must be a real number, got True \\(bool\\)"
+    yield "beta-bool-tensor", dict(beta=torch.tensor(True)), TypeError, "beta must be a real number, got a tensor"
+    yield "temperature-string", dict(temperature="2"), TypeError, "temperature must be a real number"
+    yield "ignore_index-float", dict(ignore_index=1.5), TypeError, "ignore_index must be an integer, got 1.5 \\(float\\)"
+    yield "ignore_index-string", dict(ignore_index="-100"), TypeError, "ignore_index must be an integer, got '-100'"
+    yield "ignore_index-bool", dict(ignore_index=False), TypeError, "ignore_index must be an integer, got False"
+    yield "reduction-none", dict(reduction=None), TypeError, "reduction must be a str, got None"
     yield "logits-9dim", dict(student_logits=torch.randn([1] * 8 + [7]), teacher_logits=torch.randn([1] * 8 + [7]),
                               labels=None), RuntimeError, "has 9 dimensions, but at most 8 are supported"
     yield "shapes", dict(teacher_logits=torch.randn(4, 7)), RuntimeError, "student_logits and teacher_logits must have the same shape"
@@ -804,6 +822,10 @@ def _bad_inputs():
 
 
 BAD = list(_bad_inputs())
+# The function's own checks, before the op (the types of its scalars, the reduction string, num_items_in_batch),
+# and the devices, which FakeTensorMode itself checks.
+PYTHON_ONLY = {b[0] for b in BAD if b[0].startswith(("num_items", "reduction", "ignore_index"))
+               or b[0].endswith(("-string", "-none", "-bool", "-bool-tensor"))} | {"devices"}
 
 
 @pytest.mark.parametrize("name,kwargs,error,match", BAD, ids=[b[0] for b in BAD])
@@ -815,8 +837,7 @@ def test_bad_input(name, kwargs, error, match):
 
 
 @pytest.mark.parametrize("name,kwargs,error,match",
-                         [b for b in BAD if "num_items" not in b[0] and b[0] not in ("reduction", "devices")],
-                         ids=[b[0] for b in BAD if "num_items" not in b[0] and b[0] not in ("reduction", "devices")])
+                         [b for b in BAD if b[0] not in PYTHON_ONLY], ids=[b[0] for b in BAD if b[0] not in PYTHON_ONLY])
 def test_bad_input_fake_and_meta(name, kwargs, error, match):
     """The ops' checks on fake (torch.compile, export) and meta tensors are the kernels' own."""
     from torch._subclasses.fake_tensor import FakeTensorMode

@@ -13,6 +13,7 @@ import it), and every op and overload under torch.ops.npu_loss has a rule.
 from __future__ import annotations
 
 import datetime
+import functools
 import os
 import socket
 import subprocess
@@ -246,6 +247,36 @@ def _run_elementwise(case: Case, distribute) -> dict[str, object]:
     return results
 
 
+# The layouts the family refuses, each raising the documented ValueError itself (not as the __cause__ of DTensor's
+# "Sharding propagation failed"): name -> (the call, given `distribute`, and the tensor its message names).
+REFUSED_LAYOUTS = {
+    "refused-jsd-both-vocabulary": ("S2", "S2", "student_logits"),
+    "refused-jsd-student-vocabulary": ("S2", "R", "student_logits"),
+    "refused-jsd-teacher-vocabulary": ("R", "S2", "teacher_logits"),
+    "refused-fused-student_weight-S0": ("S0", "R", "student_weight"),
+    "refused-fused-teacher_weight-S0": ("R", "S0", "teacher_weight"),
+}
+
+
+def _refusals(distribute) -> dict[str, object]:
+    g = torch.Generator().manual_seed(11)
+    logits = [torch.randn(ROW_SHAPE, generator=g, requires_grad=True) for _ in range(2)]
+    hidden = [torch.randn(4, 3, generator=g, requires_grad=True) for _ in range(2)]
+    weights = [torch.randn(ROW_SHAPE[-1] + 1, 3, generator=g, requires_grad=True) for _ in range(2)]
+    calls = {}
+    for name, (first, second, _) in REFUSED_LAYOUTS.items():
+        if "-jsd-" in name:
+            calls[name] = functools.partial(
+                lambda a, b: npu_loss_ops.generalized_jsd_loss(a, b).backward(),
+                distribute(logits[0], first), distribute(logits[1], second))
+        else:
+            calls[name] = functools.partial(
+                lambda a, b: npu_loss_ops.fused_linear_jsd_loss(
+                    distribute(hidden[0], "R"), a, distribute(hidden[1], "R"), b).backward(),
+                distribute(weights[0], first), distribute(weights[1], second))
+    return calls
+
+
 def _worker(rank: int, result_dir: str) -> None:
     if "lo" in {name for _, name in socket.if_nameindex()}:
         os.environ["GLOO_SOCKET_IFNAME"] = "lo"  # gloo's connections on the loopback interface only
@@ -282,6 +313,12 @@ def _worker(rank: int, result_dir: str) -> None:
                 while chain[-1].__cause__ is not None:
                     chain.append(chain[-1].__cause__)
                 results[case.id] = {"error": " <- ".join(f"{type(e).__name__}: {e}" for e in chain)}
+        for name, call in _refusals(distribute).items():
+            try:
+                call()
+                results[name] = "no error"
+            except Exception as exc:  # the exception itself, not its causes: `except ValueError` must catch it
+                results[name] = f"{type(exc).__name__}: {exc}"
         if rank == 0:
             torch.save(results, os.path.join(result_dir, "dtensor.pt"))
         finished = True
@@ -349,13 +386,23 @@ def _close(got, expected, what):
     torch.testing.assert_close(got, expected, rtol=2e-6, atol=1e-6, msg=lambda m: f"{what}: {m}")
 
 
+@pytest.mark.parametrize("name", list(REFUSED_LAYOUTS))
+def test_refused_layouts_raise_the_documented_class_itself(name, dtensor_results):
+    """A vocabulary split is refused with a ValueError naming the tensor, raised as itself, on the logits (both,
+    the student's alone, the teacher's alone) and on either lm_head weight."""
+    tensor = REFUSED_LAYOUTS[name][2]
+    op = "generalized_jsd_loss" if "-jsd-" in name else "fused_linear_jsd_loss"
+    assert dtensor_results[name].startswith(
+        f"ValueError: {op}: {tensor} is sharded on the vocabulary dimension"), dtensor_results[name]
+
+
 @pytest.mark.parametrize("case", CASES, ids=[c.id for c in CASES])
 def test_equals_one_process(case, dtensor_results):
     got = dtensor_results[case.id]
     if case.id == JSD_REFUSED:
         # Each rank would need the whole row's softmax: refused, naming the tensor.
-        assert "ValueError" in got.get("error", "") and "student_logits is sharded on the vocabulary" in got[
-            "error"], got
+        assert got.get("error", "").startswith("ValueError: generalized_jsd_loss: student_logits is sharded on the "
+                                               "vocabulary"), got
         return
     if case.id.startswith("loss-jsd-labels-none"):
         # DTensor makes the result's shape before the call; the count of kept rows is in the labels' values.

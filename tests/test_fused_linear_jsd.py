@@ -421,7 +421,20 @@ BAD = [
     (dict(weight_soft_loss=float("nan")), ValueError, "weight_soft_loss must be >= 0"),
     (dict(labels=None, weight_hard_loss=0.5), ValueError, "weight_hard_loss != 0 needs labels"),
     (dict(chunk_size=0), ValueError, "chunk_size must be >= 1"),
-    (dict(chunk_size=2.0), TypeError, "chunk_size must be an int"),
+    (dict(chunk_size=2.0), TypeError, r"chunk_size must be an integer or None, got 2.0 \(float\)"),
+    # Each scalar's type, as its op's schema declares it: no int() or float() on the way.
+    (dict(ignore_index=1.5), TypeError, r"fused_linear_jsd_loss: ignore_index must be an integer, got 1.5 \(float\)"),
+    (dict(ignore_index="-100"), TypeError, "ignore_index must be an integer, got '-100'"),
+    (dict(ignore_index=True), TypeError, "ignore_index must be an integer, got True"),
+    (dict(beta="0.5"), TypeError, r"beta must be a real number, got '0.5' \(str\)"),
+    (dict(beta=None), TypeError, "beta must be a real number, got None"),
+    (dict(beta=torch.tensor(True)), TypeError, "beta must be a real number, got a tensor of shape \\(\\) and dtype torch.bool"),
+    (dict(temperature=False), TypeError, "temperature must be a real number, got False"),
+    (dict(weight_hard_loss="0.5"), TypeError, "weight_hard_loss must be a real number, got '0.5'"),
+    (dict(weight_soft_loss=None), TypeError, "weight_soft_loss must be a real number, got None"),
+    (dict(return_soft_hard_loss="no"), TypeError, "return_soft_hard_loss must be a bool, got 'no'"),
+    (dict(return_soft_hard_loss=1), TypeError, "return_soft_hard_loss must be a bool, got 1"),
+    (dict(reduction=None), TypeError, "reduction must be a str, got None"),
     (dict(student_weight=torch.randn(20, 7)), RuntimeError,
      r"student_weight must be \(vocabulary, 8\), the hidden size of student_input, got shape \[20, 7\]"),
     (dict(teacher_weight=torch.randn(20, 5)), RuntimeError, r"teacher_weight must be \(vocabulary, 6\)"),
@@ -461,10 +474,16 @@ def test_a_kept_label_outside_the_vocabulary_without_the_hard_loss_is_a_row_like
     assert torch.equal(loss, same)
 
 
-@pytest.mark.parametrize("changes,match", [(dict(beta=-0.1), "beta"), (dict(temperature=-1.0), "temperature"),
-                                           (dict(reduction="none"), "reduction"), (dict(chunk_size=0), "chunk_size"), (dict(weight_hard_loss=-1.0), "weight_hard_loss")])
-def test_module_checks_at_construction(changes, match):
-    with pytest.raises(ValueError, match=f"FusedLinearJSDLoss: {match}"):
+# The module's arguments: every scalar of BAD (the tensors aside), checked at construction by the function's rules.
+MODULE_ARGS = ("beta", "temperature", "ignore_index", "reduction", "weight_hard_loss", "weight_soft_loss",
+               "chunk_size")
+MODULE_BAD = [(changes, error, match) for changes, error, match in BAD if set(changes) <= set(MODULE_ARGS)]
+
+
+@pytest.mark.parametrize("changes,error,match", MODULE_BAD,
+                         ids=[m.split(" ")[0] + str(i) for i, (_, _, m) in enumerate(MODULE_BAD)])
+def test_module_checks_at_construction(changes, error, match):
+    with pytest.raises(error, match=match):
         npu_loss_ops.FusedLinearJSDLoss(**changes)
 
 

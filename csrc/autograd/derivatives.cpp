@@ -1,4 +1,5 @@
-// The derivatives of every npu_loss op, one block per op: ForwardBlockOf<Loss> and BackwardBlockOf<Loss>,
+// The derivatives of the elementwise losses' ops (the row losses' are autograd/rows.cpp's, their linear form's
+// autograd/linear.cpp's), one block per op: ForwardBlockOf<Loss> and BackwardBlockOf<Loss>,
 // each with its saved inputs (the first kTensors arguments) and scalars (the rest of its signature), its
 // backward formula (one gradient per tensor input) and its tangent formula (forward-mode AD); its batching
 // rule reads the rest from the loss's declaration. The blocks drive the generic node and Autograd kernel

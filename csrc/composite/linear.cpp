@@ -269,7 +269,7 @@ LinearResults linear_with_grads(
       if (p[r] == c.ignore_index) continue;
       ++kept;
       TORCH_CHECK_VALUE(
-          !hard || (p[r] >= 0 && p[r] < vocab), d.linear.forward, ": with the hard loss, every kept label must be "
+          !hard || (p[r] >= 0 && p[r] < vocab), spec.op, ": with the hard loss, every kept label must be "
           "in [0, ", vocab, ") (the vocabulary), got ", p[r]);
     }
   }

@@ -90,19 +90,31 @@ template <typename Loss, typename Step>
 struct LinearKernels {
   static constexpr const LossDecl& d = Loss::decl;
 
+  // Either op (`op` names it in the messages).
+  static LinearResults run(
+      const char* op, const at::Tensor& student_input, const at::Tensor& student_weight,
+      const at::Tensor& teacher_input, const at::Tensor& teacher_weight, const std::optional<at::Tensor>& labels,
+      const std::optional<at::Tensor>& student_bias, const std::optional<at::Tensor>& teacher_bias,
+      c10::string_view reduction, double beta, double temperature, int64_t ignore_index, double weight_hard,
+      double weight_soft, std::optional<int64_t> chunk_size, bool return_parts, std::array<bool, 6> mask) {
+    const LinearSpec spec = linear_spec<int64_t>(
+        d, op, student_input, student_weight, teacher_input, teacher_weight, labels, student_bias,
+        teacher_bias, reduction, beta, temperature, weight_hard, weight_soft, chunk_size);
+    const LinearCall call{{&student_input, &teacher_input}, {&student_weight, &teacher_weight},
+                          {&student_bias, &teacher_bias}, labels, spec.reduction, beta, temperature, ignore_index,
+                          weight_hard, weight_soft, chunk_size.value_or(0), return_parts};
+    return linear_with_grads(d, spec, call, mask, Step::step());
+  }
+
   static LinearResults with_grads(
       const at::Tensor& student_input, const at::Tensor& student_weight, const at::Tensor& teacher_input,
       const at::Tensor& teacher_weight, const std::optional<at::Tensor>& labels,
       const std::optional<at::Tensor>& student_bias, const std::optional<at::Tensor>& teacher_bias,
       c10::string_view reduction, double beta, double temperature, int64_t ignore_index, double weight_hard,
       double weight_soft, std::optional<int64_t> chunk_size, bool return_parts, std::array<bool, 6> mask) {
-    const LinearSpec spec = linear_spec<int64_t>(
-        d, d.linear.forward, student_input, student_weight, teacher_input, teacher_weight, labels, student_bias,
-        teacher_bias, reduction, beta, temperature, weight_hard, weight_soft, chunk_size);
-    const LinearCall call{{&student_input, &teacher_input}, {&student_weight, &teacher_weight},
-                          {&student_bias, &teacher_bias}, labels, spec.reduction, beta, temperature, ignore_index,
-                          weight_hard, weight_soft, chunk_size.value_or(0), return_parts};
-    return linear_with_grads(d, spec, call, mask, Step::step());
+    return run(d.linear.with_grads, student_input, student_weight, teacher_input, teacher_weight, labels,
+               student_bias, teacher_bias, reduction, beta, temperature, ignore_index, weight_hard, weight_soft,
+               chunk_size, return_parts, mask);
   }
 
   // The forward: the same, without gradients.
@@ -112,9 +124,9 @@ struct LinearKernels {
       const std::optional<at::Tensor>& student_bias, const std::optional<at::Tensor>& teacher_bias,
       c10::string_view reduction, double beta, double temperature, int64_t ignore_index, double weight_hard,
       double weight_soft, std::optional<int64_t> chunk_size, bool return_parts) {
-    auto r = with_grads(student_input, student_weight, teacher_input, teacher_weight, labels, student_bias,
-                        teacher_bias, reduction, beta, temperature, ignore_index, weight_hard, weight_soft, chunk_size,
-                        return_parts, {});
+    auto r = run(d.linear.forward, student_input, student_weight, teacher_input, teacher_weight, labels,
+                 student_bias, teacher_bias, reduction, beta, temperature, ignore_index, weight_hard, weight_soft,
+                 chunk_size, return_parts, {});
     return {std::get<0>(r), std::get<1>(r), std::get<2>(r)};
   }
 };

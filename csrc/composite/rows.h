@@ -1,6 +1,6 @@
 // The row losses made of ATen ops (losses.h's LossKind::Rows: the distillation family), after the same checks
-// as every other backend: the fallback on every device without kernels of its own (the NPU, for now), the
-// differentiable form double backward and forward-mode AD go through, and what vmap runs. rows.cpp has the
+// as every other backend: what a device without row kernels of its own runs (the NPU on the chips its aclnn path
+// does not serve, chips/paths.h), the differentiable form double backward and forward-mode AD go through, and what vmap runs. rows.cpp has the
 // formulas (docs/semantics.md, "Distillation").
 #pragma once
 

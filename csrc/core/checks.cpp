@@ -585,6 +585,7 @@ BasicLinearSpec<Int> linear_spec(
         ", got ", Geometry<Int>::sizes(l));
   }
   BasicLinearSpec<Int> spec;
+  spec.op = op;
   spec.dtype = result_type_of({{f.inputs[0], &student_input}, {f.inputs[1], &teacher_input}});
   spec.leading.assign(leading.begin(), leading.end());
   spec.rows = numel_of(leading);

@@ -219,6 +219,7 @@ struct LinearCall {
 // the logits the inputs would make: the rows of a 2-D input, V of a 1-D one).
 template <typename Int>
 struct BasicLinearSpec {
+  const char* op = nullptr;  // the op checked, named in the messages of what its kernels check later
   c10::ScalarType dtype;
   c10::SmallVector<Int, c10::kDimVectorStaticSize> leading;
   Int rows = 0;

@@ -45,7 +45,7 @@ struct CompositeOut {
 };
 
 // A row loss's composite math (composite/rows.h), in chunks of rows, behind its checks (core/backend.h's
-// RowBackendKernels). The NPU runs it too, until it has kernels of its own.
+// RowBackendKernels). The NPU runs it on the chips its aclnn path does not serve (chips/paths.h).
 struct CompositeRows {
   template <typename Loss>
   static at::Tensor forward(Loss, const RowSpec&, const RowCall& c) {

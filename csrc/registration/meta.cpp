@@ -53,7 +53,7 @@ struct LinearMeta {
       c10::string_view reduction, double beta, double temperature, int64_t, double weight_hard, double weight_soft,
       std::optional<int64_t> chunk_size, bool, std::array<bool, 6> mask) {
     const auto spec = linear_spec<c10::SymInt>(
-        d, d.linear.forward, student_input, student_weight, teacher_input, teacher_weight, labels, student_bias,
+        d, d.linear.with_grads, student_input, student_weight, teacher_input, teacher_weight, labels, student_bias,
         teacher_bias, reduction, beta, temperature, weight_hard, weight_soft, chunk_size);
     const auto scalar = [&] { return at::empty({}, student_input.options().dtype(spec.dtype)); };
     // The inputs' and biases' gradients are new contiguous tensors, the weights' keep the weights' layout (as

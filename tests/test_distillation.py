@@ -798,7 +798,7 @@ def _bad_inputs():
         "num_items_in_batch must be a real number or a one-element floating or integer tensor, got a tensor of dtype torch.bool"
     yield "num_items-complex", dict(num_items_in_batch=torch.tensor(4j)), TypeError, "num_items_in_batch must be a real"
     yield "num_items-meta", dict(num_items_in_batch=torch.tensor(4.0, device="meta")), ValueError, \
-        "num_items_in_batch must be on the CPU, got a tensor on meta"
+        "num_items_in_batch must be on (the CPU|the logits' device \\(npu:0\\) or the CPU), got a tensor on meta"
     yield "beta-string", dict(beta="0.5"), TypeError, "generalized_jsd_loss: beta must be a real number, got '0.5' \\(str\\)"
     yield "beta-none", dict(beta=None), TypeError, "beta must be a real number, got None"
     yield "beta-bool", dict(beta=True), TypeError, "beta must be a real number, got True \\(bool\\)"

@@ -38,7 +38,6 @@ matplotlib). --from-csv redraws the table and figure from a CSV without timing a
 from __future__ import annotations
 
 import argparse
-import math
 import os
 import sys
 import time
@@ -48,6 +47,8 @@ sys.path.insert(0, HERE)
 
 from bench_common import (ISAS, REPO, cpu_model, git_revision, load_average, quantile,  # noqa: E402
                           ratio_with_spread, read_csv_with_meta, run_worker, write_csv_with_meta)
+from distill_bounds import (MIN_EXP, MIN_LOG, REREAD_STREAMS, bandwidth_gbs, bound_seconds,  # noqa: E402
+                            fresh_write_s, reread_gbs, vector_math_ns)
 from loss_bench.progress import Progress  # noqa: E402
 
 METHODS = ("ours", "trl", "trl-compiled")
@@ -55,11 +56,6 @@ FULL_SHAPES = [(1024, 32768), (4096, 32768), (1024, 151936), (4096, 151936)]
 QUICK_SHAPES = [(256, 32768), (256, 151936)]
 # The targets (docs: benchmarks/README.md, "Distillation"): ours / baseline, forward + backward.
 TARGETS = {"trl-compiled": 0.25, "trl": 0.06}
-# The least work of a two-pass kernel per logit (docs/cpu_kernels.md, "Rows"): one exp per side for the
-# softmaxes, one log for the mixture. Its memory: each side of a kept row read once from memory, both read
-# again for the values and gradients, and each gradient allocated and written once (fresh_write_s).
-MIN_EXP, MIN_LOG = 2, 1
-READ_STREAMS, REREAD_STREAMS = 2, 2
 
 # ---- the worker: one method, one configuration, in its own process ----
 
@@ -140,92 +136,6 @@ print(json.dumps({"times": times, "peak": peak, "warm_s": compile_s, "grad_err":
                   "isa": npu_loss_ops.build_info()["cpu_isa"], "kept": int((labels != -100).sum())}))
 """
 
-
-# ---- the bounds ----
-
-def vector_math_ns(isa: str) -> dict[str, float]:
-    """ns per value of the package's vector exp and log on `isa`, one thread: the slope between calls on 4,096
-    and 32,768 floats (both in L2), so that a call's fixed cost (about 2 us) is not counted; the best of 7."""
-    import torch
-
-    import npu_loss_ops
-
-    out = {}
-    for fn in ("exp", "log"):
-        per_call = {}
-        for n in (4096, 32768):
-            data = torch.rand(n) * 20 - 10
-            data = data.abs() + 1e-3 if fn == "log" else data
-            npu_loss_ops._C._vec_math(fn, data, isa)
-            best = math.inf
-            for _ in range(7):
-                start = time.perf_counter()
-                for _ in range(200):
-                    npu_loss_ops._C._vec_math(fn, data, isa)
-                best = min(best, (time.perf_counter() - start) / 200)
-            per_call[n] = best
-        out[fn] = (per_call[32768] - per_call[4096]) / (32768 - 4096) * 1e9
-    return out
-
-
-def bandwidth_gbs(threads: int) -> float:
-    """GB/s of aten.add over three 64M-float32 streams (two reads, one write), the best of five calls."""
-    import torch
-
-    torch.set_num_threads(threads)
-    a, b = torch.rand(1 << 26), torch.rand(1 << 26)
-    c = torch.empty_like(a)
-    best = math.inf
-    for _ in range(6):
-        start = time.perf_counter()
-        torch.add(a, b, out=c)
-        best = min(best, time.perf_counter() - start)
-    return 3 * a.numel() * 4 / best / 1e9
-
-
-def reread_gbs(v: int, elsize: int) -> float:
-    """GB/s of torch.sum on one thread re-reading a working set of one student row and one teacher row (2 x V
-    elements of elsize bytes, read as float32): one call over a zero-stride view that repeats the set to 1 GiB,
-    so no call's overhead counts; the best of three."""
-    import torch
-
-    torch.set_num_threads(1)
-    rows = torch.rand(2 * v * elsize // 4)
-    repeated = rows.as_strided((max(1, (1 << 30) // rows.nbytes), rows.numel()), (0, 1))
-    best = math.inf
-    for _ in range(3):
-        start = time.perf_counter()
-        repeated.sum()
-        best = min(best, time.perf_counter() - start)
-    return repeated.numel() * 4 / best / 1e9
-
-
-def fresh_write_s(n: int, v: int, dtype: str, threads: int) -> float:
-    """Seconds to allocate an N x V tensor of `dtype` and write it once (torch.empty(...).fill_(0) at `threads`
-    threads, the best of three): a gradient's least cost, page faults of its fresh memory included."""
-    import torch
-
-    torch.set_num_threads(threads)
-    best = math.inf
-    for _ in range(3):
-        start = time.perf_counter()
-        torch.empty((n, v), dtype=getattr(torch, dtype)).fill_(0)
-        best = min(best, time.perf_counter() - start)
-    return best
-
-
-def bound_seconds(kept: int, v: int, elsize: int, threads: int, math_ns: dict, gbs: float, reread: float,
-                  fresh: float, both: bool = False) -> tuple[float, float]:
-    """(compute floor, memory floor) of one forward + backward of N x V logits of which `kept` rows are kept,
-    in seconds; `both`: the teacher's gradient is made too. `reread`: reread_gbs's GB/s per thread; `fresh`:
-    fresh_write_s of one gradient."""
-    compute = kept * v * (MIN_EXP * math_ns["exp"] + MIN_LOG * math_ns["log"]) * 1e-9 / threads
-    reads = kept * v * READ_STREAMS * elsize / (gbs * 1e9)
-    rereads = kept * v * REREAD_STREAMS * elsize / (reread * threads * 1e9)
-    return compute, reads + rereads + fresh * (1 + both)
-
-
-# ---- the run ----
 
 def parse_args() -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0],

@@ -12,9 +12,11 @@
 
 #include <array>
 #include <functional>
+#include <memory>
 #include <optional>
 #include <tuple>
 
+#include "../core/backend.h"
 #include "../core/checks.h"
 #include "../core/ops.h"
 #include "../core/reduction.h"
@@ -40,6 +42,42 @@ struct RowExtras {
   double hard_sum = 0;  // out
 };
 
+// How a side's products are made: ATen's at::addmm / at::mm (every device; on the CPU where torch has kernels
+// of its own for the dtype), the CPU's BLAS over blocks of the vocabulary (float32, float64), or the CPU's
+// float32 blocks (bfloat16, float16 without oneDNN's kernels for them). cpu/products.h has the CPU's.
+enum class ProductKind : uint8_t { Aten, VocabBlocks, Float32Blocks };
+
+// A side's products with its lm_head (weight, bias): the logits of a chunk's rows, and the gradients from
+// the logits' gradient. One per side per call, made for the call's chunk rows.
+class SideProducts {
+ public:
+  virtual ~SideProducts() = default;
+  // out = xc @ w.T (+ b).
+  virtual void logits(at::Tensor& out, const at::Tensor& xc) = 0;
+  // dx = g @ w (the chunk's rows of the input's gradient) and dw = g.T @ xc, or dw += g.T @ xc unless `first`;
+  // each undefined where not wanted.
+  virtual void grads(const at::Tensor& g, const at::Tensor& xc, at::Tensor dx, at::Tensor dw, bool first) = 0;
+};
+
+// x @ w.T (+ b) into `out`, through addmm (beta 0 without a bias: out's contents are ignored): on CPU,
+// at::mm_out into a buffer with a transposed weight makes a temporary of the buffer's size first (measured,
+// bfloat16 and float32), addmm_out does not.
+void logits_into(at::Tensor& out, const at::Tensor& x, const at::Tensor& w, const std::optional<at::Tensor>& b);
+
+// ATen's products.
+std::unique_ptr<SideProducts> aten_products(const at::Tensor& w, const std::optional<at::Tensor>& b);
+
+// What a backend changes in how the chunks are made: which products a side's hidden states get, those products
+// (for `rows` rows per chunk; `input_grad`: the input's gradient is made), and the chunk's buffers. By default
+// ATen's products and at::empty.
+struct ChunkResources {
+  std::function<ProductKind(const at::Tensor& x)> kind;
+  std::function<std::unique_ptr<SideProducts>(ProductKind, const at::Tensor& w, const std::optional<at::Tensor>& b,
+                                              int64_t rows, bool input_grad)>
+      products;
+  std::function<at::Tensor(c10::IntArrayRef, const at::TensorOptions&)> buffer;
+};
+
 // One chunk of the row loss with the gradients of its sum ("sum" reduction): the row loss's four results
 // (the chunk's value, 0-dim; the two gradients, empty where the mask says no; the row scales, float32). A step
 // that writes the gradients over the logits (`in_place`) lets a chunk hold two rows of V instead of four; one
@@ -53,11 +91,12 @@ struct RowStep {
   bool in_place = false;
   int64_t scratch_bytes = 0;  // per logit of a chunk: what the step itself holds at once beyond its results
   bool fuses = false;
+  ChunkResources resources = {};
 };
 
 // Whether the teacher's logits are made in halves of a chunk's rows, each half's step run as it is made: where
 // the step writes the gradients over the logits and fuses the rest (the CPU's), the teacher gets no gradient,
-// and both sides' products are torch's own (not the float32 blocks, whose buffers take the room). The chunk's
+// and neither side's products are the float32 blocks (whose buffers take the room). The chunk's
 // products (the student's logits and gradients) then take twice the rows of a 1/8 chunk, in 3/16 of one N x V:
 // oneDNN's bfloat16 `g @ w` took 1.26x its time per row unchunked at 128 rows, 1.10x at 256
 // (docs/semantics.md, "The fused linear JSD").
@@ -85,49 +124,12 @@ int64_t linear_chunk_rows(const LinearSpec& spec, const LinearCall& c, std::arra
 LinearResults linear_with_grads(
     const LossDecl& d, const LinearSpec& spec, const LinearCall& c, std::array<bool, 6> mask, const RowStep& step);
 
-// A backend's kernels of a row loss's two linear ops, made from its RowStep (`Step::step()`).
+// The linear form's two ops on a backend whose row loss's chunks run as `Step::step()` (core/backend.h's
+// LinearBackendKernels makes the kernels): the checks, then the chunks.
 template <typename Loss, typename Step>
-struct LinearKernels {
-  static constexpr const LossDecl& d = Loss::decl;
-
-  // Either op (`op` names it in the messages).
-  static LinearResults run(
-      const char* op, const at::Tensor& student_input, const at::Tensor& student_weight,
-      const at::Tensor& teacher_input, const at::Tensor& teacher_weight, const std::optional<at::Tensor>& labels,
-      const std::optional<at::Tensor>& student_bias, const std::optional<at::Tensor>& teacher_bias,
-      c10::string_view reduction, double beta, double temperature, int64_t ignore_index, double weight_hard,
-      double weight_soft, std::optional<int64_t> chunk_size, bool return_parts, std::array<bool, 6> mask) {
-    const LinearSpec spec = linear_spec<int64_t>(
-        d, op, student_input, student_weight, teacher_input, teacher_weight, labels, student_bias,
-        teacher_bias, reduction, beta, temperature, weight_hard, weight_soft, chunk_size);
-    const LinearCall call{{&student_input, &teacher_input}, {&student_weight, &teacher_weight},
-                          {&student_bias, &teacher_bias}, labels, spec.reduction, beta, temperature, ignore_index,
-                          weight_hard, weight_soft, chunk_size.value_or(0), return_parts};
-    return linear_with_grads(d, spec, call, mask, Step::step());
-  }
-
-  static LinearResults with_grads(
-      const at::Tensor& student_input, const at::Tensor& student_weight, const at::Tensor& teacher_input,
-      const at::Tensor& teacher_weight, const std::optional<at::Tensor>& labels,
-      const std::optional<at::Tensor>& student_bias, const std::optional<at::Tensor>& teacher_bias,
-      c10::string_view reduction, double beta, double temperature, int64_t ignore_index, double weight_hard,
-      double weight_soft, std::optional<int64_t> chunk_size, bool return_parts, std::array<bool, 6> mask) {
-    return run(d.linear.with_grads, student_input, student_weight, teacher_input, teacher_weight, labels,
-               student_bias, teacher_bias, reduction, beta, temperature, ignore_index, weight_hard, weight_soft,
-               chunk_size, return_parts, mask);
-  }
-
-  // The forward: the same, without gradients.
-  static std::tuple<at::Tensor, at::Tensor, at::Tensor> forward(
-      const at::Tensor& student_input, const at::Tensor& student_weight, const at::Tensor& teacher_input,
-      const at::Tensor& teacher_weight, const std::optional<at::Tensor>& labels,
-      const std::optional<at::Tensor>& student_bias, const std::optional<at::Tensor>& teacher_bias,
-      c10::string_view reduction, double beta, double temperature, int64_t ignore_index, double weight_hard,
-      double weight_soft, std::optional<int64_t> chunk_size, bool return_parts) {
-    auto r = run(d.linear.forward, student_input, student_weight, teacher_input, teacher_weight, labels,
-                 student_bias, teacher_bias, reduction, beta, temperature, ignore_index, weight_hard, weight_soft,
-                 chunk_size, return_parts, {});
-    return {std::get<0>(r), std::get<1>(r), std::get<2>(r)};
+struct LinearMath {
+  static LinearResults run(const char* op, const LinearCall& c, std::array<bool, 6> mask) {
+    return linear_with_grads(Loss::decl, linear_spec<int64_t>(Loss::decl, op, c), c, mask, Step::step());
   }
 };
 
@@ -145,11 +147,14 @@ struct OpStep {
   }
 };
 
-// Registers a backend's kernels of a row loss's linear ops.
-template <typename Loss, typename Step>
-void impl_linear(torch::Library& m) {
-  m.impl(Loss::decl.linear.forward, &LinearKernels<Loss, Step>::forward);
-  m.impl(Loss::decl.linear.with_grads, &LinearKernels<Loss, Step>::with_grads);
+// Registers a backend's kernels of every row loss's ops, made from its `Rows` math (core/backend.h's
+// RowBackendKernels), and of its linear form's, whose chunks run as `Step<Loss>::step()`.
+template <typename Rows, template <typename> class Step>
+void impl_row_losses(torch::Library& m) {
+  for_each_row_loss([&]<typename Loss>() {
+    impl_row_loss<Loss, Rows>(m);
+    if constexpr (Loss::decl.linear.forward != nullptr) impl_linear<Loss, LinearMath<Loss, Step<Loss>>>(m);
+  });
 }
 
 }  // namespace npu_loss::composite

@@ -136,4 +136,47 @@ void impl_row_loss(torch::Library& m) {
   m.impl(Loss::decl.backward, &Kernels::backward);
 }
 
+// A backend's kernels of a row loss's linear form's two ops, from `Impl`, which takes their arguments as one
+// LinearCall (the op's name for its messages, and output_mask: none for the forward):
+//   static ops::LinearSignatures::Results run(const char* op, const LinearCall&, std::array<bool, 6> mask);
+// The forward returns its first three results.
+template <typename Loss, typename Impl>
+struct LinearBackendKernels {
+  static constexpr const LinearForm& f = Loss::decl.linear;
+
+  static ops::LinearSignatures::Results with_grads(
+      const at::Tensor& student_input, const at::Tensor& student_weight, const at::Tensor& teacher_input,
+      const at::Tensor& teacher_weight, const std::optional<at::Tensor>& labels,
+      const std::optional<at::Tensor>& student_bias, const std::optional<at::Tensor>& teacher_bias,
+      c10::string_view reduction, double beta, double temperature, int64_t ignore_index, double weight_hard,
+      double weight_soft, std::optional<int64_t> chunk_size, bool return_parts, std::array<bool, 6> mask) {
+    return Impl::run(
+        f.with_grads,
+        {{&student_input, &teacher_input}, {&student_weight, &teacher_weight}, {&student_bias, &teacher_bias},
+         labels, reduction, beta, temperature, ignore_index, weight_hard, weight_soft, chunk_size, return_parts},
+        mask);
+  }
+
+  static std::tuple<at::Tensor, at::Tensor, at::Tensor> forward(
+      const at::Tensor& student_input, const at::Tensor& student_weight, const at::Tensor& teacher_input,
+      const at::Tensor& teacher_weight, const std::optional<at::Tensor>& labels,
+      const std::optional<at::Tensor>& student_bias, const std::optional<at::Tensor>& teacher_bias,
+      c10::string_view reduction, double beta, double temperature, int64_t ignore_index, double weight_hard,
+      double weight_soft, std::optional<int64_t> chunk_size, bool return_parts) {
+    auto r = Impl::run(
+        f.forward,
+        {{&student_input, &teacher_input}, {&student_weight, &teacher_weight}, {&student_bias, &teacher_bias},
+         labels, reduction, beta, temperature, ignore_index, weight_hard, weight_soft, chunk_size, return_parts},
+        {});
+    return {std::get<0>(r), std::get<1>(r), std::get<2>(r)};
+  }
+};
+
+// Registers them.
+template <typename Loss, typename Impl>
+void impl_linear(torch::Library& m) {
+  m.impl(Loss::decl.linear.forward, &LinearBackendKernels<Loss, Impl>::forward);
+  m.impl(Loss::decl.linear.with_grads, &LinearBackendKernels<Loss, Impl>::with_grads);
+}
+
 }  // namespace npu_loss

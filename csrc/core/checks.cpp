@@ -499,22 +499,17 @@ LinearReduction linear_reduction(const char* op, c10::string_view reduction) {
 }  // namespace
 
 template <typename Int>
-BasicLinearSpec<Int> linear_spec(
-    const LossDecl& d, const char* op, const at::Tensor& student_input, const at::Tensor& student_weight,
-    const at::Tensor& teacher_input, const at::Tensor& teacher_weight, const std::optional<at::Tensor>& labels,
-    const std::optional<at::Tensor>& student_bias, const std::optional<at::Tensor>& teacher_bias,
-    c10::string_view reduction, double beta, double temperature, double weight_hard, double weight_soft,
-    std::optional<int64_t> chunk_size) {
+BasicLinearSpec<Int> linear_spec(const LossDecl& d, const char* op, const LinearCall& c) {
   const RowArgs& r = d.rows;
   const LinearForm& f = d.linear;
   const at::Tensor undefined;
   const auto present = [&](const std::optional<at::Tensor>& t) -> const at::Tensor& {
     return t.has_value() ? *t : undefined;
   };
-  const at::Tensor* inputs[2] = {&student_input, &teacher_input};
-  const at::Tensor* weights[2] = {&student_weight, &teacher_weight};
-  const at::Tensor* biases[2] = {&present(student_bias), &present(teacher_bias)};
-  const at::Tensor& l = present(labels);
+  const at::Tensor* const* inputs = c.input;
+  const at::Tensor* const* weights = c.weight;
+  const at::Tensor* biases[2] = {&present(*c.bias[0]), &present(*c.bias[1])};
+  const at::Tensor& l = present(c.labels);
   check_defined(op, {{f.inputs[0], inputs[0]}, {f.weights[0], weights[0]}, {f.inputs[1], inputs[1]},
                      {f.weights[1], weights[1]}});
   const NamedTensor first{f.inputs[0], inputs[0]};
@@ -538,17 +533,17 @@ BasicLinearSpec<Int> linear_spec(
         c10::isIntegralType(l.scalar_type(), /*includeBool=*/false), op, ": ", r.labels,
         " must have an integer dtype, got ", dtype_name(l.scalar_type()));
   }
-  const LinearReduction how = linear_reduction(op, reduction);
-  check_scalar(op, r.floats[0], beta);
-  check_scalar(op, r.floats[1], temperature);
-  check_scalar(op, f.weights_of[0], weight_hard);
-  check_scalar(op, f.weights_of[1], weight_soft);
+  const LinearReduction how = linear_reduction(op, c.reduction);
+  check_scalar(op, r.floats[0], c.beta);
+  check_scalar(op, r.floats[1], c.temperature);
+  check_scalar(op, f.weights_of[0], c.weight_hard);
+  check_scalar(op, f.weights_of[1], c.weight_soft);
   TORCH_CHECK_VALUE(
-      weight_hard == 0 || l.defined(), op, ": ", f.weights_of[0].name, " != 0 needs ", r.labels,
+      c.weight_hard == 0 || l.defined(), op, ": ", f.weights_of[0].name, " != 0 needs ", r.labels,
       " (the cross entropy's targets), got None");
   TORCH_CHECK_VALUE(
-      !chunk_size.has_value() || *chunk_size >= 1, op, ": chunk_size must be >= 1 or None, got ",
-      chunk_size.value_or(0));
+      !c.chunk_size.has_value() || *c.chunk_size >= 1, op, ": chunk_size must be >= 1 or None, got ",
+      c.chunk_size.value_or(0));
   check_dims(op, {{f.inputs[0], inputs[0]}, {f.inputs[1], inputs[1]}});
   for (int side = 0; side < 2; ++side) {
     TORCH_CHECK(
@@ -558,10 +553,10 @@ BasicLinearSpec<Int> linear_spec(
         weights[side]->dim() == 2, op, ": ", f.weights[side], " must be 2-D (vocabulary, hidden size), got shape ",
         Geometry<Int>::sizes(*weights[side]));
   }
-  const auto vocab = Geometry<Int>::sizes(student_weight)[0];
+  const auto vocab = Geometry<Int>::sizes(*weights[0])[0];
   TORCH_CHECK(
-      Geometry<Int>::sizes(teacher_weight)[0] == vocab, op, ": ", f.weights[1], " must have ", f.weights[0],
-      "'s vocabulary ", vocab, " (its first dimension), got shape ", Geometry<Int>::sizes(teacher_weight));
+      Geometry<Int>::sizes(*weights[1])[0] == vocab, op, ": ", f.weights[1], " must have ", f.weights[0],
+      "'s vocabulary ", vocab, " (its first dimension), got shape ", Geometry<Int>::sizes(*weights[1]));
   for (int side = 0; side < 2; ++side) {
     const auto hidden = Geometry<Int>::sizes(*inputs[side]).back();
     TORCH_CHECK(
@@ -573,8 +568,8 @@ BasicLinearSpec<Int> linear_spec(
           " must have the shape [", vocab, "] (the vocabulary), got ", Geometry<Int>::sizes(*biases[side]));
     }
   }
-  const auto s_shape = Geometry<Int>::sizes(student_input);
-  const auto t_shape = Geometry<Int>::sizes(teacher_input);
+  const auto s_shape = Geometry<Int>::sizes(*inputs[0]);
+  const auto t_shape = Geometry<Int>::sizes(*inputs[1]);
   const auto leading = s_shape.slice(0, s_shape.size() - 1);
   TORCH_CHECK(
       t_shape.slice(0, t_shape.size() - 1) == leading, op, ": ", f.inputs[1], " must have ", f.inputs[0],
@@ -586,7 +581,7 @@ BasicLinearSpec<Int> linear_spec(
   }
   BasicLinearSpec<Int> spec;
   spec.op = op;
-  spec.dtype = result_type_of({{f.inputs[0], &student_input}, {f.inputs[1], &teacher_input}});
+  spec.dtype = result_type_of({{f.inputs[0], inputs[0]}, {f.inputs[1], inputs[1]}});
   spec.leading.assign(leading.begin(), leading.end());
   spec.rows = numel_of(leading);
   spec.vocab = vocab;
@@ -614,10 +609,7 @@ BasicLinearSpec<Int> linear_spec(
   template BasicRowSpec<Int> row_backward_spec<Int>(                                                      \
       const LossDecl&, const at::Tensor&, const at::Tensor&, const at::Tensor&,                           \
       const std::optional<at::Tensor>&, int64_t, double, double);                                          \
-  template BasicLinearSpec<Int> linear_spec<Int>(                                                         \
-      const LossDecl&, const char*, const at::Tensor&, const at::Tensor&, const at::Tensor&, const at::Tensor&, \
-      const std::optional<at::Tensor>&, const std::optional<at::Tensor>&, const std::optional<at::Tensor>&,     \
-      c10::string_view, double, double, double, double, std::optional<int64_t>);
+  template BasicLinearSpec<Int> linear_spec<Int>(const LossDecl&, const char*, const LinearCall&);
 
 NPU_LOSS_INSTANTIATE_CHECKS(int64_t)
 NPU_LOSS_INSTANTIATE_CHECKS(c10::SymInt)

@@ -199,18 +199,19 @@ BasicRowSpec<Int> row_backward_spec(
 // the logits' first dimension), by the elements of the rows kept ('mean'), or not at all ('sum').
 enum class LinearReduction : uint8_t { BatchMean, Mean, Sum };
 
-// Its arguments after the checks: the two sides' hidden states, weights and biases; the labels; the row loss's
-// two floats and index; the hard and soft losses' weights; the rows per chunk asked for (0: the default).
+// Its arguments, as both ops take them (the forward with gradients adds its output_mask): the two sides' hidden
+// states, weights and biases; the labels; the reduction; the row loss's two floats and index; the hard and
+// soft losses' weights; the rows per chunk asked for (none: the default); whether the parts are returned.
 struct LinearCall {
   const at::Tensor* input[2];
   const at::Tensor* weight[2];
   const std::optional<at::Tensor>* bias[2];
   const std::optional<at::Tensor>& labels;
-  LinearReduction reduction;
+  c10::string_view reduction;
   double beta, temperature;
   int64_t ignore_index;
   double weight_hard, weight_soft;
-  int64_t chunk_size;
+  std::optional<int64_t> chunk_size;
   bool return_parts;
 };
 
@@ -237,11 +238,6 @@ using LinearSpec = BasicLinearSpec<int64_t>;
 // input's dtype; labels of an integer dtype and the leading shape; the reduction ('none' refused); the scalars'
 // rules; labels given when weight_hard_loss != 0; a chunk_size >= 1 when given.
 template <typename Int>
-BasicLinearSpec<Int> linear_spec(
-    const LossDecl& d, const char* op, const at::Tensor& student_input, const at::Tensor& student_weight,
-    const at::Tensor& teacher_input, const at::Tensor& teacher_weight, const std::optional<at::Tensor>& labels,
-    const std::optional<at::Tensor>& student_bias, const std::optional<at::Tensor>& teacher_bias,
-    c10::string_view reduction, double beta, double temperature, double weight_hard, double weight_soft,
-    std::optional<int64_t> chunk_size);
+BasicLinearSpec<Int> linear_spec(const LossDecl& d, const char* op, const LinearCall& c);
 
 }  // namespace npu_loss

@@ -15,6 +15,7 @@
 #include "../core/checks.h"
 #include "../core/reduction.h"
 #include "isa.h"
+#include "products.h"
 #include "loops.h"
 
 namespace npu_loss::cpu {
@@ -209,7 +210,7 @@ struct CpuRows {
 };
 
 // The linear form's step (composite/linear.h): a chunk's forward with the gradients of its sum, written over
-// the chunk's logits (buffers of the linear form's own).
+// the chunk's logits (buffers of the linear form's own), with the CPU's products and buffers (products.h).
 template <typename Loss>
 struct CpuLinearStep {
   static composite::RowStep step() {
@@ -221,17 +222,14 @@ struct CpuLinearStep {
               const RowCall call{student, teacher, labels, kSum, beta, temperature, ignore_index};
               return cpu::forward({call, spec}, mask, /*over_logits=*/true, extras);
             },
-            /*in_place=*/true, /*scratch_bytes=*/0, /*fuses=*/true};
+            /*in_place=*/true, /*scratch_bytes=*/0, /*fuses=*/true, chunk_resources()};
   }
 };
 
 }  // namespace
 
 TORCH_LIBRARY_IMPL(npu_loss, CPU, m) {
-  for_each_row_loss([&]<typename Loss>() {
-    impl_row_loss<Loss, CpuRows>(m);
-    if constexpr (Loss::decl.linear.forward != nullptr) composite::impl_linear<Loss, CpuLinearStep<Loss>>(m);
-  });
+  composite::impl_row_losses<CpuRows, CpuLinearStep>(m);
 }
 
 }  // namespace npu_loss::cpu

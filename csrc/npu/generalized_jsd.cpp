@@ -502,11 +502,8 @@ struct NpuLinearStep {
 }  // namespace
 
 TORCH_LIBRARY_IMPL(npu_loss, PrivateUse1, m) {
-  for_each_row_loss([&]<typename Loss>() {
-    impl_row_loss<Loss, NpuRows>(m);
-    // The linear form: each chunk's matmuls (torch_npu's) and the row loss's aclnn path above, one chunk each.
-    if constexpr (Loss::decl.linear.forward != nullptr) composite::impl_linear<Loss, NpuLinearStep<Loss>>(m);
-  });
+  // The linear form: each chunk's matmuls (torch_npu's) and the row loss's aclnn path above, one chunk each.
+  composite::impl_row_losses<NpuRows, NpuLinearStep>(m);
 }
 
 }  // namespace npu_loss::npu

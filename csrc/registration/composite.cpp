@@ -72,10 +72,7 @@ TORCH_LIBRARY_IMPL(npu_loss, CompositeExplicitAutograd, m) {
     using Out = BackendKernels<Loss, &WithScalars<CompositeOut, Loss>::into>;
     impl_ops<Loss, &Composite<Loss>::forward, &Composite<Loss>::backward, &Out::out>(m);
   });
-  for_each_row_loss([&]<typename Loss>() {
-    impl_row_loss<Loss, CompositeRows>(m);
-    if constexpr (Loss::decl.linear.forward != nullptr) composite::impl_linear<Loss, composite::OpStep<Loss>>(m);
-  });
+  composite::impl_row_losses<CompositeRows, composite::OpStep>(m);
 }
 
 TORCH_LIBRARY_IMPL(npu_loss, Functionalize, m) {

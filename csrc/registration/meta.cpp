@@ -44,44 +44,26 @@ struct MetaKernels {
 // stored gradients' float32 scales, one per side.
 template <typename Loss>
 struct LinearMeta {
-  static constexpr const LossDecl& d = Loss::decl;
-
-  static ops::LinearSignatures::Results with_grads(
-      const at::Tensor& student_input, const at::Tensor& student_weight, const at::Tensor& teacher_input,
-      const at::Tensor& teacher_weight, const std::optional<at::Tensor>& labels,
-      const std::optional<at::Tensor>& student_bias, const std::optional<at::Tensor>& teacher_bias,
-      c10::string_view reduction, double beta, double temperature, int64_t, double weight_hard, double weight_soft,
-      std::optional<int64_t> chunk_size, bool, std::array<bool, 6> mask) {
-    const auto spec = linear_spec<c10::SymInt>(
-        d, d.linear.with_grads, student_input, student_weight, teacher_input, teacher_weight, labels, student_bias,
-        teacher_bias, reduction, beta, temperature, weight_hard, weight_soft, chunk_size);
-    const auto scalar = [&] { return at::empty({}, student_input.options().dtype(spec.dtype)); };
+  static ops::LinearSignatures::Results run(const char* op, const LinearCall& c, std::array<bool, 6> mask) {
+    const auto spec = linear_spec<c10::SymInt>(Loss::decl, op, c);
+    const at::Tensor& input = *c.input[0];
+    const auto scalar = [&] { return at::empty({}, input.options().dtype(spec.dtype)); };
     // The inputs' and biases' gradients are new contiguous tensors, the weights' keep the weights' layout (as
     // zeros_like), as composite/linear.cpp makes them.
-    const auto grad = [&](bool wanted, const at::Tensor& like, const at::Tensor& input, bool layout_of_like) {
-      if (!wanted || !like.defined()) return at::empty({0}, input.options());
+    const auto grad = [&](bool wanted, const at::Tensor& like, const at::Tensor& of, bool layout_of_like) {
+      if (!wanted || !like.defined()) return at::empty({0}, of.options());
       return layout_of_like ? at::empty_like(like) : at::empty_symint(like.sym_sizes(), like.options());
     };
     const at::Tensor none;
-    return {scalar(), scalar(), scalar(),
-            grad(mask[0], student_input, student_input, false), grad(mask[1], student_weight, student_weight, true),
-            grad(mask[2], student_bias.value_or(none), student_input, false),
-            grad(mask[3], teacher_input, teacher_input, false), grad(mask[4], teacher_weight, teacher_weight, true),
-            grad(mask[5], teacher_bias.value_or(none), teacher_input, false),
-            at::empty({2}, student_input.options().dtype(at::kFloat))};
-  }
-
-  static std::tuple<at::Tensor, at::Tensor, at::Tensor> forward(
-      const at::Tensor& student_input, const at::Tensor& student_weight, const at::Tensor& teacher_input,
-      const at::Tensor& teacher_weight, const std::optional<at::Tensor>& labels,
-      const std::optional<at::Tensor>& student_bias, const std::optional<at::Tensor>& teacher_bias,
-      c10::string_view reduction, double beta, double temperature, int64_t, double weight_hard, double weight_soft,
-      std::optional<int64_t> chunk_size, bool) {
-    const auto spec = linear_spec<c10::SymInt>(
-        d, d.linear.forward, student_input, student_weight, teacher_input, teacher_weight, labels, student_bias,
-        teacher_bias, reduction, beta, temperature, weight_hard, weight_soft, chunk_size);
-    const auto options = student_input.options().dtype(spec.dtype);
-    return {at::empty({}, options), at::empty({}, options), at::empty({}, options)};
+    const auto side = [&](int s, int m) {
+      const at::Tensor& x = *c.input[s];
+      return std::make_tuple(grad(mask[m], x, x, false), grad(mask[m + 1], *c.weight[s], *c.weight[s], true),
+                             grad(mask[m + 2], c.bias[s]->value_or(none), x, false));
+    };
+    const auto [gxs, gws, gbs] = side(0, 0);
+    const auto [gxt, gwt, gbt] = side(1, 3);
+    return {scalar(), scalar(), scalar(), gxs, gws, gbs, gxt, gwt, gbt,
+            at::empty({2}, input.options().dtype(at::kFloat))};
   }
 };
 
@@ -93,10 +75,7 @@ TORCH_LIBRARY_IMPL(npu_loss, Meta, m) {
     impl_ops<Loss, &Kernels::forward, &Kernels::backward, &Kernels::backward_out>(m);
   });
   for_each_row_loss([&]<typename Loss>() {
-    if constexpr (Loss::decl.linear.forward != nullptr) {
-      m.impl(Loss::decl.linear.forward, &LinearMeta<Loss>::forward);
-      m.impl(Loss::decl.linear.with_grads, &LinearMeta<Loss>::with_grads);
-    }
+    if constexpr (Loss::decl.linear.forward != nullptr) impl_linear<Loss, LinearMeta<Loss>>(m);
   });
 }
 

@@ -527,8 +527,11 @@ run_slice() {
 MEMORY_PROBES="not test_memory_bound or 512x151936-bfloat16-both-kernel or 1024x256x151936-bfloat16-teacher"
 
 run_full_suite() {
-  # Two pytest-xdist workers, as in the slice: each test is mostly one emulated thread.
-  run_pytest full -n 2 -m "not large" -k "$MEMORY_PROBES" "$@"
+  # Two pytest-xdist workers, as in the slice: each test is mostly one emulated thread. A file's tests stay on
+  # one worker (--dist loadfile), so that a module's fixture runs once: test_dtensor's two gloo processes, run
+  # by both workers at once, took over its time limit. That limit is tripled under qemu.
+  export NPU_LOSS_OPS_TIME_LIMIT_SCALE=3
+  run_pytest full -n 2 --dist loadfile -m "not large" -k "$MEMORY_PROBES" "$@"
 }
 
 # One run at a time per build/aarch64 (two would rewrite each other's source copy and venvs mid-build or

@@ -37,7 +37,9 @@ pytestmark = pytest.mark.skipif(
 
 WORLD = 2
 SHAPE = (6, 5)
-TIME_LIMIT = 300  # seconds for the two processes, all cases
+# Seconds for the two processes, all cases; times NPU_LOSS_OPS_TIME_LIMIT_SCALE (scripts/aarch64.sh sets 3 under
+# qemu).
+TIME_LIMIT = 300 * float(os.environ.get("NPU_LOSS_OPS_TIME_LIMIT_SCALE", "1"))
 
 ops = torch.ops.npu_loss
 REDUCTIONS = {"none": 0, "mean": 1, "sum": 2}

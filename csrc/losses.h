@@ -396,6 +396,26 @@ constexpr int loss_index() {
   return index;
 }
 
+// How many row losses the list holds, and a row loss's position among them (the row kernels' tables are indexed
+// by it).
+constexpr int count_row_losses() {
+  int n = 0;
+  for_each_row_loss([&]<typename>() { ++n; });
+  return n;
+}
+inline constexpr int kRowLosses = count_row_losses();
+
+template <typename Loss>
+constexpr int row_index() {
+  static_assert(Loss::decl.kind == LossKind::Rows, "row_index: not a row loss");
+  int index = -1, i = 0;
+  for_each_row_loss([&]<typename L>() {
+    if (std::is_same_v<L, Loss>) index = i;
+    ++i;
+  });
+  return index;
+}
+
 namespace detail {
 template <ScalarKind K>
 struct ScalarTypes;

@@ -97,6 +97,8 @@ pybind11::list losses() {
       row["labels"] = r.labels;
       row["floats"] = std::vector<std::string>{r.floats[0].name, r.floats[1].name};
       row["index"] = r.index.name;
+      // The CPU frame's kernel of this member, in the selected instruction set's table (cpu/row_table.h).
+      row["cpu_kernel"] = cpu::row_kernels().of[row_index<Loss>()].run != nullptr;
       const LinearForm& f = d.linear;
       if (f.forward != nullptr) {
         pybind11::dict linear;

@@ -240,7 +240,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> with_grads(
     auto [cs, ct] = logit_gradients(e, weight, c.temperature, mask);
     if (mask[0]) cs = masked(cs, k);
     if (mask[1]) ct = masked(ct, k);
-    if (scaled) {  // float16: each row times 2^power (isa.h's JsdRows, row_scale)
+    if (scaled) {  // float16: each row times 2^power (isa.h's RowBatch, row_scale)
       const at::Tensor bound = mask[0] && mask[1] ? at::maximum(cs.abs().amax(-1), ct.abs().amax(-1))
                                : (mask[0] ? cs : ct).abs().amax(-1);
       const at::Tensor power = row_powers(bound);

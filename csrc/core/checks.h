@@ -159,7 +159,7 @@ struct RowCall {
   int64_t ignore_index;
 };
 
-// Whether the forward with gradients stores them with row scales (isa.h's JsdRows, row_scale): when a gradient
+// Whether the forward with gradients stores them with row scales (isa.h's RowBatch, row_scale): when a gradient
 // it makes is float16's, whose range would flush most of a large vocabulary's gradients before the loss scale
 // reaches them. Its fourth result, the row scales, is then 2^-j per row; else ones.
 inline bool scales_rows(const at::Tensor& student, const at::Tensor& teacher, std::array<bool, 2> mask) {

@@ -75,9 +75,9 @@ constexpr int64_t dtype_size(DType dtype) {
   return dtype == DType::Double ? 8 : (dtype == DType::Float || dtype == DType::FloatOfBFloat16) ? 4 : 2;
 }
 
-// One call of the distillation family's row kernel (row_kernels.h): rows of V logits, the student's and the
-// teacher's. Offsets and steps count elements; what the call does not want is null.
-struct JsdRows {
+// One call of a row member's CPU kernel (row_kernels.h, and the member's own math, e.g. jsd_kernel.h) over a batch
+// of rows: rows of V logits, the student's and the teacher's, and the scalars the declaration names. Offsets and steps count elements; what the call does not want is null.
+struct RowBatch {
   DType student_dtype, teacher_dtype;
   DType result_dtype;                    // of the values ('none') and of grad_output
   const void* student;
@@ -87,7 +87,7 @@ struct JsdRows {
   int64_t student_step, teacher_step;    // from one element of a row to the next
   int64_t vocab;
   const int64_t* kept;                   // row r's index among the rows kept, -1 where its label drops it (null: all)
-  double beta, inv_temperature;
+  double beta, temperature;             // losses.h's RowArgs::floats, by their declared names
   double* row_sums;                      // kept row k's sum of values at row_sums[k]
   void* values;                          // kept row k's values at values + k * vocab
   void* grad_student;                    // row r's gradient at + r * vocab, in the logits' dtype; 0 for a dropped row
@@ -110,19 +110,19 @@ struct JsdRows {
 
 // Whether a call's operands share one storage type and its rows are contiguous: the kernel then reads and
 // writes them as they are; else it converts each row in scratch memory.
-inline bool jsd_direct(const JsdRows& c) {
+inline bool rows_direct(const RowBatch& c) {
   return c.student_dtype == c.teacher_dtype && c.result_dtype == c.student_dtype && c.student_step == 1 &&
       c.teacher_step == 1;
 }
 
 // Whether a call computes in double (a float64 operand).
-inline bool jsd_in_float64(const JsdRows& c) {
+inline bool rows_in_float64(const RowBatch& c) {
   return c.student_dtype == DType::Double || c.teacher_dtype == DType::Double;
 }
 
-// The elements of a scratch row that waits between the row kernel's passes (row_kernels.h's RowScratch): the
+// The elements of a scratch row that waits between a row kernel's passes (e.g. jsd_kernel.h's RowScratch): the
 // vocabulary rounded up to whole vectors of the widest instruction set (AVX-512's 32 floats).
-inline int64_t jsd_cache_floats(int64_t vocab) {
+inline int64_t row_cache_floats(int64_t vocab) {
   return (vocab + 31) / 32 * 32;
 }
 
@@ -131,30 +131,20 @@ inline int64_t jsd_cache_floats(int64_t vocab) {
 constexpr int kRowBlockVectors = 8;
 
 // The most blocks a row of the vocabulary makes (blocks of kRowBlockVectors vectors of one element or more).
-inline int64_t jsd_blocks(int64_t vocab) {
+inline int64_t row_block_count(int64_t vocab) {
   return vocab / kRowBlockVectors + 1;
 }
 
-// The scratch rows a thread's call needs: the exps of the statistics pass, which become p and q; and a_s's
-// and a_t's where the gradients are wanted but are not of the compute type (the direct form of float16 and
-// bfloat16; float32 and float64 gradients, and the converted form's compute-type gradient rows, keep their own).
-inline int64_t jsd_scratch_rows(const JsdRows& c) {
-  const bool grads = c.grad_student || c.grad_teacher;
-  const bool wide = c.student_dtype == DType::Float || c.student_dtype == DType::Double;
-  return grads && jsd_direct(c) && !wide ? 4 : 2;
-}
+// A row member's kernel: rows [begin, end) of a call, with the calling thread's scratch memory of
+// scratch_bytes(call) bytes.
+struct RowKernel {
+  void (*run)(const RowBatch& call, int64_t begin, int64_t end, void* scratch);
+  int64_t (*scratch_bytes)(const RowBatch& call);
+};
 
-// The scratch bytes a thread's kernel call needs: each side's block maxima (doubles), the rows above, then, in
-// the converted form, six rows of the compute type and one gathered row.
-inline int64_t jsd_scratch_bytes(const JsdRows& c) {
-  const int64_t compute = jsd_in_float64(c) ? 8 : 4;
-  return 2 * jsd_blocks(c.vocab) * 8 +
-      compute * (jsd_scratch_rows(c) * jsd_cache_floats(c.vocab) + (jsd_direct(c) ? 0 : 7 * c.vocab));
-}
-
-// Kernels over rows [begin, end) of a call, with the calling thread's scratch memory.
+// Every row member's kernel, indexed by the declaration (losses.h's row_index<Loss>); row_table.h makes it.
 struct RowKernels {
-  void (*jsd)(const JsdRows& call, int64_t begin, int64_t end, void* scratch);
+  RowKernel of[kRowLosses];
 };
 
 namespace baseline {

@@ -9,7 +9,7 @@
 #define NPU_LOSS_ISA avx2
 #define NPU_LOSS_ISA_AVX2 1
 #include "dense_kernels.h"
-#include "row_kernels.h"
+#include "row_table.h"
 
 static_assert(npu_loss::cpu::avx2::kLanes == 16, "isa_avx2.cpp must build the AVX2 kernels (2 x 8 lanes)");
 #endif

@@ -9,7 +9,7 @@
 // GCC 12 warns inside its own avx512fintrin.h (_mm512_undefined_ps feeding the masked forms).
 #pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
 #include "dense_kernels.h"
-#include "row_kernels.h"
+#include "row_table.h"
 
 static_assert(npu_loss::cpu::avx512::kLanes == 32, "isa_avx512.cpp must build the AVX-512 kernels (2 x 16 lanes)");
 #endif

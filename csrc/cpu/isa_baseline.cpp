@@ -5,4 +5,4 @@
 #define NPU_LOSS_ISA baseline
 #define NPU_LOSS_ISA_BASELINE 1
 #include "dense_kernels.h"
-#include "row_kernels.h"
+#include "row_table.h"

@@ -1,24 +1,13 @@
-// The row losses' kernels (losses.h's LossKind::Rows: the distillation family), written once on simd.h's
-// vector type and compiled per instruction set beside dense_kernels.h, whose storage types (Io) and tails
-// they share. A row is V logits of the student and V of the teacher; one thread makes a whole row, so a
-// row's results never depend on how the rows are split among threads, and each of a row's sums runs in one
-// written-out order: a block's vectors added in their lanes, the block's lanes in reduce_add's order into
-// double, the blocks in order (docs/cpu_kernels.md, "Rows").
+// The row members' CPU kernel machinery (losses.h's LossKind::Rows: the distillation family), written once on
+// simd.h's vector type and compiled per instruction set beside dense_kernels.h, whose storage types (Io) and
+// tails they share: a row's log-sum-exp in one pass (the log-softmax's two parts), the row sums' one order, the
+// float16 row scales, the hard loss's per-row fields, and the converted form's row reads and writes. One thread
+// makes a whole row, so a row's results never depend on how the rows are split among threads, and each of a
+// row's sums runs in one written-out order: a block's vectors added in their lanes, the block's lanes in
+// reduce_add's order into double, the blocks in order (docs/cpu_kernels.md, "Rows").
 //
-// Per row, over its logits (docs/semantics.md, "Distillation", has the formulas), three passes:
-//   1. per side, in one pass a block at a time, the maximum of z / T and the sum of exp(z / T - maximum): the
-//      log-softmax's two parts. Each exp is kept in a scratch row, against its block's running maximum;
-//   2. s = log_softmax(student / T), t = log_softmax(teacher / T), p = exp(s) and q = exp(t) from the kept
-//      exps times one factor per block, and s - m, t - m against the mixture m = log((1 - beta) p + beta q)
-//      (one log): the row's values f, summed or written ('none'), and a_s = g * df/ds and a_t = g * df/dt
-//      (g: each element's gradient weight), summed; p, q, a_s and a_t wait for pass 3 (RowScratch);
-//   3. the gradients w.r.t. the logits, (a_s - p * sum(a_s)) / T and (a_t - q * sum(a_t)) / T.
-// So 2 exp and 1 log per logit, with or without the gradients. The linear form's hard loss (cross entropy on
-// the student's untempered logits, isa.h's JsdRows) rides on them: pass 1's log-sum-exp where T == 1 (else
-// one more pass of its own), the label's logit read in pass 2, and its gradient added to a_s there.
-// Where the mixture is not a normal float in every lane of a vector (log-probabilities below -87), that
-// vector's s - m and t - m come from d = s - t + log(1 - beta) - log(beta) instead:
-// s - m = -log(1 - beta) - softplus(-d) and t - m = -log(beta) - softplus(d), exact where p and q underflow.
+// Each row member's own math is a header of its own (jsd_kernel.h: the generalized JSD) that gives
+// RowKernelOf<Loss> below; row_table.h makes each instruction set's table of them, indexed by the declaration.
 //
 // Like dense_kernels.h, no code here may be shared with other translation units: it includes no header
 // beyond those isa.h includes before the instruction-set pragma, and uses no library template (the scratch
@@ -31,7 +20,6 @@
 
 namespace npu_loss::cpu::NPU_LOSS_ISA {
 namespace {
-
 
 constexpr double kInfinity = std::numeric_limits<double>::infinity();
 
@@ -197,67 +185,7 @@ RowStats row_logsumexp(const typename IoT::T* p, int64_t n, double inv_t_d, A* k
   return {top, std::log(total)};
 }
 
-// The three forms of the loss: beta == 0, beta == 1, and the mixture in between.
-enum class JsdForm { TeacherKl, StudentKl, Mixture };
-
-// One element's terms from its log-probabilities: its value f and its derivatives w.r.t. s and t.
-template <class V>
-struct JsdTerms {
-  V p, q, f, ds, dt;
-};
-
-template <class V>
-struct JsdMath {
-  JsdForm form;
-  V beta, one_minus_beta, log_beta, log_one_minus_beta, log_ratio;
-
-  explicit JsdMath(double b)
-      : form(b == 0 ? JsdForm::TeacherKl : b == 1 ? JsdForm::StudentKl : JsdForm::Mixture),
-        beta(cst<V>(b)),
-        one_minus_beta(cst<V>(1 - b)),
-        log_beta(cst<V>(b > 0 ? std::log(b) : 0.0)),
-        log_one_minus_beta(cst<V>(b < 1 ? std::log1p(-b) : 0.0)),
-        log_ratio(cst<V>(b > 0 && b < 1 ? std::log1p(-b) - std::log(b) : 0.0)) {}
-
-  // s, t: the log-probabilities; p = exp(s), q = exp(t).
-  NPU_LOSS_SIMD_INLINE JsdTerms<V> terms(V s, V t, V p, V q) const {
-    JsdTerms<V> r;
-    r.p = p;
-    r.q = q;
-    if (form == JsdForm::TeacherKl) {  // exp(t) * (t - s)
-      r.f = r.q * (t - s);
-      r.ds = cst<V>(0) - r.q;
-      r.dt = r.f + r.q;
-    } else if (form == JsdForm::StudentKl) {  // exp(s) * (s - t)
-      r.f = r.p * (s - t);
-      r.ds = r.f + r.p;
-      r.dt = cst<V>(0) - r.p;
-    } else {
-      // s - m and t - m, m = log((1 - beta) p + beta q): from the mixture where it is a normal number in every
-      // lane; else from d = (s + log(1 - beta)) - (t + log(beta)), softplus(d) = max(d, 0) + log(1 + exp(-|d|))
-      // and softplus(-d) = softplus(d) - d, exact where p and q underflow.
-      using Acc = decltype(reduce_add(V{}));
-      const V mixture = one_minus_beta * r.p + beta * r.q;
-      V s_minus_m, t_minus_m;
-      if (all(mixture >= cst<V>(std::numeric_limits<Acc>::min()))) {
-        const V log_mixture = vlog(mixture);
-        s_minus_m = s - log_mixture;
-        t_minus_m = t - log_mixture;
-      } else {
-        const V d = (s - t) + log_ratio;
-        const V tail = vlog(cst<V>(1) + exp(cst<V>(0) - abs_of(d)));
-        s_minus_m = cst<V>(0) - log_one_minus_beta - (vmax(cst<V>(0) - d, cst<V>(0)) + tail);
-        t_minus_m = cst<V>(0) - log_beta - (vmax(d, cst<V>(0)) + tail);
-      }
-      r.ds = one_minus_beta * r.p * s_minus_m;
-      r.dt = beta * r.q * t_minus_m;
-      r.f = r.ds + r.dt;
-    }
-    return r;
-  }
-};
-
-// The power j of row_scale (isa.h's JsdRows): a row whose gradients are at most `bound` is stored times 2^j,
+// The power j of row_scale (isa.h's RowBatch): a row whose gradients are at most `bound` is stored times 2^j,
 // so that its largest is below 2^14 (float16's largest finite value is 65504, near 2^16: room for the bound's
 // rounding) and its smaller ones keep float16's precision. Within [-60, 60]: 2^j and 2^-j are normal floats.
 inline int row_power(double bound) {
@@ -268,205 +196,18 @@ inline int row_power(double bound) {
   return power < -60 ? -60 : power > 60 ? 60 : power;
 }
 
-// Where a row's intermediate results wait between its passes: a thread's scratch memory (isa.h's
-// jsd_scratch_bytes), carved as block maxima (tops), then rows of the compute type A: the exps of the statistics
-// pass, which become p and q in place, then a_s and a_t where the gradients cannot hold them, then the
-// converted form's rows (`rest`).
-template <class A>
-struct RowScratch {
-  double *tops_s, *tops_t;
-  A *prob_s, *prob_t, *a_s, *a_t, *rest;
-  RowScratch(void* scratch, const JsdRows& c) {
-    const int64_t blocks = jsd_blocks(c.vocab), w = jsd_cache_floats(c.vocab);
-    tops_s = static_cast<double*>(scratch);
-    tops_t = tops_s + blocks;
-    prob_s = reinterpret_cast<A*>(tops_t + blocks);
-    prob_t = prob_s + w;
-    a_s = prob_t + w;  // within the scratch only where jsd_scratch_rows counts them
-    a_t = a_s + w;
-    rest = prob_s + jsd_scratch_rows(c) * w;
-  }
-};
-
-// One row's hard loss (isa.h's JsdRows): its label (-1: none), its gradient's weight, and where its value goes.
+// One row's hard loss (isa.h's RowBatch): its label (-1: none), its gradient's weight, and where its value goes.
 struct RowHard {
   int64_t label;
   double weight;
   double* value;
 };
 
-// One row, with the storage type IoT for every operand (the direct case: one dtype, contiguous rows).
-template <class IoT>
-struct JsdRow {
-  using T = typename IoT::T;
-  using V = typename IoT::V;
-  using A = decltype(reduce_add(V{}));  // the compute type
-  static constexpr int W = IoT::kLanes;
-  // p and q wait in scratch rows (RowScratch), and a_s (a_t) in the gradient's own row when that is of the
-  // compute type, else in a scratch row too. A scratch row is read and written a whole vector at a time, in
-  // the vectors' own lane order (a bfloat16 vector's is its own).
-  static constexpr bool kCacheInGrad = std::is_same_v<T, A>;
-  using IoScratch = IoRow<A>;
-  using IoCache = std::conditional_t<kCacheInGrad, IoT, IoScratch>;
-
-  const JsdMath<V>& math;
-  double inv_t;
-  int64_t n;
-  double teacher_scale;  // isa.h's JsdRows
-
-  // Passes 1 to 3 of one row: fills what the pointers ask for, with `scratch` for what waits between them.
-  // With a hard loss (hard.label >= 0): the untempered log-softmax's two parts come from pass 1 (a pass of
-  // their own where T != 1); pass 2 reads the label's logit, and adds weight * T * (softmax - one_hot) to
-  // the a_s it keeps (not to sum(a_s)), which pass 3 divides by T.
-  void run(const T* zs, const T* zt, const T* g, double g_scale, double* row_sum, T* values, T* grad_s,
-           T* grad_t, float* row_scale, const RowHard& hard, const RowScratch<A>& scratch) const {
-    A* const prob_s = scratch.prob_s;
-    A* const prob_t = scratch.prob_t;
-    A* const cache_s = kCacheInGrad ? reinterpret_cast<A*>(grad_s) : scratch.a_s;
-    A* const cache_t = kCacheInGrad ? reinterpret_cast<A*>(grad_t) : scratch.a_t;
-    const bool has_hard = hard.label >= 0, untempered = inv_t == 1.0;
-    RowStats raw{0, 0};
-    if (has_hard && !untempered) raw = row_logsumexp<IoT>(zs, n, 1.0, prob_s, scratch.tops_s);
-    const RowStats stats_s = row_logsumexp<IoT>(zs, n, inv_t, prob_s, scratch.tops_s);
-    if (has_hard && untempered) raw = stats_s;
-    const bool hard_grad = has_hard && grad_s && hard.weight != 0;
-    const V hard_weight = cst<V>(hard_grad ? hard.weight / inv_t : 0.0);
-    const V raw_max = cst<V>(raw.max), raw_log_sum = cst<V>(raw.log_sum);
-    double label_logit = 0;
-    const RowStats stats_t = row_logsumexp<IoT>(zt, n, inv_t, prob_t, scratch.tops_t);
-    const V vinv_t = cst<V>(inv_t), scale = cst<V>(g_scale);
-    const V max_s = cst<V>(stats_s.max), log_sum_s = cst<V>(stats_s.log_sum);
-    const V max_t = cst<V>(stats_t.max), log_sum_t = cst<V>(stats_t.log_sum);
-    const int64_t n_cache = kCacheInGrad ? n : jsd_cache_floats(n);
-    const auto log_p = [&](int64_t i) { return (load_at<IoT>(zs, i, n) * vinv_t - max_s) - log_sum_s; };
-    const auto log_q = [&](int64_t i) { return (load_at<IoT>(zt, i, n) * vinv_t - max_t) - log_sum_t; };
-    const auto weight = [&](int64_t i) { return g ? load_at<IoT>(g, i, n) * scale : scale; };
-    RowSum<V> sum_f, sum_as, sum_at;
-    // For row_scale: the largest |a_s|, |a_t|, p and q, whence a bound on every gradient of the row.
-    V max_as = cst<V>(0), max_at = cst<V>(0), max_p = cst<V>(0), max_q = cst<V>(0);
-    for (int64_t begin = 0, block = 0; begin < n; begin += kBlockVectors * W, ++block) {
-      const int64_t end = block_end<IoT>(begin, n);
-      const V factor_s = cst<V>(stats_s.factor(scratch.tops_s[block]));
-      const V factor_t = cst<V>(stats_t.factor(scratch.tops_t[block]));
-      for (int64_t i = begin; i < end; i += W) {
-        JsdTerms<V> e = math.terms(log_p(i), log_q(i), IoScratch::load(prob_s + i) * factor_s,
-                                   IoScratch::load(prob_t + i) * factor_t);
-        if (i + W > n) {  // the tail's padding lanes add nothing
-          const auto valid = first_lanes<IoT>(n - i);
-          e.f = select(valid, e.f, cst<V>(0));
-          e.ds = select(valid, e.ds, cst<V>(0));
-          e.dt = select(valid, e.dt, cst<V>(0));
-          e.p = select(valid, e.p, cst<V>(0));
-          e.q = select(valid, e.q, cst<V>(0));
-        }
-        if (values) store_at<IoT>(values, i, n, e.f);
-        sum_f.add(e.f);
-        const bool at_label = has_hard && hard.label >= i && hard.label < i + W;
-        if (at_label) {
-          label_logit = reduce_add(select(one_lane<IoT>(hard.label - i), load_at<IoT>(zs, i, n), cst<V>(0)));
-        }
-        if (grad_s) {
-          const V as = weight(i) * e.ds;
-          sum_as.add(as);
-          V kept_as = as;
-          if (hard_grad) {  // read before the store below, which may write over the logits
-            V softmax = e.p;
-            if (!untempered) {
-              softmax = exp((load_at<IoT>(zs, i, n) - raw_max) - raw_log_sum);
-              if (i + W > n) softmax = select(first_lanes<IoT>(n - i), softmax, cst<V>(0));
-            }
-            if (at_label) softmax = softmax - select(one_lane<IoT>(hard.label - i), cst<V>(1), cst<V>(0));
-            kept_as = as + hard_weight * softmax;
-          }
-          store_at<IoCache>(cache_s, i, n_cache, kept_as);
-          IoScratch::store(prob_s + i, e.p);
-          if (row_scale) {  // the padding lanes hold 0 (above)
-            max_as = vmax(max_as, abs_of(as));
-            max_p = vmax(max_p, e.p);
-          }
-        }
-        if (grad_t) {
-          const V at = weight(i) * e.dt;
-          sum_at.add(at);
-          store_at<IoCache>(cache_t, i, n_cache, at);
-          IoScratch::store(prob_t + i, e.q);
-          if (row_scale) {
-            max_at = vmax(max_at, abs_of(at));
-            max_q = vmax(max_q, e.q);
-          }
-        }
-      }
-      sum_f.end_block();
-      sum_as.end_block();
-      sum_at.end_block();
-    }
-    if (row_sum) *row_sum = sum_f.total;
-    if (has_hard && hard.value) *hard.value = (raw.max - label_logit) + raw.log_sum;
-    if (!grad_s && !grad_t) return;
-    const V total_as = cst<V>(sum_as.total), total_at = cst<V>(sum_at.total);
-    V out_scale = vinv_t, out_scale_t = cst<V>(inv_t * teacher_scale);
-    if (row_scale) {
-      // |gradient| <= (max |a| + max p * |sum a|) / T on each side; the bound, rounded up, sets the power.
-      const double bound_s = (lane_max(max_as, 0) + lane_max(max_p, 0) * std::fabs(sum_as.total)) * inv_t;
-      const double bound_t = (lane_max(max_at, 0) + lane_max(max_q, 0) * std::fabs(sum_at.total)) * inv_t;
-      const int power = row_power(bound_s > bound_t ? bound_s : bound_t);
-      *row_scale = std::ldexp(1.0f, -power);
-      out_scale = cst<V>(std::ldexp(inv_t, power));
-      out_scale_t = out_scale;
-    }
-    // Pass 3: what pass 2 kept.
-    for (int64_t i = 0; i < n; i += W) {
-      if (grad_s) {
-        const V a = load_at<IoCache>(cache_s, i, n_cache);
-        store_at<IoT>(grad_s, i, n, (a - IoScratch::load(prob_s + i) * total_as) * out_scale);
-      }
-      if (grad_t) {
-        const V a = load_at<IoCache>(cache_t, i, n_cache);
-        store_at<IoT>(grad_t, i, n, (a - IoScratch::load(prob_t + i) * total_at) * out_scale_t);
-      }
-    }
-  }
-};
-
 // Row r's hard loss (kept row k) of a call.
-inline RowHard hard_of(const JsdRows& c, int64_t r, int64_t k) {
+inline RowHard hard_of(const RowBatch& c, int64_t r, int64_t k) {
   if (!c.hard_labels) return {-1, 0, nullptr};
   return {c.hard_labels[r], c.hard_weight, c.hard_sums ? c.hard_sums + k : nullptr};
 }
-
-// Rows [begin, end) of a call whose operands share one storage type and whose rows are contiguous.
-template <class IoT>
-void jsd_rows_direct(const JsdRows& c, int64_t begin, int64_t end, void* scratch) {
-  using T = typename IoT::T;
-  using Row = JsdRow<IoT>;
-  using A = typename Row::A;
-  const JsdMath<typename IoT::V> math(c.beta);
-  const Row row{math, c.inv_temperature, c.vocab, c.teacher_scale};
-  const RowScratch<A> rows(scratch, c);
-  const T* zs = static_cast<const T*>(c.student);
-  const T* zt = static_cast<const T*>(c.teacher);
-  const int64_t v = c.vocab;
-  for (int64_t r = begin; r < end; ++r) {
-    T* gs = c.grad_student ? static_cast<T*>(c.grad_student) + r * v : nullptr;
-    T* gt = c.grad_teacher ? static_cast<T*>(c.grad_teacher) + r * v : nullptr;
-    const int64_t k = c.kept ? c.kept[r] : r;
-    if (k < 0) {  // a dropped row: no value, no gradient
-      if (gs) std::memset(gs, 0, v * sizeof(T));
-      if (gt) std::memset(gt, 0, v * sizeof(T));
-      continue;
-    }
-    row.run(zs + c.student_offsets[r], zt + c.teacher_offsets[r],
-            c.grad_output ? static_cast<const T*>(c.grad_output) + k * v : nullptr, c.grad_scale,
-            c.row_sums ? c.row_sums + k : nullptr, c.values ? static_cast<T*>(c.values) + k * v : nullptr, gs, gt,
-            c.row_scale ? c.row_scale + r : nullptr, hard_of(c, r, k), rows);
-  }
-}
-
-}  // namespace
-}  // namespace npu_loss::cpu::NPU_LOSS_ISA
-
-namespace npu_loss::cpu::NPU_LOSS_ISA {
-namespace {
 
 // bfloat16 converts one element at a time here (simd.h's bf16_value and bf16_of; the loops vectorize): a
 // bfloat16 vector's lanes are not in a row's order.
@@ -520,59 +261,11 @@ void write_row(const typename IoAcc::T* src, DType dtype, void* dst, int64_t n) 
   });
 }
 
-// Rows [begin, end) of any other call (logits of different dtypes, or rows with gaps): each row read into the
-// compute type in `scratch` (jsd_scratch_bytes), computed as above, and every result written in its own dtype.
-template <class IoAcc>
-void jsd_converted(const JsdRows& c, int64_t begin, int64_t end, void* scratch) {
-  using A = typename IoAcc::T;
-  const int64_t v = c.vocab;
-  const JsdMath<typename IoAcc::V> math(c.beta);
-  const JsdRow<IoAcc> row{math, c.inv_temperature, v, c.teacher_scale};
-  const RowScratch<A> kept(scratch, c);
-  A* rows = kept.rest;
-  A *zs = rows, *zt = rows + v, *g = rows + 2 * v, *values = rows + 3 * v, *gs = rows + 4 * v, *gt = rows + 5 * v;
-  void* gather = rows + 6 * v;
-  const auto at = [&](const void* base, DType dtype, int64_t row) {
-    return static_cast<char*>(const_cast<void*>(base)) + row * v * dtype_size(dtype);
-  };
-  for (int64_t r = begin; r < end; ++r) {
-    const int64_t k = c.kept ? c.kept[r] : r;
-    if (k < 0) {
-      if (c.grad_student) std::memset(at(c.grad_student, c.student_dtype, r), 0, v * dtype_size(c.student_dtype));
-      if (c.grad_teacher) std::memset(at(c.grad_teacher, c.teacher_dtype, r), 0, v * dtype_size(c.teacher_dtype));
-      continue;
-    }
-    read_row<IoAcc>(c.student_dtype, at(c.student, c.student_dtype, 0) + c.student_offsets[r] * dtype_size(c.student_dtype),
-                    c.student_step, gather, zs, v);
-    read_row<IoAcc>(c.teacher_dtype, at(c.teacher, c.teacher_dtype, 0) + c.teacher_offsets[r] * dtype_size(c.teacher_dtype),
-                    c.teacher_step, gather, zt, v);
-    if (c.grad_output) read_row<IoAcc>(c.result_dtype, at(c.grad_output, c.result_dtype, k), 1, gather, g, v);
-    row.run(zs, zt, c.grad_output ? g : nullptr, c.grad_scale, c.row_sums ? c.row_sums + k : nullptr,
-            c.values ? values : nullptr, c.grad_student ? gs : nullptr, c.grad_teacher ? gt : nullptr,
-            c.row_scale ? c.row_scale + r : nullptr, hard_of(c, r, k), kept);
-    if (c.values) write_row<IoAcc>(values, c.result_dtype, at(c.values, c.result_dtype, k), v);
-    if (c.grad_student) write_row<IoAcc>(gs, c.student_dtype, at(c.grad_student, c.student_dtype, r), v);
-    if (c.grad_teacher) write_row<IoAcc>(gt, c.teacher_dtype, at(c.grad_teacher, c.teacher_dtype, r), v);
-  }
-}
-
-void jsd(const JsdRows& c, int64_t begin, int64_t end, void* scratch) {
-#ifndef NPU_LOSS_ISA_BASELINE
-  if (jsd_in_float64(c)) return baseline::kRowKernels.jsd(c, begin, end, scratch);
-#endif
-  if (jsd_direct(c)) {
-    with_io(c.student_dtype, [&](auto io) { jsd_rows_direct<decltype(io)>(c, begin, end, scratch); });
-    return;
-  }
-#ifdef NPU_LOSS_ISA_BASELINE
-  if (jsd_in_float64(c)) return jsd_converted<Io<DType::Double>>(c, begin, end, scratch);
-#endif
-  jsd_converted<Io<DType::Float>>(c, begin, end, scratch);
-}
+// A row member's kernel (isa.h's RowKernel): each member's math header specializes it with
+//   static void run(const RowBatch&, int64_t begin, int64_t end, void* scratch);
+//   static int64_t scratch_bytes(const RowBatch&);
+template <typename Loss>
+struct RowKernelOf;
 
 }  // namespace
-}  // namespace npu_loss::cpu::NPU_LOSS_ISA
-
-namespace npu_loss::cpu::NPU_LOSS_ISA {
-const RowKernels kRowKernels = {&jsd};
 }  // namespace npu_loss::cpu::NPU_LOSS_ISA

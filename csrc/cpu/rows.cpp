@@ -1,7 +1,8 @@
-// The row losses' CPU kernels (losses.h's LossKind::Rows): the checks, the results' allocation, the rows split
-// over the intra-op threads and the loss summed in row order, around the row kernel of the selected
-// instruction set (row_kernels.h). Registered for the three ops of every row loss: the forward, the forward
-// that also makes the gradients, and the backward op.
+// The row losses' CPU frame (losses.h's LossKind::Rows), one for every row member: the checks, the results'
+// allocation, the rows split over the intra-op threads and the loss summed in row order, around the member's
+// row kernel of the selected instruction set (isa.h's RowKernels, indexed by the declaration: row_table.h).
+// Registered for the three ops of every row loss (the forward, the forward that also makes the gradients, and
+// the backward op) and for its linear form's step.
 #include <ATen/Parallel.h>
 #include <ATen/core/Tensor.h>
 #include <torch/library.h>
@@ -64,27 +65,32 @@ struct Kept {
   const int64_t* rows() const { return index.empty() ? nullptr : index.data(); }
 };
 
-// One call of the row kernel over every row: `call` with the rows, the labels and the scratch filled in.
-void run_rows(JsdRows call, const at::Tensor& student, const at::Tensor& teacher, int64_t rows) {
-  const std::vector<int64_t> so = row_offsets(student, rows), to = row_offsets(teacher, rows);
+// What one call makes (the row losses' forward, 'none' values or the reduced loss, its gradients, or the
+// backward op's gradients): the op's arguments, what its checks said of them, and its member's place in the
+// declaration list (row_index<Loss>), which selects the kernel.
+struct FrameCall : RowCall {
+  const RowSpec& spec;
+  int member;
+};
+
+// One call of the member's row kernel over every row: `call` with the rows, the labels and the scratch filled
+// in. float64 runs the baseline's kernel, whatever the instruction set (the vector sets have float lanes).
+void run_rows(const FrameCall& c, RowBatch call) {
+  const int64_t rows = c.spec.rows;
+  const std::vector<int64_t> so = row_offsets(c.student, rows), to = row_offsets(c.teacher, rows);
   call.student_offsets = so.data();
   call.teacher_offsets = to.data();
-  const RowKernels& kernels = row_kernels();
-  const int64_t scratch_bytes = jsd_scratch_bytes(call);
+  const RowKernel& kernel =
+      (rows_in_float64(call) ? row_kernels_for(Isa::Baseline) : row_kernels()).of[c.member];
+  const int64_t scratch_bytes = kernel.scratch_bytes(call);
   at::parallel_for(0, rows, row_grain(call.vocab), [&](int64_t begin, int64_t end) {
     std::vector<char> scratch(scratch_bytes);
-    kernels.jsd(call, begin, end, scratch.data());
+    kernel.run(call, begin, end, scratch.data());
   });
 }
 
-// What one call makes (the row losses' forward, 'none' values or the reduced loss, its gradients, or the
-// backward op's gradients): the op's arguments and what its checks said of them.
-struct JsdCall : RowCall {
-  const RowSpec& spec;
-};
-
-JsdRows rows_of(const JsdCall& c, double* row_sums) {
-  JsdRows r{};
+RowBatch rows_of(const FrameCall& c, double* row_sums) {
+  RowBatch r{};
   r.student_dtype = dense_dtype(c.student.scalar_type());
   r.teacher_dtype = dense_dtype(c.teacher.scalar_type());
   r.result_dtype = dense_dtype(c.spec.dtype);
@@ -94,7 +100,7 @@ JsdRows rows_of(const JsdCall& c, double* row_sums) {
   r.teacher_step = c.teacher.dim() > 0 ? c.teacher.stride(-1) : 1;
   r.vocab = c.spec.vocab;
   r.beta = c.beta;
-  r.inv_temperature = 1.0 / c.temperature;
+  r.temperature = c.temperature;
   r.row_sums = row_sums;
   r.grad_scale = 1.0;
   r.teacher_scale = 1.0;
@@ -105,7 +111,7 @@ JsdRows rows_of(const JsdCall& c, double* row_sums) {
 // logits themselves (`over_logits`, contiguous logits): the row kernel reads each element of a row before it
 // writes that element's gradient, and never reads it again.
 std::pair<at::Tensor, at::Tensor> gradients(
-    const JsdCall& c, std::array<bool, 2> mask, JsdRows& r, bool over_logits = false) {
+    const FrameCall& c, std::array<bool, 2> mask, RowBatch& r, bool over_logits = false) {
   at::Tensor gs, gt;
   if (over_logits) {
     TORCH_INTERNAL_ASSERT(c.student.is_contiguous() && c.teacher.is_contiguous());
@@ -128,10 +134,10 @@ at::Tensor or_empty(const at::Tensor& t, const at::Tensor& like) {
 // and their row scales (composite/rows.h, with_grads). With `extras` (the linear form's step, "sum"): the
 // gradients times extras->grad_scale, and the hard loss made in the same passes (composite/linear.h).
 std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> forward(
-    const JsdCall& c, std::array<bool, 2> mask, bool over_logits = false, composite::RowExtras* extras = nullptr) {
+    const FrameCall& c, std::array<bool, 2> mask, bool over_logits = false, composite::RowExtras* extras = nullptr) {
   const Kept kept(c.labels, c.ignore_index, c.spec.rows, c.spec.vocab);
   std::vector<double> row_sums(kept.count);
-  JsdRows r = rows_of(c, row_sums.data());
+  RowBatch r = rows_of(c, row_sums.data());
   r.kept = kept.rows();
   at::Tensor hard_labels;
   std::vector<double> hard_sums;
@@ -160,7 +166,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> forward(
   const at::Tensor row_scale = at::ones(leading, c.student.options().dtype(at::kFloat));
   // The linear form's step gives its own scales (its float16 gradients are stored times a power of two).
   if (!extras && scales_rows(c.student, c.teacher, mask)) r.row_scale = row_scale.mutable_data_ptr<float>();
-  run_rows(r, c.student, c.teacher, c.spec.rows);
+  run_rows(c, r);
   if (c.reduction == kNone) return {values, or_empty(gs, c.student), or_empty(gt, c.teacher), row_scale};
   double total = 0;
   for (double s : row_sums) total += s;  // in row order: the same bits for any thread count
@@ -174,9 +180,9 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> forward(
 
 // The backward op (`op`): the gradients of the forward's result, weighted by grad_output.
 std::tuple<at::Tensor, at::Tensor> backward(
-    const char* op, const JsdCall& c, const at::Tensor& grad_output, std::array<bool, 2> mask) {
+    const char* op, const FrameCall& c, const at::Tensor& grad_output, std::array<bool, 2> mask) {
   const Kept kept(c.labels, c.ignore_index, c.spec.rows, c.spec.vocab);
-  JsdRows r = rows_of(c, nullptr);
+  RowBatch r = rows_of(c, nullptr);
   r.kept = kept.rows();
   at::Tensor weights;
   if (c.reduction == kNone) {
@@ -187,25 +193,25 @@ std::tuple<at::Tensor, at::Tensor> backward(
     r.grad_scale = grad_output.item<double>() * (c.reduction == kMean ? kept.mean_factor : 1.0);
   }
   auto [gs, gt] = gradients(c, mask, r);
-  run_rows(r, c.student, c.teacher, c.spec.rows);
+  run_rows(c, r);
   return {or_empty(gs, c.student), or_empty(gt, c.teacher)};
 }
 
-// The row math of the CPU kernels (core/backend.h's RowBackendKernels runs the checks first).
+// The frame's three ops for a member `Loss` (core/backend.h's RowBackendKernels runs the checks first).
 struct CpuRows {
   template <typename Loss>
   static at::Tensor forward(Loss, const RowSpec& spec, const RowCall& c) {
-    return std::get<0>(cpu::forward({c, spec}, {false, false}));
+    return std::get<0>(cpu::forward({c, spec, row_index<Loss>()}, {false, false}));
   }
   template <typename Loss>
   static std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> with_grads(
       Loss, const RowSpec& spec, const RowCall& c, std::array<bool, 2> mask) {
-    return cpu::forward({c, spec}, mask);
+    return cpu::forward({c, spec, row_index<Loss>()}, mask);
   }
   template <typename Loss>
   static std::tuple<at::Tensor, at::Tensor> backward(
       Loss, const RowSpec& spec, const RowCall& c, const at::Tensor& grad_output, std::array<bool, 2> mask) {
-    return cpu::backward(Loss::decl.backward, {c, spec}, grad_output, mask);
+    return cpu::backward(Loss::decl.backward, {c, spec, row_index<Loss>()}, grad_output, mask);
   }
 };
 
@@ -220,7 +226,7 @@ struct CpuLinearStep {
               const RowSpec spec = row_with_grads_spec<int64_t>(
                   Loss::decl, student, teacher, labels, kSum, beta, temperature);
               const RowCall call{student, teacher, labels, kSum, beta, temperature, ignore_index};
-              return cpu::forward({call, spec}, mask, /*over_logits=*/true, extras);
+              return cpu::forward({call, spec, row_index<Loss>()}, mask, /*over_logits=*/true, extras);
             },
             /*in_place=*/true, /*scratch_bytes=*/0, /*fuses=*/true, chunk_resources()};
   }

@@ -136,19 +136,19 @@ pybind11::list losses() {
 // gradients', or the backward op's name; grad_output only for the backward op.
 std::string row_result_dtype(
     const std::string& op, const std::optional<at::Tensor>& grad_output, const at::Tensor& student,
-    const at::Tensor& teacher, const std::optional<at::Tensor>& labels, int64_t reduction, double first,
-    double second) {
+    const at::Tensor& teacher, const std::optional<at::Tensor>& labels, int64_t reduction, double beta,
+    double temperature) {
   using namespace npu_loss;
   std::optional<c10::ScalarType> dtype;
   for_each_row_loss([&]<typename Loss>() {
     const LossDecl& d = Loss::decl;
     if (op == d.forward) {
-      dtype = row_forward_spec<c10::SymInt>(d, d.forward, student, teacher, labels, reduction, first, second).dtype;
+      dtype = row_forward_spec<c10::SymInt>(d, d.forward, student, teacher, labels, reduction, beta, temperature).dtype;
     } else if (op == d.with_grads) {
-      dtype = row_with_grads_spec<c10::SymInt>(d, student, teacher, labels, reduction, first, second).dtype;
+      dtype = row_with_grads_spec<c10::SymInt>(d, student, teacher, labels, reduction, beta, temperature).dtype;
     } else if (op == d.backward) {
       TORCH_CHECK(grad_output.has_value(), "_row_result_dtype: ", op, " takes grad_output");
-      dtype = row_backward_spec<c10::SymInt>(d, *grad_output, student, teacher, labels, reduction, first, second).dtype;
+      dtype = row_backward_spec<c10::SymInt>(d, *grad_output, student, teacher, labels, reduction, beta, temperature).dtype;
     }
   });
   TORCH_CHECK_VALUE(dtype.has_value(), "_row_result_dtype: no row loss has an op named '", op, "'");

@@ -49,8 +49,9 @@ def _register_row_loss(row: dict[str, Any]) -> None:
         return backward_shape(*_positional(backward, args, kwargs))
 
     def forward_shape(student: torch.Tensor, teacher: torch.Tensor, labels: torch.Tensor | None, reduction: int,
-                      first: float, second: float, index: int) -> torch.Tensor:
-        dtype = getattr(torch, _C._row_result_dtype(forward, None, student, teacher, labels, reduction, first, second))
+                      beta: float, temperature: float, ignore_index: int) -> torch.Tensor:
+        dtype = getattr(torch, _C._row_result_dtype(forward, None, student, teacher, labels, reduction, beta,
+                                                    temperature))
         if reduction != 0:
             return student.new_empty((), dtype=dtype)
         if labels is None:
@@ -62,18 +63,18 @@ def _register_row_loss(row: dict[str, Any]) -> None:
         return student.new_empty((kept, student.shape[-1]), dtype=dtype)
 
     def with_grads_shape(student: torch.Tensor, teacher: torch.Tensor, labels: torch.Tensor | None, reduction: int,
-                         first: float, second: float, index: int,
+                         beta: float, temperature: float, ignore_index: int,
                          output_mask: list[bool]) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
-        dtype = getattr(torch, _C._row_result_dtype(with_grads, None, student, teacher, labels, reduction, first,
-                                                    second))
+        dtype = getattr(torch, _C._row_result_dtype(with_grads, None, student, teacher, labels, reduction, beta,
+                                                    temperature))
         # The value, the gradients the mask asks for, and the row scales (float32, of the leading shape).
         return (student.new_empty((), dtype=dtype), _empty_gradient(student, output_mask[0]),
                 _empty_gradient(teacher, output_mask[1]), student.new_empty(student.shape[:-1], dtype=torch.float32))
 
     def backward_shape(grad_output: torch.Tensor, student: torch.Tensor, teacher: torch.Tensor,
-                       labels: torch.Tensor | None, reduction: int, first: float, second: float, index: int,
+                       labels: torch.Tensor | None, reduction: int, beta: float, temperature: float, ignore_index: int,
                        output_mask: list[bool]) -> tuple[torch.Tensor, torch.Tensor]:
-        _C._row_result_dtype(backward, grad_output, student, teacher, labels, reduction, first, second)
+        _C._row_result_dtype(backward, grad_output, student, teacher, labels, reduction, beta, temperature)
         return _empty_gradient(student, output_mask[0]), _empty_gradient(teacher, output_mask[1])
 
     torch.library.register_fake(f"npu_loss::{forward}", forward_fake)

@@ -1,6 +1,6 @@
 """The README against the facts it restates: its "Supported versions" table names exactly the releases of
 build_config.py (the one table of releases), each with the torch_npu pin build_config.py pairs with it, and
-marks the default; the README stays within 200 lines."""
+marks the default; its layout names every file of csrc/; the README stays within 200 lines."""
 import os
 
 from helpers import REPO_ROOT, build_config
@@ -44,3 +44,37 @@ def test_readme_release_table_is_build_configs():
 def test_readme_is_at_most_200_lines():
     with open(README) as f:
         assert len(f.read().splitlines()) <= 200
+
+
+def _layout() -> str:
+    with open(README) as f:
+        return f.read().split("## Layout", 1)[1].split("```", 2)[1]
+
+
+def test_readme_layout_names_every_file_of_csrc():
+    """Each file under csrc/ is named on its directory's lines of the layout (a header and its .cpp may share
+    one name, as `checks.h/.cpp`; the instruction sets' files as `isa_avx512/_avx2/_baseline.cpp`)."""
+    layout = _layout()
+    entries: dict[str, str] = {}
+    current = ""
+    for line in layout.strip("\n").splitlines():
+        head = line[:22].strip()
+        if head:
+            current = head
+        entries[current] = entries.get(current, "") + " " + line
+    csrc = os.path.join(REPO_ROOT, "csrc")
+    missing = []
+    for folder, _, files in os.walk(csrc):
+        rel = os.path.relpath(folder, csrc)
+        top = rel.split(os.sep)[0]
+        key = "csrc/losses.h" if rel == "." else next(
+            (k for k in entries if f"csrc/{top}/" in k or (k.startswith("csrc/enable/") and top == "compat")), None)
+        text = entries.get(key or "", "")
+        for name in files:
+            stem, ext = os.path.splitext(name)
+            named = (name in text or f"{stem}.h/{ext}" in text or f"{stem}.h/.cpp" in text
+                     or (stem.startswith("isa_") and f"_{stem[4:]}" in text)
+                     or (rel != "." and f"{os.path.basename(rel)}/{name}" in text))
+            if not named:
+                missing.append(os.path.join("csrc", rel, name))
+    assert not missing, f"README's layout does not name {missing}"

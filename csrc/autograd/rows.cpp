@@ -41,8 +41,8 @@ struct RowLossNode final : public torch::autograd::TraceableFunction {
   SavedVariable grad_student, grad_teacher, row_scale;
   bool made_in_forward = false;
   int64_t reduction = 0;
-  double first = 0, second = 0;  // the declaration's two float scalars (RowArgs::floats)
-  int64_t index = 0;
+  double beta = 0, temperature = 0;  // the declaration's two float scalars (RowArgs::floats), by their names
+  int64_t ignore_index = 0;
 
   std::string name() const override {
     static const std::string name = node_name(Loss::decl.forward);
@@ -80,9 +80,9 @@ struct RowLossNode final : public torch::autograd::TraceableFunction {
     args.collect(has_labels);
     args.collect(made_in_forward);
     args.collect(reduction);
-    args.collect(first);
-    args.collect(second);
-    args.collect(index);
+    args.collect(beta);
+    args.collect(temperature);
+    args.collect(ignore_index);
   }
 
   variable_list apply_with_saved(
@@ -99,9 +99,9 @@ struct RowLossNode final : public torch::autograd::TraceableFunction {
     packed.pack(sc.has_labels);
     packed.pack(sc.made_in_forward);
     packed.pack(sc.reduction);
-    packed.pack(sc.first);
-    packed.pack(sc.second);
-    packed.pack(sc.index);
+    packed.pack(sc.beta);
+    packed.pack(sc.temperature);
+    packed.pack(sc.ignore_index);
     static bool bound = false;
     auto result = detail::proxy_into_compiled_graph(*this, swap, bound, &from_ivalues, packed_schema(), packed, grads);
     for (SavedVariable* s : all) swap.after(*s);
@@ -116,8 +116,8 @@ struct RowLossNode final : public torch::autograd::TraceableFunction {
   struct Scalars {
     bool has_labels, made_in_forward;
     int64_t reduction;
-    double first, second;
-    int64_t index;
+    double beta, temperature;
+    int64_t ignore_index;
   };
 
   std::array<SavedVariable*, kSaved> saved() {
@@ -126,7 +126,7 @@ struct RowLossNode final : public torch::autograd::TraceableFunction {
   std::array<const SavedVariable*, kSaved> saved() const {
     return {&student, &teacher, &labels, &grad_student, &grad_teacher, &row_scale};
   }
-  Scalars scalars() const { return {has_labels, made_in_forward, reduction, first, second, index}; }
+  Scalars scalars() const { return {has_labels, made_in_forward, reduction, beta, temperature, ignore_index}; }
 
   // The backward eager `apply` and compiled autograd share. `consume`: the saved gradients may be scaled in
   // place.
@@ -136,7 +136,7 @@ struct RowLossNode final : public torch::autograd::TraceableFunction {
     const at::Tensor& g = grads[0];
     if (!g.defined() || !(need[0] || need[1])) return out;
     const std::optional<at::Tensor> l = sc.has_labels ? std::optional<at::Tensor>(v.labels) : std::nullopt;
-    const RowCall call{v.student, v.teacher, l, sc.reduction, sc.first, sc.second, sc.index};
+    const RowCall call{v.student, v.teacher, l, sc.reduction, sc.beta, sc.temperature, sc.ignore_index};
     if (c10::GradMode::is_enabled()) {
       // create_graph=True: the gradients as ATen-op functions of the inputs and grad_output (the composite),
       // which autograd and the functorch transforms differentiate again.
@@ -156,7 +156,7 @@ struct RowLossNode final : public torch::autograd::TraceableFunction {
       return out;
     }
     auto [gs, gt] = ops::row_backward<Loss>().call(
-        g, v.student, v.teacher, l, sc.reduction, sc.first, sc.second, sc.index, need);
+        g, v.student, v.teacher, l, sc.reduction, sc.beta, sc.temperature, sc.ignore_index, need);
     if (need[0]) out[0] = gs;
     if (need[1]) out[1] = gt;
     return out;
@@ -184,9 +184,9 @@ struct RowLossNode final : public torch::autograd::TraceableFunction {
     sc.has_labels = packed.unpack<bool>();
     sc.made_in_forward = packed.unpack<bool>();
     sc.reduction = packed.unpack<int64_t>();
-    sc.first = packed.unpack<double>();
-    sc.second = packed.unpack<double>();
-    sc.index = packed.unpack<int64_t>();
+    sc.beta = packed.unpack<double>();
+    sc.temperature = packed.unpack<double>();
+    sc.ignore_index = packed.unpack<int64_t>();
     return functional(grads, {needs[0], needs[1]}, v, sc, false);
   }
 };
@@ -196,7 +196,8 @@ template <typename Loss>
 struct RowAutograd {
   static at::Tensor forward(
       c10::DispatchKeySet ks, const at::Tensor& student, const at::Tensor& teacher,
-      const std::optional<at::Tensor>& labels, int64_t reduction, double first, double second, int64_t index) {
+      const std::optional<at::Tensor>& labels, int64_t reduction, double beta, double temperature,
+          int64_t ignore_index) {
     const c10::DispatchKeySet below = ks & c10::after_autograd_keyset;
     // An undefined tensor skips autograd, so that the kernel's checks report it by name.
     const bool defined = student.defined() && teacher.defined();
@@ -205,7 +206,8 @@ struct RowAutograd {
                                    defined && grad_mode && teacher.requires_grad()};
     if (!defined) {
       at::AutoDispatchBelowADInplaceOrView guard;
-      return ops::row_forward<Loss>().redispatch(below, student, teacher, labels, reduction, first, second, index);
+      return ops::row_forward<Loss>().redispatch(below, student, teacher, labels, reduction, beta, temperature,
+          ignore_index);
     }
     const Dual s_dual(student), t_dual(teacher);
     const bool forward_ad = s_dual.has_tangent() || t_dual.has_tangent();
@@ -216,10 +218,11 @@ struct RowAutograd {
       if (reduction != kNone && (need[0] || need[1] || forward_ad)) {
         const std::array<bool, 2> mask{need[0] || s_dual.has_tangent(), need[1] || t_dual.has_tangent()};
         std::tie(result, gs, gt, row_scale) = ops::row_with_grads<Loss>().redispatch(
-            below, student, teacher, labels, reduction, first, second, index, mask);
+            below, student, teacher, labels, reduction, beta, temperature, ignore_index, mask);
         scaled = scales_rows(student, teacher, mask);
       } else {
-        result = ops::row_forward<Loss>().redispatch(below, student, teacher, labels, reduction, first, second, index);
+        result = ops::row_forward<Loss>().redispatch(below, student, teacher, labels, reduction, beta, temperature,
+            ignore_index);
       }
     }
     if (need[0] || need[1]) {
@@ -230,9 +233,9 @@ struct RowAutograd {
       node->has_labels = labels.has_value() && labels->defined();
       if (node->has_labels) node->labels = SavedVariable(*labels, false);
       node->reduction = reduction;
-      node->first = first;
-      node->second = second;
-      node->index = index;
+      node->beta = beta;
+      node->temperature = temperature;
+      node->ignore_index = ignore_index;
       if (reduction != kNone) {
         node->made_in_forward = true;
         if (need[0]) node->grad_student = SavedVariable(gs, false);
@@ -248,7 +251,7 @@ struct RowAutograd {
         if (gt.numel() > 0) gt = gt * factor;
       }
       result._set_fw_grad(
-          tangent(s_dual, t_dual, labels, reduction, first, second, index, gs, gt, result), kLevel, false);
+          tangent(s_dual, t_dual, labels, reduction, beta, temperature, ignore_index, gs, gt, result), kLevel, false);
     }
     return result;
   }
@@ -256,14 +259,14 @@ struct RowAutograd {
   // The result's tangent: for a reduced loss the gradients' dot product with the inputs' tangents; for 'none'
   // the composite's own (forward-mode AD through its ATen ops).
   static at::Tensor tangent(
-      const Dual& s, const Dual& t, const std::optional<at::Tensor>& labels, int64_t reduction, double first,
-      double second, int64_t index, const at::Tensor& gs, const at::Tensor& gt, const at::Tensor& result) {
+      const Dual& s, const Dual& t, const std::optional<at::Tensor>& labels, int64_t reduction, double beta,
+      double temperature, int64_t ignore_index, const at::Tensor& gs, const at::Tensor& gt, const at::Tensor& result) {
     if (reduction == kNone) {
       c10::AutoGradMode no_grad(false);
       const at::Tensor student = s.has_tangent() ? at::_make_dual(s.p, s.t, kLevel) : s.p;
       const at::Tensor teacher = t.has_tangent() ? at::_make_dual(t.p, t.t, kLevel) : t.p;
       const at::Tensor dual = composite::forward_differentiable(
-          Loss{}, {student, teacher, labels, reduction, first, second, index});
+          Loss{}, {student, teacher, labels, reduction, beta, temperature, ignore_index});
       const at::Tensor value = dual._fw_grad(kLevel);
       return value.defined() ? value.to(result.scalar_type()) : at::zeros_like(result);
     }
@@ -293,28 +296,30 @@ template <typename Loss>
 struct RowOpsBelow {
   static std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> with_grads(
       c10::DispatchKeySet ks, const at::Tensor& student, const at::Tensor& teacher,
-      const std::optional<at::Tensor>& labels, int64_t reduction, double first, double second, int64_t index,
+      const std::optional<at::Tensor>& labels, int64_t reduction, double beta, double temperature, int64_t ignore_index,
       std::array<bool, 2> mask) {
     if (!differentiated({&student, &teacher})) {
       at::AutoDispatchBelowADInplaceOrView guard;
       return ops::row_with_grads<Loss>().redispatch(
-          ks & c10::after_autograd_keyset, student, teacher, labels, reduction, first, second, index, mask);
+          ks & c10::after_autograd_keyset, student, teacher, labels, reduction, beta, temperature, ignore_index, mask);
     }
-    return composite::with_grads_differentiable(Loss{}, {student, teacher, labels, reduction, first, second, index}, mask);
+    return composite::with_grads_differentiable(Loss{}, {student, teacher, labels, reduction, beta, temperature,
+        ignore_index}, mask);
   }
 
   static std::tuple<at::Tensor, at::Tensor> backward(
       c10::DispatchKeySet ks, const at::Tensor& grad_output, const at::Tensor& student, const at::Tensor& teacher,
-      const std::optional<at::Tensor>& labels, int64_t reduction, double first, double second, int64_t index,
+      const std::optional<at::Tensor>& labels, int64_t reduction, double beta, double temperature, int64_t ignore_index,
       std::array<bool, 2> mask) {
     if (!differentiated({&grad_output, &student, &teacher})) {
       at::AutoDispatchBelowADInplaceOrView guard;
       return ops::row_backward<Loss>().redispatch(
-          ks & c10::after_autograd_keyset, grad_output, student, teacher, labels, reduction, first, second, index,
+          ks & c10::after_autograd_keyset, grad_output, student, teacher, labels, reduction, beta, temperature,
+              ignore_index,
           mask);
     }
     return composite::backward_differentiable(
-        Loss{}, {student, teacher, labels, reduction, first, second, index}, grad_output, mask);
+        Loss{}, {student, teacher, labels, reduction, beta, temperature, ignore_index}, grad_output, mask);
   }
 };
 
@@ -323,22 +328,24 @@ template <typename Loss>
 struct RowVmap {
   static at::Tensor forward(
       const at::Tensor& student, const at::Tensor& teacher, const std::optional<at::Tensor>& labels,
-      int64_t reduction, double first, double second, int64_t index) {
-    return composite::forward_differentiable(Loss{}, {student, teacher, labels, reduction, first, second, index});
+      int64_t reduction, double beta, double temperature, int64_t ignore_index) {
+    return composite::forward_differentiable(Loss{}, {student, teacher, labels, reduction, beta, temperature,
+        ignore_index});
   }
 
   static std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> with_grads(
       const at::Tensor& student, const at::Tensor& teacher, const std::optional<at::Tensor>& labels,
-      int64_t reduction, double first, double second, int64_t index, std::array<bool, 2> mask) {
-    return composite::with_grads_differentiable(Loss{}, {student, teacher, labels, reduction, first, second, index}, mask);
+      int64_t reduction, double beta, double temperature, int64_t ignore_index, std::array<bool, 2> mask) {
+    return composite::with_grads_differentiable(Loss{}, {student, teacher, labels, reduction, beta, temperature,
+        ignore_index}, mask);
   }
 
   static std::tuple<at::Tensor, at::Tensor> backward(
       const at::Tensor& grad_output, const at::Tensor& student, const at::Tensor& teacher,
-      const std::optional<at::Tensor>& labels, int64_t reduction, double first, double second, int64_t index,
+      const std::optional<at::Tensor>& labels, int64_t reduction, double beta, double temperature, int64_t ignore_index,
       std::array<bool, 2> mask) {
     return composite::backward_differentiable(
-        Loss{}, {student, teacher, labels, reduction, first, second, index}, grad_output, mask);
+        Loss{}, {student, teacher, labels, reduction, beta, temperature, ignore_index}, grad_output, mask);
   }
 };
 

@@ -104,26 +104,27 @@ struct RowBackendKernels {
 
   static at::Tensor forward(
       const at::Tensor& student, const at::Tensor& teacher, const std::optional<at::Tensor>& labels,
-      int64_t reduction, double beta, double temperature, int64_t index) {
+      int64_t reduction, double beta, double temperature, int64_t ignore_index) {
     const RowSpec spec = row_forward_spec<int64_t>(d, d.forward, student, teacher, labels, reduction, beta, temperature);
-    return Math::forward(Loss{}, spec, {student, teacher, labels, reduction, beta, temperature, index});
+    return Math::forward(Loss{}, spec, {student, teacher, labels, reduction, beta, temperature, ignore_index});
   }
 
   static std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> with_grads(
       const at::Tensor& student, const at::Tensor& teacher, const std::optional<at::Tensor>& labels,
-      int64_t reduction, double beta, double temperature, int64_t index, std::array<bool, 2> mask) {
+      int64_t reduction, double beta, double temperature, int64_t ignore_index, std::array<bool, 2> mask) {
     const RowSpec spec = row_with_grads_spec<int64_t>(d, student, teacher, labels, reduction, beta, temperature);
-    return Math::with_grads(Loss{}, spec, {student, teacher, labels, reduction, beta, temperature, index}, mask);
+    return Math::with_grads(
+        Loss{}, spec, {student, teacher, labels, reduction, beta, temperature, ignore_index}, mask);
   }
 
   static std::tuple<at::Tensor, at::Tensor> backward(
       const at::Tensor& grad_output, const at::Tensor& student, const at::Tensor& teacher,
-      const std::optional<at::Tensor>& labels, int64_t reduction, double beta, double temperature, int64_t index,
-      std::array<bool, 2> mask) {
+      const std::optional<at::Tensor>& labels, int64_t reduction, double beta, double temperature,
+      int64_t ignore_index, std::array<bool, 2> mask) {
     const RowSpec spec =
         row_backward_spec<int64_t>(d, grad_output, student, teacher, labels, reduction, beta, temperature);
     return Math::backward(
-        Loss{}, spec, {student, teacher, labels, reduction, beta, temperature, index}, grad_output, mask);
+        Loss{}, spec, {student, teacher, labels, reduction, beta, temperature, ignore_index}, grad_output, mask);
   }
 };
 

@@ -63,7 +63,7 @@ aclnnStatus aclnnMseLossBackwardGetWorkspaceSize(
     aclTensor* gradInput, uint64_t* workspaceSize, aclOpExecutor** executor);
 
 // The generalized JSD's chunk math (npu/generalized_jsd.cpp): ops-nn (aclnnLogSoftmax, aclnnLogSoftmaxBackward)
-// and ops-math (the rest); losses.h's GeneralizedJsd::aclnn_apis lists the chips of each.
+// and ops-math (the rest); each row member's aclnn_apis (losses.h) lists the chips of each.
 aclnnStatus aclnnCastGetWorkspaceSize(
     const aclTensor* self, const aclDataType dtype, aclTensor* out, uint64_t* workspaceSize, aclOpExecutor** executor);
 aclnnStatus aclnnMulsGetWorkspaceSize(

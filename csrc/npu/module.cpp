@@ -3,8 +3,10 @@
 #include <torch/extension.h>
 
 #include <string>
+#include <vector>
 
 #include "npu_common.h"
+#include "rows.h"
 
 PYBIND11_MODULE(_C_npu, m) {
   m.doc() = "npu_loss_ops: the aclnn kernels for Ascend NPUs";
@@ -21,6 +23,16 @@ PYBIND11_MODULE(_C_npu, m) {
   m.def(
       "aclnn_api_available", [](const std::string& api) { return npu_loss::npu::aclnn_api_available(api.c_str()); },
       "Whether the installed CANN has the aclnn API (both phases).");
+  m.def(
+      "row_members",
+      [] {
+        std::vector<std::string> members;
+        npu_loss::for_each_row_loss([&]<typename Loss>() {
+          if (npu_loss::npu::npu_row_math<Loss>().chunk != nullptr) members.push_back(Loss::decl.forward);
+        });
+        return members;
+      },
+      "The row members whose chunk math the NPU's row frame runs (npu/rows.h), by their forward op.");
   m.def("rejected_apis", &npu_loss::npu::rejected_apis,
         "The aclnn APIs this chip's CANN rejected in this process (their calls run the composite since).");
   m.def("_forget_rejected_apis", &npu_loss::npu::forget_rejected_apis,

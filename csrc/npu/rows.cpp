@@ -1,0 +1,397 @@
+// The row losses' NPU frame (rows.h): every row member's three ops and its linear form's step, registered from
+// the declaration list, each running its member's chunk math (npu_row_math<Loss>) through aclnn calls
+// (NPU_LOSS_EXEC_ACLNN) where this chip's path row names an API, and the chunked composite of ATen ops
+// (composite/rows.h) elsewhere.
+//
+// A rejected call: every aclnn call's first phase runs on the calling thread, and a non-zero status enqueues
+// nothing of that call (aclnn_api.h). The chunks already enqueued wrote only this call's own results and
+// temporaries, which are dropped: the whole call then runs the composite (on_aclnn then sends every later call
+// whose beta class uses the API there too, and the one warning names it: npu_common.h).
+#include "rows.h"
+
+#include <torch/library.h>
+
+#include <array>
+#include <optional>
+#include <tuple>
+#include <vector>
+
+#include "../composite/linear.h"
+#include "../composite/rows.h"
+#include "aclnn_api.h"
+#include "npu_common.h"
+
+namespace npu_loss::npu {
+
+namespace {
+constexpr int64_t kRowDim = 1;  // the softmax's dim in a (rows, V) chunk
+}  // namespace
+
+at::Tensor f32_like(const at::Tensor& t) {
+  return at::empty(t.sizes(), t.options().dtype(at::kFloat));
+}
+
+at::Tensor cast_f32(const at::Tensor& x) {
+  at::Tensor out = f32_like(x);
+  const at::ScalarType dtype = at::kFloat;
+  NPU_LOSS_EXEC_ACLNN(aclnnCast, x, dtype, out);
+  return out;
+}
+
+void cast_into(at::Tensor& out, const at::Tensor& x) {
+  const at::ScalarType dtype = out.scalar_type();
+  NPU_LOSS_EXEC_ACLNN(aclnnCast, x, dtype, out);
+}
+
+void scale_(at::Tensor& x, double factor) {
+  const at::Scalar s(factor);
+  NPU_LOSS_EXEC_ACLNN(aclnnInplaceMuls, x, s);
+}
+
+void mul_(at::Tensor& x, const at::Tensor& y) {
+  NPU_LOSS_EXEC_ACLNN(aclnnInplaceMul, x, y);
+}
+
+at::Tensor log_softmax(const at::Tensor& x) {
+  at::Tensor out = f32_like(x);
+  const int64_t dim = kRowDim;
+  NPU_LOSS_EXEC_ACLNN(aclnnLogSoftmax, x, dim, out);
+  return out;
+}
+
+// out = a - e^y sum(a): the log-softmax backward at the log-probabilities y.
+void log_softmax_backward_into(at::Tensor& out, const at::Tensor& a, const at::Tensor& y) {
+  const int64_t dim = kRowDim;
+  NPU_LOSS_EXEC_ACLNN(aclnnLogSoftmaxBackward, a, y, dim, out);
+}
+
+// The chunk's total into a 0-dim float32 slot.
+void sum_into(at::Tensor& out, const at::Tensor& x) {
+  const std::vector<int64_t> dims{0, 1};
+  const at::IntArrayRef dim(dims);
+  const bool keep_dim = false;
+  const at::ScalarType dtype = at::kFloat;
+  NPU_LOSS_EXEC_ACLNN(aclnnReduceSum, x, dim, keep_dim, dtype, out);
+}
+
+void zero_rows_(at::Tensor& x, const at::Tensor& drop) {
+  const at::Scalar zero(0.0);
+  NPU_LOSS_EXEC_ACLNN(aclnnInplaceMaskedFillScalar, x, drop, zero);
+}
+
+// The log-probabilities of a chunk's logits over T, in float32.
+at::Tensor log_probabilities(const at::Tensor& z, double inv_t) {
+  if (z.scalar_type() == at::kFloat && inv_t == 1) return log_softmax(z);
+  at::Tensor x;
+  if (z.scalar_type() == at::kFloat) {
+    x = f32_like(z);
+    const at::Scalar s(inv_t);
+    NPU_LOSS_EXEC_ACLNN(aclnnMuls, z, s, x);
+  } else {
+    x = cast_f32(z);
+    if (inv_t != 1) scale_(x, inv_t);
+  }
+  return log_softmax(x);
+}
+
+// a (scaled by the scalar weight, or times the chunk's weights, then by `factor`) as a gradient's rows: its
+// log-softmax backward at y, into `out` (float32 rows) or through a float32 row and a cast.
+void gradient_rows(at::Tensor& out, at::Tensor& a, const at::Tensor& y, const Weight& w, const at::Tensor& wrows,
+                   double factor, const at::Tensor& drop) {
+  if (wrows.defined()) {
+    mul_(a, wrows);
+    if (factor != 1) scale_(a, factor);
+  } else if (w.scalar * factor != 1) {
+    scale_(a, w.scalar * factor);
+  }
+  if (out.scalar_type() == at::kFloat) {
+    log_softmax_backward_into(out, a, y);
+  } else {
+    at::Tensor g = f32_like(a);
+    log_softmax_backward_into(g, a, y);
+    cast_into(out, g);
+  }
+  if (drop.defined()) zero_rows_(out, drop);
+}
+
+namespace {
+
+using composite::KeptRows;
+
+// The chunk's weights ('none'): its grad_output rows as float32 over T (with labels, the kept rows' placed at
+// their rows and the dropped rows 0).
+at::Tensor chunk_weights(const Weight& w, const std::optional<KeptRows>& kept, const at::Tensor& keep, int64_t first,
+                         int64_t n, int64_t vocab, double inv_t) {
+  at::Tensor rows;
+  if (!kept) {
+    rows = w.rows.narrow(0, first, n);
+  } else {
+    // index_put_, as the composite's: an op every chip's aclnn has.
+    rows = at::zeros({n, vocab}, w.rows.options().dtype(at::kFloat));
+    const int64_t here = kept->between(first, first + n);
+    if (here > 0) {
+      rows.index_put_({keep.narrow(0, first, n).nonzero().squeeze(1)},
+                      w.rows.narrow(0, kept->before[first], here).to(at::kFloat));
+    }
+  }
+  at::Tensor scaled = f32_like(rows);
+  const at::Scalar s(inv_t);
+  NPU_LOSS_EXEC_ACLNN(aclnnMuls, rows, s, scaled);
+  return scaled;
+}
+
+// One call as the frame runs it: the op's arguments after its checks, its backward op's name (for its messages),
+// its member's math, and what to make.
+struct FrameCall {
+  const RowCall& c;
+  const char* backward_op;
+  const NpuRowMath& math;
+  std::array<bool, 2> mask;  // the gradients wanted
+  bool with_values;          // the forward's value ('none' values, or the reduced total)
+  int64_t chunk = 0;         // rows per chunk; 0: composite::chunk_rows's, relative to the call's rows
+};
+
+struct Results {
+  at::Tensor value, gs, gt, row_scale;
+};
+
+Results run(const FrameCall& jc, Weight w) {
+  const RowCall& c = jc.c;
+  const at::Tensor keep = composite::keep_mask(c.labels, c.ignore_index);
+  const std::optional<KeptRows> kept = keep.defined() ? std::optional<KeptRows>(KeptRows(keep)) : std::nullopt;
+  const at::Tensor drop = keep.defined() ? keep.logical_not().unsqueeze(-1) : at::Tensor();
+  const int64_t vocab = c.student.size(-1);
+  const int64_t rows = c.student.numel() / vocab;
+  const double inv_t = 1.0 / c.temperature;
+  const bool none = c.reduction == kNone;
+  if (w.rows.defined() && kept) check_grad_output_rows(jc.backward_op, w.rows, kept->total());
+  if (w.mean) w.scalar /= static_cast<double>(kept ? kept->total() : rows) * static_cast<double>(vocab);
+
+  Results r;
+  r.gs = composite::gradient_or_empty(c.student, jc.mask[0]);
+  r.gt = composite::gradient_or_empty(c.teacher, jc.mask[1]);
+  r.row_scale = at::ones(composite::leading_shape(c.student), c.student.options().dtype(at::kFloat));
+  const bool scaled = jc.with_values && scales_rows(c.student, c.teacher, jc.mask);
+  const auto result = composite::result_dtype(c);
+  if (jc.with_values && none) {
+    r.value = kept ? at::empty({kept->total(), vocab}, c.student.options().dtype(result))
+                   : at::empty(c.student.sizes(), c.student.options().dtype(result));
+  }
+  w.scalar *= inv_t;
+  if (jc.mask[0] || jc.mask[1]) {
+    w.scalar_tensor = at::scalar_tensor(w.scalar, c.student.options().dtype(at::kFloat));
+  }
+
+  std::vector<std::pair<at::Tensor, at::Tensor>> blocks;
+  composite::row_blocks(c.student, c.teacher, blocks);
+  const int64_t chunk = jc.chunk > 0 ? jc.chunk : composite::chunk_rows(
+      rows, vocab, std::max(c.student.element_size(), c.teacher.element_size()), jc.math.temporaries);
+  int64_t chunks = 0;
+  for (const auto& [zs, zt] : blocks) chunks += (zs.size(0) + chunk - 1) / chunk;
+  at::Tensor parts = jc.with_values && !none ? at::empty({chunks}, c.student.options().dtype(at::kFloat))
+                                               : at::Tensor();
+  int64_t first = 0, index = 0;
+  for (const auto& [zs, zt] : blocks) {
+    for (int64_t start = 0; start < zs.size(0); start += chunk, ++index) {
+      const int64_t n = std::min(chunk, zs.size(0) - start);
+      const int64_t row0 = first + start;
+      const bool drops = kept && kept->between(row0, row0 + n) < n;
+      const at::Tensor d = drops ? drop.narrow(0, row0, n) : at::Tensor();
+      const at::Tensor wrows = w.rows.defined() ? chunk_weights(w, kept, keep, row0, n, vocab, inv_t) : at::Tensor();
+      ChunkOut o;
+      if (parts.defined()) o.part = parts.select(0, index);
+      o.values = jc.with_values && none;
+      if (o.values && !kept && result == at::kFloat) o.f = composite::rows_of(r.value, row0, n);
+      // A gradient's rows: written in place in float32 (no row scales), else through a float32 row.
+      at::Tensor gs_rows = jc.mask[0] ? composite::rows_of(r.gs, row0, n) : at::Tensor();
+      at::Tensor gt_rows = jc.mask[1] ? composite::rows_of(r.gt, row0, n) : at::Tensor();
+      if (scaled) {  // float16's row scales are taken on the float32 rows (composite/rows.cpp's with_grads)
+        if (gs_rows.defined()) o.gs = f32_like(gs_rows);
+        if (gt_rows.defined()) o.gt = f32_like(gt_rows);
+      } else {
+        o.gs = gs_rows;
+        o.gt = gt_rows;
+      }
+      jc.math.chunk({c, zs.narrow(0, start, n), zt.narrow(0, start, n), inv_t, w, wrows, d}, o);
+      if (scaled) {
+        const at::Tensor bound = o.gs.defined() && o.gt.defined()
+            ? at::maximum(o.gs.abs().amax(-1), o.gt.abs().amax(-1))
+            : (o.gs.defined() ? o.gs : o.gt).abs().amax(-1);
+        const at::Tensor power = composite::row_powers(bound);
+        const at::Tensor factor = at::exp2(power).unsqueeze(-1);
+        if (o.gs.defined()) gs_rows.copy_(o.gs * factor);
+        if (o.gt.defined()) gt_rows.copy_(o.gt * factor);
+        r.row_scale.view({-1}).narrow(0, row0, n).copy_(at::exp2(-power));
+      }
+      if (o.f.defined()) {
+        if (d.defined()) zero_rows_(o.f, d);
+        if (o.part.defined()) sum_into(o.part, o.f);
+        if (o.values) {
+          if (kept) {
+            const int64_t here = kept->between(row0, row0 + n);
+            if (here > 0) {
+              r.value.narrow(0, kept->before[row0], here)
+                  .copy_(composite::rows_where(o.f, keep.narrow(0, row0, n)));
+            }
+          } else if (result != at::kFloat) {
+            at::Tensor values = composite::rows_of(r.value, row0, n);
+            cast_into(values, o.f);
+          }
+        }
+      }
+    }
+    first += zs.size(0);
+  }
+  if (parts.defined()) {
+    at::Tensor total = at::empty({}, parts.options());
+    const std::vector<int64_t> dims{0};
+    const at::IntArrayRef dim(dims);
+    const bool keep_dim = false;
+    const at::ScalarType dtype = at::kFloat;
+    NPU_LOSS_EXEC_ACLNN(aclnnReduceSum, parts, dim, keep_dim, dtype, total);
+    if (c.reduction == kMean) {  // over the elements of the rows kept (NaN when none is)
+      const at::Scalar count(static_cast<double>(kept ? kept->total() : rows) * static_cast<double>(vocab));
+      at::Tensor mean = at::empty({}, parts.options());
+      NPU_LOSS_EXEC_ACLNN(aclnnDivs, total, count, mean);
+      total = mean;
+    }
+    if (result == at::kFloat) {
+      r.value = total;
+    } else {
+      r.value = at::empty({}, c.student.options().dtype(result));
+      cast_into(r.value, total);
+    }
+  }
+  return r;
+}
+
+// Every aclnn API a call of this beta class makes on the path (the forward's, or also the gradients'), present in
+// this CANN (asked once per class: an older toolkit may lack one, aclnnKlDivTargetBackward first).
+template <typename Loss, bool Backward>
+bool apis_present(chips::BetaClass beta) {
+  static const std::array<bool, 3> present = [] {
+    std::array<bool, 3> found{};
+    const chips::BetaClass classes[] = {chips::BetaClass::Zero, chips::BetaClass::Mixture, chips::BetaClass::One};
+    for (size_t i = 0; i < found.size(); ++i) {
+      found[i] = true;
+      for (const auto& use : Loss::aclnn_apis) {
+        if ((use.gradients && !Backward) || !chips::contains(use.betas, classes[i])) continue;
+        found[i] = found[i] && aclnn_api_available(use.api);
+      }
+    }
+    return found;
+  }();
+  return present[beta == chips::BetaClass::Zero ? 0 : beta == chips::BetaClass::Mixture ? 1 : 2];
+}
+
+// Whether this chip's CANN rejected, in this process, an API a call of this beta class makes on the path.
+template <typename Loss, bool Backward>
+bool apis_rejected(chips::BetaClass beta) {
+  for (const auto& use : Loss::aclnn_apis) {
+    if ((use.gradients && !Backward) || !chips::contains(use.betas, beta)) continue;
+    if (api_rejected(use.api)) return true;
+  }
+  return false;
+}
+
+// Whether a call of the forward (Backward false) or of an op that makes gradients runs the aclnn path here.
+template <typename Loss, bool Backward>
+bool on_aclnn(const RowCall& c) {
+  const chips::BetaClass beta = chips::unit_beta_class(c.beta);
+  const Path p = path_here<Loss, Backward>(dtype_class({&c.student, &c.teacher}), beta, false);
+  return p.aclnn != nullptr && apis_present<Loss, Backward>(beta) && !apis_rejected<Loss, Backward>(beta);
+}
+
+// run(), or nothing when the chip's CANN rejected one of its calls (noted: the caller runs the composite).
+std::optional<Results> run_or_rejected(const FrameCall& jc, const Weight& w) {
+  try {
+    return run(jc, w);
+  } catch (const AclnnRejected& rejected) {
+    note_rejection(rejected);
+    return std::nullopt;
+  }
+}
+
+// A call of the member `Loss` as the frame runs it.
+template <typename Loss>
+FrameCall frame_of(const RowCall& c, std::array<bool, 2> mask, bool with_values, int64_t chunk = 0) {
+  return {c, Loss::decl.backward, npu_row_math<Loss>(), mask, with_values, chunk};
+}
+
+// The frame's three ops for a member `Loss` (core/backend.h's RowBackendKernels runs the checks first).
+struct NpuRows {
+  template <typename Loss>
+  static at::Tensor forward(Loss, const RowSpec&, const RowCall& c) {
+    const c10::OptionalDeviceGuard guard(at::device_of(c.student));
+    if (c.student.numel() == 0 || !on_aclnn<Loss, false>(c)) return composite::forward(Loss{}, c);
+    if (auto r = run_or_rejected(frame_of<Loss>(c, {false, false}, true), Weight{})) return r->value;
+    return composite::forward(Loss{}, c);
+  }
+  template <typename Loss>
+  static std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> with_grads(
+      Loss, const RowSpec&, const RowCall& c, std::array<bool, 2> mask) {
+    const c10::OptionalDeviceGuard guard(at::device_of(c.student));
+    const bool grads = mask[0] || mask[1];
+    if (c.student.numel() == 0 || !(grads ? on_aclnn<Loss, true>(c) : on_aclnn<Loss, false>(c))) {
+      return composite::with_grads(Loss{}, c, mask);
+    }
+    Weight w;
+    w.mean = c.reduction == kMean;
+    if (auto r = run_or_rejected(frame_of<Loss>(c, mask, true), w)) return {r->value, r->gs, r->gt, r->row_scale};
+    return composite::with_grads(Loss{}, c, mask);
+  }
+  template <typename Loss>
+  static std::tuple<at::Tensor, at::Tensor> backward(
+      Loss, const RowSpec&, const RowCall& c, const at::Tensor& grad_output, std::array<bool, 2> mask) {
+    const c10::OptionalDeviceGuard guard(at::device_of(c.student));
+    if (c.student.numel() == 0 || !on_aclnn<Loss, true>(c)) return composite::backward(Loss{}, c, grad_output, mask);
+    Weight w;
+    if (c.reduction == kNone) {
+      const bool labels = c.labels.has_value() && c.labels->defined();
+      // One row per row (the logits' shape) or one per row kept (checked in run()).
+      w.rows = labels ? grad_output : grad_output.contiguous().view({-1, c.student.size(-1)});
+    } else {
+      w.scalar = grad_output.item<double>();
+      w.mean = c.reduction == kMean;
+    }
+    if (auto r = run_or_rejected(frame_of<Loss>(c, mask, false), w)) return {r->gs, r->gt};
+    return composite::backward(Loss{}, c, grad_output, mask);
+  }
+};
+
+// The linear form's step (composite/linear.h): each of its chunks, already sized by its own budget (which counts
+// this path's float32 temporaries), in one chunk of the path above; sized relative to the chunk's own rows,
+// the path would split it again into chunks of a few rows, each a round of launches. Where the row is the
+// composite (or this chip's CANN rejected an API of the path), the composite's chunks within the same budget:
+// the member's temporaries of its kCompositeTemporaries rows per row of the step.
+template <typename Loss>
+struct NpuLinearStep {
+  static composite::RowStep step() {
+    return {[](const at::Tensor& student, const at::Tensor& teacher, const std::optional<at::Tensor>& labels,
+               double beta, double temperature, int64_t ignore_index, std::array<bool, 2> mask,
+               composite::RowExtras*) -> std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> {
+              const RowCall c{student, teacher, labels, kSum, beta, temperature, ignore_index};
+              const c10::OptionalDeviceGuard guard(at::device_of(student));
+              const bool grads = mask[0] || mask[1];
+              if (student.numel() > 0 && (grads ? on_aclnn<Loss, true>(c) : on_aclnn<Loss, false>(c))) {
+                if (auto r = run_or_rejected(frame_of<Loss>(c, mask, true, student.size(0)), Weight{})) {
+                  return {r->value, r->gs, r->gt, r->row_scale};
+                }
+              }
+              const int64_t rows = student.numel() / std::max<int64_t>(student.size(-1), 1);
+              return composite::with_grads(
+                  Loss{}, c, mask, std::max<int64_t>(1,
+                      rows * npu_row_math<Loss>().temporaries / composite::kCompositeTemporaries));
+            },
+            false, npu_row_math<Loss>().temporaries * 4};
+  }
+};
+
+}  // namespace
+
+TORCH_LIBRARY_IMPL(npu_loss, PrivateUse1, m) {
+  // Every row member's ops and its linear form (each chunk's matmuls torch_npu's, its rows the frame's path).
+  composite::impl_row_losses<NpuRows, NpuLinearStep>(m);
+}
+
+}  // namespace npu_loss::npu

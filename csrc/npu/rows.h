@@ -1,0 +1,90 @@
+// The row losses' NPU frame (losses.h's LossKind::Rows), one for every row member, as AclnnKernels
+// (npu_common.h) is for the elementwise losses. rows.cpp has the frame: the checks, this chip's path of a call
+// (the member's declared aclnn APIs, Loss::aclnn_apis, present and not rejected), the chunks of rows within
+// their memory budget, the gradients' weights, float16's row scales, dropped rows, 'none''s values and the
+// reduced total, and the composite (composite/rows.h) for the whole call where the path names no API or the
+// chip's CANN rejects one. A member gives its math per chunk (NpuRowMath), in a file of its own
+// (generalized_jsd.cpp); docs/npu_paths.md has the rows, the calls and the chunk's memory budget.
+#pragma once
+
+#include <ATen/ATen.h>
+
+#include <cstdint>
+
+#include "../core/checks.h"
+#include "../losses.h"
+
+namespace npu_loss::npu {
+
+// ---- one aclnn call each (NPU_LOSS_EXEC_ACLNN), for the frame and the members' math ----
+
+at::Tensor f32_like(const at::Tensor& t);  // an uninitialised float32 tensor of t's shape (no call)
+at::Tensor cast_f32(const at::Tensor& x);
+void cast_into(at::Tensor& out, const at::Tensor& x);
+void scale_(at::Tensor& x, double factor);
+void mul_(at::Tensor& x, const at::Tensor& y);
+at::Tensor log_softmax(const at::Tensor& x);  // over a (rows, V) chunk's rows, into float32
+// out = a - e^y sum(a): the log-softmax backward at the log-probabilities y.
+void log_softmax_backward_into(at::Tensor& out, const at::Tensor& a, const at::Tensor& y);
+// The chunk's total into a 0-dim float32 slot.
+void sum_into(at::Tensor& out, const at::Tensor& x);
+void zero_rows_(at::Tensor& x, const at::Tensor& drop);
+
+// Every element's weight of the gradients, 1 / T folded in: a host scalar ("mean", "sum" and the forward's
+// gradients) or, for the backward of 'none', a float32 (n, V) tensor per chunk.
+struct Weight {
+  double scalar = 1;
+  bool mean = false;         // scalar is then divided by the elements of the rows kept
+  at::Tensor rows;           // 'none': grad_output's rows, one per row (rows, V) or one per row kept (K, V)
+  at::Tensor scalar_tensor;  // scalar as a 0-dim float32 tensor on the device, for aclnnKlDivTargetBackward
+};
+
+// What a chunk makes: its part of the total (a 0-dim float32 slot), its 'none' values (float32 (n, V): the
+// result's rows themselves when they are float32 rows of every row) and the gradients' rows, each undefined where
+// not wanted.
+struct ChunkOut {
+  at::Tensor part;
+  bool values = false;
+  at::Tensor f;
+  at::Tensor gs, gt;
+};
+
+// One chunk as a member's math gets it: n rows of each side's logits (in their own dtype), 1 / T, every
+// element's weight of the gradients (w; and wrows, float32 (n, V) over T, for the backward of 'none'), and the
+// rows the labels drop (drop: (n, 1) bool; undefined when the chunk keeps every row).
+struct RowChunk {
+  const RowCall& call;
+  at::Tensor student, teacher;
+  double inv_t;
+  const Weight& w;
+  at::Tensor wrows, drop;
+};
+
+// A row member's NPU math. chunk() fills what `o` asks for: the values' float32 rows f (o.f, allocating it when
+// undefined) where o.part or o.values is set, and the gradients' rows o.gs and o.gt where defined (zero in
+// dropped rows); the frame then sums, places, scales and casts them. temporaries: the float32 (rows, V)
+// tensors a chunk holds alive at once, at most, with the frame's (whence the chunk's rows: composite::chunk_rows).
+struct NpuRowMath {
+  void (*chunk)(const RowChunk& c, ChunkOut& o);
+  int64_t temporaries;
+};
+
+// The log-probabilities of a chunk's logits over T, in float32.
+at::Tensor log_probabilities(const at::Tensor& z, double inv_t);
+
+// a (scaled by the scalar weight, or times the chunk's weights, then by `factor`) as a gradient's rows: its
+// log-softmax backward at y, into `out` (float32 rows) or through a float32 row and a cast.
+void gradient_rows(at::Tensor& out, at::Tensor& a, const at::Tensor& y, const Weight& w, const at::Tensor& wrows,
+                   double factor, const at::Tensor& drop);
+
+// Each row member's math, from its own file: one specialization per member of losses.h's list, declared here
+// from the list (a member without one fails to link).
+template <typename Loss>
+const NpuRowMath& npu_row_math();
+#define NPU_LOSS_DECLARE_ROW_MATH(Loss) \
+  template <>                           \
+  const NpuRowMath& npu_row_math<Loss>();
+NPU_LOSS_FOR_EACH_ROW_LOSS(NPU_LOSS_DECLARE_ROW_MATH)
+#undef NPU_LOSS_DECLARE_ROW_MATH
+
+}  // namespace npu_loss::npu

@@ -1,0 +1,123 @@
+"""Every row member the declaration list holds (csrc/losses.h, LossKind::Rows), walked through every layer's
+table: its schemas, its fake kernels, autograd, its DTensor rules, the CPU frame's kernel table and the NPU's
+row frame (docs/adding_a_loss.md, "Adding a row member"). Nothing is declared here: the members come from
+``_C._losses()``, so a member added to the list and missing from any layer fails here."""
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+import torch
+from torch._subclasses.fake_tensor import FakeTensorMode
+
+from npu_loss_ops import _C, _dtensor  # type: ignore[attr-defined]
+
+ROWS: list[dict[str, Any]] = [row for row in _C._losses() if row["kind"] == "rows"]
+IDS = [row["forward"] for row in ROWS]
+
+
+def _ops_of(row: dict[str, Any]) -> list[str]:
+    """The names of every op the member declares: its three, and its linear form's two."""
+    ops = [row["forward"], row["with_grads"], row["backward"]]
+    if row["linear"] is not None:
+        ops += [row["linear"]["forward"], row["linear"]["with_grads"]]
+    return ops
+
+
+def _overload(name: str) -> torch._ops.OpOverload:
+    return getattr(torch.ops.npu_loss, name).default
+
+
+def _has_kernel(name: str, key: str) -> bool:
+    return torch._C._dispatch_has_kernel_for_dispatch_key(f"npu_loss::{name}", key)
+
+
+def test_the_list_has_row_members():
+    assert IDS, "the declaration list holds no row member"
+
+
+@pytest.mark.parametrize("row", ROWS, ids=IDS)
+def test_schemas_name_the_declared_arguments(row):
+    for name in _ops_of(row):
+        assert hasattr(torch.ops.npu_loss, name), f"no schema for npu_loss::{name}"
+    forward = [a.name for a in _overload(row["forward"])._schema.arguments]
+    assert forward == [*row["logits"], row["labels"], "reduction", *row["floats"], row["index"]]
+    backward = [a.name for a in _overload(row["backward"])._schema.arguments]
+    assert backward == ["grad_output", *forward, "output_mask"]
+    with_grads = [a.name for a in _overload(row["with_grads"])._schema.arguments]
+    assert with_grads == [*forward, "output_mask"]
+    if row["linear"] is not None:
+        f = row["linear"]
+        names = [a.name for a in _overload(f["forward"])._schema.arguments]
+        assert names[:7] == [f["inputs"][0], f["weights"][0], f["inputs"][1], f["weights"][1], row["labels"],
+                             *f["biases"]]
+        assert names[8:13] == [*row["floats"], row["index"], *f["weights_of"]]
+
+
+def _logits(rows: int = 3, vocab: int = 11, **kwargs: Any) -> tuple[torch.Tensor, torch.Tensor]:
+    return torch.randn(rows, vocab, **kwargs), torch.randn(rows, vocab, **kwargs)
+
+
+@pytest.mark.parametrize("row", ROWS, ids=IDS)
+def test_fake_kernels_give_the_real_shapes(row):
+    student, teacher = _logits()
+    labels = torch.tensor([0, -100, 2])
+    real = [
+        _overload(row["forward"])(student, teacher, labels, 2),
+        _overload(row["with_grads"])(student, teacher, None, 2, 0.5, 1.0, -100, [True, True]),
+        _overload(row["backward"])(torch.tensor(1.0), student, teacher, None, 2, 0.5, 1.0, -100, [True, False]),
+    ]
+    with FakeTensorMode() as mode:
+        fs, ft, fl = (mode.from_tensor(t) for t in (student, teacher, labels))
+        fake = [
+            _overload(row["forward"])(fs, ft, fl, 2),
+            _overload(row["with_grads"])(fs, ft, None, 2, 0.5, 1.0, -100, [True, True]),
+            _overload(row["backward"])(mode.from_tensor(torch.tensor(1.0)), fs, ft, None, 2, 0.5, 1.0, -100,
+                                       [True, False]),
+        ]
+    flat = lambda xs: [x for r in xs for x in (r if isinstance(r, tuple) else (r,))]  # noqa: E731
+    for r, f in zip(flat(real), flat(fake), strict=True):
+        assert (tuple(f.shape), f.dtype) == (tuple(r.shape), r.dtype)
+
+
+@pytest.mark.parametrize("row", ROWS, ids=IDS)
+def test_autograd_kernels_make_the_gradients(row):
+    assert row["forward"] in _C._differentiable_ops()
+    student, teacher = _logits(requires_grad=True)
+    _overload(row["forward"])(student, teacher, None, 1).backward()
+    assert student.grad is not None and teacher.grad is not None
+    assert student.grad.abs().sum() > 0 and teacher.grad.abs().sum() > 0
+    if row["linear"] is not None:
+        assert _has_kernel(row["linear"]["forward"], "Autograd")
+
+
+@pytest.mark.parametrize("row", ROWS, ids=IDS)
+def test_dtensor_rules_cover_every_op(row):
+    from torch.distributed.tensor import DTensor
+
+    assert row["forward"] in {r.forward for r in _dtensor.ROW_LOSSES}
+    funcs = DTensor._op_dispatcher.sharding_propagator.op_strategy_funcs
+    missing = [name for name in _ops_of(row) if _overload(name) not in funcs]
+    assert not missing, f"no DTensor rule for {missing}"
+
+
+@pytest.mark.parametrize("row", ROWS, ids=IDS)
+def test_the_cpu_frame_has_a_kernel(row):
+    assert row["cpu_kernel"], f"{row['forward']} has no entry in the CPU row kernels' table"
+    missing = [name for name in _ops_of(row) if not _has_kernel(name, "CPU")]
+    assert not missing, f"no CPU kernel for {missing}"
+
+
+@pytest.mark.parametrize("row", ROWS, ids=IDS)
+def test_the_npu_row_frame_runs_it(row, device):
+    if device != "npu":
+        pytest.skip("the NPU's row frame is walked where the NPU runs (scripts/run_npu_emulated.sh)")
+    from npu_loss_ops import _C_npu  # type: ignore[attr-defined]
+
+    assert row["forward"] in _C_npu.row_members()
+    missing = [name for name in _ops_of(row) if not _has_kernel(name, "PrivateUse1")]
+    assert not missing, f"no NPU kernel for {missing}"
+    student, teacher = _logits()
+    value = _overload(row["forward"])(student.to(device), teacher.to(device))
+    assert value.device.type == "npu"
+    torch.testing.assert_close(value.cpu(), _overload(row["forward"])(student, teacher), rtol=1e-5, atol=1e-6)

@@ -1,7 +1,7 @@
 // What every NPU kernel shares: the chip of this process and the path of a call on it (the rows are each
 // loss's declaration's, chips/paths.h), whether the installed CANN has an aclnn API at all and whether this
 // chip's CANN rejected one, private NPU formats, the small host-side fixes around the aclnn calls, and the
-// frame the elementwise losses' kernels run in (AclnnKernels; the row losses' is npu/generalized_jsd.cpp's).
+// frame the elementwise losses' kernels run in (AclnnKernels; the row members' is npu/rows.h's).
 #pragma once
 
 #include <ATen/ATen.h>

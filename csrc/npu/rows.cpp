@@ -155,113 +155,144 @@ struct Results {
   at::Tensor value, gs, gt, row_scale;
 };
 
-Results run(const FrameCall& jc, Weight w) {
-  const RowCall& c = jc.c;
-  const at::Tensor keep = composite::keep_mask(c.labels, c.ignore_index);
-  const std::optional<KeptRows> kept = keep.defined() ? std::optional<KeptRows>(KeptRows(keep)) : std::nullopt;
-  const at::Tensor drop = keep.defined() ? keep.logical_not().unsqueeze(-1) : at::Tensor();
-  const int64_t vocab = c.student.size(-1);
-  const int64_t rows = c.student.numel() / vocab;
-  const double inv_t = 1.0 / c.temperature;
-  const bool none = c.reduction == kNone;
-  if (w.rows.defined() && kept) check_grad_output_rows(jc.backward_op, w.rows, kept->total());
-  if (w.mean) w.scalar /= static_cast<double>(kept ? kept->total() : rows) * static_cast<double>(vocab);
+// What a call's chunks share, planned before the first: the rows kept (with labels), the rows to drop, the
+// sizes, 1 / T, whether the gradients are stored with row scales, the result's dtype and the rows of a chunk.
+struct Plan {
+  at::Tensor keep;
+  std::optional<KeptRows> kept;
+  at::Tensor drop;
+  int64_t vocab = 0, rows = 0, chunk = 0;
+  double inv_t = 1;
+  bool none = false, scaled = false;
+  at::ScalarType result;
+};
 
+Plan plan_call(const FrameCall& jc) {
+  const RowCall& c = jc.c;
+  Plan p;
+  p.keep = composite::keep_mask(c.labels, c.ignore_index);
+  if (p.keep.defined()) {
+    p.kept.emplace(p.keep);
+    p.drop = p.keep.logical_not().unsqueeze(-1);
+  }
+  p.vocab = c.student.size(-1);
+  p.rows = c.student.numel() / p.vocab;
+  p.inv_t = 1.0 / c.temperature;
+  p.none = c.reduction == kNone;
+  p.scaled = jc.with_values && scales_rows(c.student, c.teacher, jc.mask);
+  p.result = composite::result_dtype(c);
+  p.chunk = jc.chunk > 0 ? jc.chunk : composite::chunk_rows(
+      p.rows, p.vocab, std::max(c.student.element_size(), c.teacher.element_size()), jc.math.temporaries);
+  return p;
+}
+
+// The results, allocated before the first chunk (the gradients wanted, the row scales, 'none''s values).
+Results allocate(const FrameCall& jc, const Plan& p) {
+  const RowCall& c = jc.c;
   Results r;
   r.gs = composite::gradient_or_empty(c.student, jc.mask[0]);
   r.gt = composite::gradient_or_empty(c.teacher, jc.mask[1]);
   r.row_scale = at::ones(composite::leading_shape(c.student), c.student.options().dtype(at::kFloat));
-  const bool scaled = jc.with_values && scales_rows(c.student, c.teacher, jc.mask);
-  const auto result = composite::result_dtype(c);
-  if (jc.with_values && none) {
-    r.value = kept ? at::empty({kept->total(), vocab}, c.student.options().dtype(result))
-                   : at::empty(c.student.sizes(), c.student.options().dtype(result));
+  if (jc.with_values && p.none) {
+    r.value = p.kept ? at::empty({p.kept->total(), p.vocab}, c.student.options().dtype(p.result))
+                     : at::empty(c.student.sizes(), c.student.options().dtype(p.result));
   }
-  w.scalar *= inv_t;
+  return r;
+}
+
+// After a chunk's math: float16's gradients stored with their row scales, the dropped rows' values zeroed,
+// the chunk's part of the total, and its 'none' values placed (the kept rows', or cast into the result).
+void finish_chunk(const Plan& p, ChunkOut& o, at::Tensor& gs_rows, at::Tensor& gt_rows, Results& r, int64_t row0,
+                  int64_t n, const at::Tensor& d) {
+  if (p.scaled) {
+    const at::Tensor bound = o.gs.defined() && o.gt.defined()
+        ? at::maximum(o.gs.abs().amax(-1), o.gt.abs().amax(-1))
+        : (o.gs.defined() ? o.gs : o.gt).abs().amax(-1);
+    const at::Tensor power = composite::row_powers(bound);
+    const at::Tensor factor = at::exp2(power).unsqueeze(-1);
+    if (o.gs.defined()) gs_rows.copy_(o.gs * factor);
+    if (o.gt.defined()) gt_rows.copy_(o.gt * factor);
+    r.row_scale.view({-1}).narrow(0, row0, n).copy_(at::exp2(-power));
+  }
+  if (!o.f.defined()) return;
+  if (d.defined()) zero_rows_(o.f, d);
+  if (o.part.defined()) sum_into(o.part, o.f);
+  if (!o.values) return;
+  if (p.kept) {
+    const int64_t here = p.kept->between(row0, row0 + n);
+    if (here > 0) {
+      r.value.narrow(0, p.kept->before[row0], here).copy_(composite::rows_where(o.f, p.keep.narrow(0, row0, n)));
+    }
+  } else if (p.result != at::kFloat) {
+    at::Tensor values = composite::rows_of(r.value, row0, n);
+    cast_into(values, o.f);
+  }
+}
+
+// The reduced result from the chunks' parts: their sum, divided for "mean" by the elements of the rows kept
+// (NaN when none is), in the result's dtype.
+at::Tensor total_of(const RowCall& c, const Plan& p, const at::Tensor& parts) {
+  at::Tensor total = at::empty({}, parts.options());
+  const std::vector<int64_t> dims{0};
+  const at::IntArrayRef dim(dims);
+  const bool keep_dim = false;
+  const at::ScalarType dtype = at::kFloat;
+  NPU_LOSS_EXEC_ACLNN(aclnnReduceSum, parts, dim, keep_dim, dtype, total);
+  if (c.reduction == kMean) {
+    const at::Scalar count(static_cast<double>(p.kept ? p.kept->total() : p.rows) * static_cast<double>(p.vocab));
+    at::Tensor mean = at::empty({}, parts.options());
+    NPU_LOSS_EXEC_ACLNN(aclnnDivs, total, count, mean);
+    total = mean;
+  }
+  if (p.result == at::kFloat) return total;
+  at::Tensor value = at::empty({}, c.student.options().dtype(p.result));
+  cast_into(value, total);
+  return value;
+}
+
+// The call, chunk by chunk of rows (composite::row_blocks: the rows of each side that lie evenly in memory).
+Results run(const FrameCall& jc, Weight w) {
+  const RowCall& c = jc.c;
+  const Plan p = plan_call(jc);
+  if (w.rows.defined() && p.kept) check_grad_output_rows(jc.backward_op, w.rows, p.kept->total());
+  if (w.mean) w.scalar /= static_cast<double>(p.kept ? p.kept->total() : p.rows) * static_cast<double>(p.vocab);
+  Results r = allocate(jc, p);
+  w.scalar *= p.inv_t;
   if (jc.mask[0] || jc.mask[1]) {
     w.scalar_tensor = at::scalar_tensor(w.scalar, c.student.options().dtype(at::kFloat));
   }
 
   std::vector<std::pair<at::Tensor, at::Tensor>> blocks;
   composite::row_blocks(c.student, c.teacher, blocks);
-  const int64_t chunk = jc.chunk > 0 ? jc.chunk : composite::chunk_rows(
-      rows, vocab, std::max(c.student.element_size(), c.teacher.element_size()), jc.math.temporaries);
   int64_t chunks = 0;
-  for (const auto& [zs, zt] : blocks) chunks += (zs.size(0) + chunk - 1) / chunk;
-  at::Tensor parts = jc.with_values && !none ? at::empty({chunks}, c.student.options().dtype(at::kFloat))
-                                               : at::Tensor();
+  for (const auto& [zs, zt] : blocks) chunks += (zs.size(0) + p.chunk - 1) / p.chunk;
+  const at::Tensor parts = jc.with_values && !p.none ? at::empty({chunks}, c.student.options().dtype(at::kFloat))
+                                                     : at::Tensor();
   int64_t first = 0, index = 0;
   for (const auto& [zs, zt] : blocks) {
-    for (int64_t start = 0; start < zs.size(0); start += chunk, ++index) {
-      const int64_t n = std::min(chunk, zs.size(0) - start);
+    for (int64_t start = 0; start < zs.size(0); start += p.chunk, ++index) {
+      const int64_t n = std::min(p.chunk, zs.size(0) - start);
       const int64_t row0 = first + start;
-      const bool drops = kept && kept->between(row0, row0 + n) < n;
-      const at::Tensor d = drops ? drop.narrow(0, row0, n) : at::Tensor();
-      const at::Tensor wrows = w.rows.defined() ? chunk_weights(w, kept, keep, row0, n, vocab, inv_t) : at::Tensor();
+      const bool drops = p.kept && p.kept->between(row0, row0 + n) < n;
+      const at::Tensor d = drops ? p.drop.narrow(0, row0, n) : at::Tensor();
+      const at::Tensor wrows =
+          w.rows.defined() ? chunk_weights(w, p.kept, p.keep, row0, n, p.vocab, p.inv_t) : at::Tensor();
       ChunkOut o;
       if (parts.defined()) o.part = parts.select(0, index);
-      o.values = jc.with_values && none;
-      if (o.values && !kept && result == at::kFloat) o.f = composite::rows_of(r.value, row0, n);
+      o.values = jc.with_values && p.none;
+      if (o.values && !p.kept && p.result == at::kFloat) o.f = composite::rows_of(r.value, row0, n);
       // A gradient's rows: written in place in float32 (no row scales), else through a float32 row.
       at::Tensor gs_rows = jc.mask[0] ? composite::rows_of(r.gs, row0, n) : at::Tensor();
       at::Tensor gt_rows = jc.mask[1] ? composite::rows_of(r.gt, row0, n) : at::Tensor();
-      if (scaled) {  // float16's row scales are taken on the float32 rows (composite/rows.cpp's with_grads)
-        if (gs_rows.defined()) o.gs = f32_like(gs_rows);
-        if (gt_rows.defined()) o.gt = f32_like(gt_rows);
-      } else {
-        o.gs = gs_rows;
-        o.gt = gt_rows;
-      }
-      jc.math.chunk({c, zs.narrow(0, start, n), zt.narrow(0, start, n), inv_t, w, wrows, d}, o);
-      if (scaled) {
-        const at::Tensor bound = o.gs.defined() && o.gt.defined()
-            ? at::maximum(o.gs.abs().amax(-1), o.gt.abs().amax(-1))
-            : (o.gs.defined() ? o.gs : o.gt).abs().amax(-1);
-        const at::Tensor power = composite::row_powers(bound);
-        const at::Tensor factor = at::exp2(power).unsqueeze(-1);
-        if (o.gs.defined()) gs_rows.copy_(o.gs * factor);
-        if (o.gt.defined()) gt_rows.copy_(o.gt * factor);
-        r.row_scale.view({-1}).narrow(0, row0, n).copy_(at::exp2(-power));
-      }
-      if (o.f.defined()) {
-        if (d.defined()) zero_rows_(o.f, d);
-        if (o.part.defined()) sum_into(o.part, o.f);
-        if (o.values) {
-          if (kept) {
-            const int64_t here = kept->between(row0, row0 + n);
-            if (here > 0) {
-              r.value.narrow(0, kept->before[row0], here)
-                  .copy_(composite::rows_where(o.f, keep.narrow(0, row0, n)));
-            }
-          } else if (result != at::kFloat) {
-            at::Tensor values = composite::rows_of(r.value, row0, n);
-            cast_into(values, o.f);
-          }
-        }
-      }
+      // float16's row scales are taken on the float32 rows (composite/rows.cpp's with_grads).
+      o.gs = p.scaled && gs_rows.defined() ? f32_like(gs_rows) : gs_rows;
+      o.gt = p.scaled && gt_rows.defined() ? f32_like(gt_rows) : gt_rows;
+      jc.math.chunk({c, zs.narrow(0, start, n), zt.narrow(0, start, n), p.inv_t, w, wrows, d}, o);
+      finish_chunk(p, o, gs_rows, gt_rows, r, row0, n, d);
     }
     first += zs.size(0);
   }
-  if (parts.defined()) {
-    at::Tensor total = at::empty({}, parts.options());
-    const std::vector<int64_t> dims{0};
-    const at::IntArrayRef dim(dims);
-    const bool keep_dim = false;
-    const at::ScalarType dtype = at::kFloat;
-    NPU_LOSS_EXEC_ACLNN(aclnnReduceSum, parts, dim, keep_dim, dtype, total);
-    if (c.reduction == kMean) {  // over the elements of the rows kept (NaN when none is)
-      const at::Scalar count(static_cast<double>(kept ? kept->total() : rows) * static_cast<double>(vocab));
-      at::Tensor mean = at::empty({}, parts.options());
-      NPU_LOSS_EXEC_ACLNN(aclnnDivs, total, count, mean);
-      total = mean;
-    }
-    if (result == at::kFloat) {
-      r.value = total;
-    } else {
-      r.value = at::empty({}, c.student.options().dtype(result));
-      cast_into(r.value, total);
-    }
-  }
+  if (parts.defined()) r.value = total_of(c, p, parts);
   return r;
 }
 

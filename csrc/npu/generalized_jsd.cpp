@@ -26,24 +26,29 @@ namespace {
 void exp_into(at::Tensor& out, const at::Tensor& x) {
   NPU_LOSS_EXEC_ACLNN(aclnnExp, x, out);
 }
+
 // out = x - y
 void sub_into(at::Tensor& out, const at::Tensor& x, const at::Tensor& y) {
   const at::Scalar one(1.0);
   NPU_LOSS_EXEC_ACLNN(aclnnSub, x, y, one, out);
 }
+
 // out = x + alpha * y
 void add_into(at::Tensor& out, const at::Tensor& x, const at::Tensor& y, double alpha) {
   const at::Scalar a(alpha);
   NPU_LOSS_EXEC_ACLNN(aclnnAdd, x, y, a, out);
 }
+
 // out = x + c
 void adds_into(at::Tensor& out, const at::Tensor& x, double c) {
   const at::Scalar value(c), one(1.0);
   NPU_LOSS_EXEC_ACLNN(aclnnAdds, x, value, one, out);
 }
+
 void log_add_exp_into(at::Tensor& out, const at::Tensor& x, const at::Tensor& y) {
   NPU_LOSS_EXEC_ACLNN(aclnnLogAddExp, x, y, out);
 }
+
 // aclnnKlDivTargetBackward with log_target: w e^a (a - b + 1), the gradient of KL(a || b) w.r.t. its target's
 // log-probabilities a (the seed kernel). w: a 0-dim tensor ("sum") or the chunk's weights ("none").
 void kl_target_gradient_into(at::Tensor& out, const at::Tensor& w, const at::Tensor& b, const at::Tensor& a) {
@@ -97,6 +102,7 @@ void mixture_chunk(const at::Tensor& s, const at::Tensor& t, double beta, ChunkO
   if (o.gt.defined()) gradient_rows(o.gt, b, t, w, wrows, beta, drop);
 }
 
+// One chunk (rows.h's NpuRowMath): the log-softmaxes of both sides, then the form of its beta class.
 void chunk(const RowChunk& c, ChunkOut& o) {
   const at::Tensor s = log_probabilities(c.student, c.inv_t);
   const at::Tensor t = log_probabilities(c.teacher, c.inv_t);

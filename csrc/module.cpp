@@ -131,6 +131,13 @@ pybind11::list losses() {
   return rows;
 }
 
+// The row family's reduction `how` names, checked as the linear form's ops check theirs (core/checks.h,
+// family_reduction; 'none' allowed): its name, or the ValueError naming `op`.
+std::string family_reduction(const std::string& op, const std::string& how) {
+  npu_loss::family_reduction(op.c_str(), how, /*scalar_only=*/false);
+  return how;
+}
+
 // A row loss's checks on an op's arguments (core/checks.h, on SymInt sizes: the one rule source of the Python
 // fake kernels, npu_loss_ops/_fake.py), and the result's dtype. `op`: the forward's, the forward with
 // gradients', or the backward op's name; grad_output only for the backward op.
@@ -198,6 +205,8 @@ PYBIND11_MODULE(_C, m) {
   m.def("_aten_route_accepts", &aten_route_accepts,
         "Whether enable()'s kernel would call the npu_loss op for these arguments (for tests).");
   m.def("_chip_paths", &chip_paths, "The chip paths of every op on the NPU, row by row (docs/npu_paths.md).");
+  m.def("_family_reduction", &family_reduction,
+        "Checks a row family's reduction name as the ops do (for the Python functions that take one).");
   m.def("_row_result_dtype", &row_result_dtype,
         "A row loss's checks on an op's arguments and its result's dtype (for the fake kernels).");
   m.def("_npu_beta_class", &npu_beta_class, "The chip paths' class of a smooth L1 beta (for tests).");

@@ -36,7 +36,7 @@ from torch._jit_internal import is_scripting as _is_scripting
 from torch.nn import _reduction as _Reduction
 from torch.overrides import handle_torch_function, has_torch_function_variadic
 
-from . import _dtensor, _scalars
+from . import _C, _dtensor, _scalars  # type: ignore[attr-defined]  # _C: compiled, no Python source
 from ._reduction import get_enum as _reduction_enum
 
 __all__ = ["smooth_l1_loss", "huber_loss", "l1_loss", "kl_div", "mse_loss", "generalized_jsd_loss",
@@ -405,8 +405,6 @@ def mse_loss(input: Tensor, target: Tensor, size_average: bool | None = None, re
 
 # ---- distillation over logits --------------------------------------------------------------------------------
 
-_JSD_REDUCTIONS = ("batchmean", "sum", "mean", "none")
-
 
 def _check_num_items(num_items_in_batch: int | float | Tensor, logits: Tensor) -> None:
     """TRL divides by num_items_in_batch unchecked. Here it is a real number, or a one-element floating or integer
@@ -503,9 +501,7 @@ def generalized_jsd_loss(
         _scalars.check("generalized_jsd_loss", beta=beta, temperature=temperature, ignore_index=ignore_index)
         _dtensor.check_vocabulary_split("generalized_jsd_loss", logits=(("student_logits", student_logits),
                                                                          ("teacher_logits", teacher_logits)))
-    if reduction not in _JSD_REDUCTIONS:
-        raise ValueError(f"generalized_jsd_loss: reduction must be one of {', '.join(map(repr, _JSD_REDUCTIONS))}, "
-                         f"got {reduction!r}")
+    _C._family_reduction("generalized_jsd_loss", reduction)  # the family's one vocabulary (csrc/core/checks.h)
     op = torch.ops.npu_loss.generalized_jsd_loss
     if num_items_in_batch is not None:
         _check_num_items(num_items_in_batch, student_logits)

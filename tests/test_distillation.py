@@ -788,7 +788,8 @@ def _bad_inputs():
     yield "temperature", dict(temperature=0.0), ValueError, "temperature must be > 0, got 0"
     yield "temperature-negative", dict(temperature=-1.0), ValueError, "temperature must be > 0"
     yield "temperature-nan", dict(temperature=float("nan")), ValueError, "temperature must be > 0, got nan"
-    yield "reduction", dict(reduction="average"), ValueError, "reduction must be one of"
+    yield "reduction", dict(reduction="average"), ValueError, \
+        "reduction must be 'batchmean', 'sum', 'mean' or 'none', got 'average'"
     yield "num_items-zero", dict(num_items_in_batch=0), ValueError, "num_items_in_batch must be > 0, got 0"
     yield "num_items-tensor", dict(num_items_in_batch=torch.tensor(-2)), ValueError, "num_items_in_batch must be > 0"
     yield "num_items-two", dict(num_items_in_batch=torch.tensor([2, 3])), ValueError, "one-element real tensor"

@@ -156,10 +156,10 @@ LinearPlan plan_linear(const LinearSpec& spec, const LinearCall& c, std::array<b
     p.kept = count_kept(spec, c, *p.labels, p.hard);
   }
   const double kept_rows = static_cast<double>(std::max<int64_t>(p.kept, 1));
-  if (spec.reduction == LinearReduction::BatchMean) {
+  if (spec.reduction == FamilyReduction::BatchMean) {
     p.soft_div = spec.labels ? kept_rows : static_cast<double>(std::max<int64_t>(spec.batch_rows, 1));
     p.hard_div = kept_rows;
-  } else if (spec.reduction == LinearReduction::Mean) {
+  } else if (spec.reduction == FamilyReduction::Mean) {
     p.soft_div = static_cast<double>(p.kept) * static_cast<double>(p.vocab);
     p.hard_div = kept_rows;
   }
@@ -339,7 +339,7 @@ LinearResults linear_with_grads(
 
   // The results: the parts divided, the loss weighted, each rounded once to the result's dtype.
   at::Tensor soft = s.soft / p.soft_div;
-  if (spec.reduction == LinearReduction::Mean && p.kept == 0) {
+  if (spec.reduction == FamilyReduction::Mean && p.kept == 0) {
     soft = at::full({}, std::numeric_limits<double>::quiet_NaN(), soft.options());
   }
   const at::Tensor hard_value = s.hard / p.hard_div;

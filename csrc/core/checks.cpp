@@ -484,19 +484,22 @@ BasicRowSpec<Int> row_backward_spec(
   return spec;
 }
 
-namespace {
-LinearReduction linear_reduction(const char* op, c10::string_view reduction) {
+FamilyReduction family_reduction(const char* op, c10::string_view reduction, bool scalar_only) {
   const std::string how(reduction.data(), reduction.size());
-  if (how == "batchmean") return LinearReduction::BatchMean;
-  if (how == "mean") return LinearReduction::Mean;
-  if (how == "sum") return LinearReduction::Sum;
+  if (how == "batchmean") return FamilyReduction::BatchMean;
+  if (how == "mean") return FamilyReduction::Mean;
+  if (how == "sum") return FamilyReduction::Sum;
+  if (!scalar_only) {
+    TORCH_CHECK_VALUE(
+        how == "none", op, ": reduction must be 'batchmean', 'sum', 'mean' or 'none', got '", how, "'");
+    return FamilyReduction::None;
+  }
   TORCH_CHECK_VALUE(
       how != "none", op, ": reduction 'none' is not supported: the gradients are made in the forward, for a "
       "scalar loss ('batchmean', 'sum' or 'mean')");
   TORCH_CHECK_VALUE(false, op, ": reduction must be 'batchmean', 'sum' or 'mean', got '", how, "'");
-  return LinearReduction::Sum;  // not reached
+  return FamilyReduction::Sum;  // not reached
 }
-}  // namespace
 
 template <typename Int>
 BasicLinearSpec<Int> linear_spec(const LossDecl& d, const char* op, const LinearCall& c) {
@@ -533,7 +536,7 @@ BasicLinearSpec<Int> linear_spec(const LossDecl& d, const char* op, const Linear
         c10::isIntegralType(l.scalar_type(), /*includeBool=*/false), op, ": ", r.labels,
         " must have an integer dtype, got ", dtype_name(l.scalar_type()));
   }
-  const LinearReduction how = linear_reduction(op, c.reduction);
+  const FamilyReduction how = family_reduction(op, c.reduction, /*scalar_only=*/true);
   check_scalar(op, r.floats[0], c.beta);
   check_scalar(op, r.floats[1], c.temperature);
   check_scalar(op, f.weights_of[0], c.weight_hard);

@@ -195,9 +195,17 @@ BasicRowSpec<Int> row_backward_spec(
 
 // ---- a row loss's linear form (losses.h's LinearForm) ----
 
-// How the linear form reduces: the row loss's sum divided by the rows kept ('batchmean'; without labels by
-// the logits' first dimension), by the elements of the rows kept ('mean'), or not at all ('sum').
-enum class LinearReduction : uint8_t { BatchMean, Mean, Sum };
+// The row family's reductions, by the names its Python API takes (TRL's), in one vocabulary for every member
+// and its linear form: the sum divided by the rows kept ('batchmean'; without labels by the logits' first
+// dimension; at least 1), by the elements of the rows kept ('mean'), not at all ('sum'), or each element's
+// value ('none'). The row ops take 'none', 'mean' and 'sum' as ATen's integers (their 'batchmean' is the
+// Python function's division of the sum, a tensor op so that DTensor divides by the whole count); the linear
+// form's ops take the names, all but 'none' (their gradients are made in the forward, for a scalar loss).
+enum class FamilyReduction : uint8_t { BatchMean, Mean, Sum, None };
+
+// The reduction `how` names, for `op`'s messages: a ValueError for any other name, and for 'none' when
+// `scalar_only`.
+FamilyReduction family_reduction(const char* op, c10::string_view how, bool scalar_only);
 
 // Its arguments, as both ops take them (the forward with gradients adds its output_mask): the two sides' hidden
 // states, weights and biases; the labels; the reduction; the row loss's two floats and index; the hard and
@@ -227,7 +235,7 @@ struct BasicLinearSpec {
   Int vocab = 0;
   Int batch_rows = 0;
   bool labels = false;
-  LinearReduction reduction = LinearReduction::BatchMean;
+  FamilyReduction reduction = FamilyReduction::BatchMean;
 };
 
 using LinearSpec = BasicLinearSpec<int64_t>;

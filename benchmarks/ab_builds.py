@@ -12,6 +12,12 @@ median over the rounds with the spread (min, max). The cases are bench_distill.p
 (student and teacher logits, a quarter of the labels ignored) and bench_fused_linear.py's fused linear JSD
 (hidden states and lm_head weights, the student's input and weight requiring grad), in float32 and bfloat16.
 
+--bits times nothing: each build computes the same grid of small cases (the generalized JSD's forward, its
+forward with gradients, its backward, and the fused linear JSD with its gradients; six dtype pairs, three
+vocabularies, five (beta, T), every reduction, with and without labels, contiguous and strided logits) and the
+driver compares every output's bytes: the check that a change which must not touch the arithmetic did not
+(run it once per instruction set, NPU_LOSS_OPS_CPU_ISA=avx512 / avx2 / baseline). It exits 1 when one differs.
+
 The old tree is typically a worktree of the commit before a change, built in place
 (`git worktree add ../old HEAD~1 && cd ../old && python setup.py build_ext --inplace`), or a copy of the
 package directory taken before rebuilding. Prints a table; --out writes it as Markdown.
@@ -87,6 +93,71 @@ def worker(calls: int) -> None:
         print(json.dumps(statistics.median(times)), flush=True)
 
 
+def bits_worker() -> None:
+    """Prints one JSON object: each case's outputs as hashes of their bytes."""
+    import hashlib
+    import itertools
+
+    import torch
+
+    import npu_loss_ops
+
+    def digest(t: torch.Tensor | None) -> str:
+        if t is None:
+            return "-"
+        data = t.detach().reshape(-1).contiguous()
+        return hashlib.sha1(data.view(torch.uint8).numpy().tobytes() if data.numel() else b"").hexdigest()[:16]
+
+    ops = torch.ops.npu_loss
+    out: dict[str, list[str]] = {}
+    pairs = [(torch.float32,) * 2, (torch.bfloat16,) * 2, (torch.float16,) * 2, (torch.float64,) * 2,
+             (torch.float32, torch.bfloat16), (torch.float16, torch.float64)]
+    for (ds, dt), v, (beta, temp) in itertools.product(
+            pairs, [7, 1001, 4099], [(0.0, 1.0), (1.0, 1.0), (0.5, 1.0), (0.3, 2.0), (0.9, 0.7)]):
+        g = torch.Generator().manual_seed(v)
+        s, t = (torch.randn(5, v, generator=g) * 3).to(ds), (torch.randn(5, v, generator=g) * 3).to(dt)
+        for red, lab, strided in itertools.product([0, 1, 2], [None, torch.tensor([1, -100, 3, 0, -100])],
+                                                   [False, True]):
+            ss = torch.cat([s, s], 1)[:, ::2] if strided else s
+            grads: tuple[torch.Tensor | None, ...] = (None,) * 4
+            if red:
+                grads = ops._generalized_jsd_loss_and_grads(ss, t, lab, red, beta, temp, -100, [True, True])
+            f = ops.generalized_jsd_loss(ss, t, lab, red, beta, temp, -100)
+            go = torch.rand(f.shape, generator=g).to(f.dtype) if red == 0 else torch.tensor(0.7, dtype=f.dtype)
+            back = ops.generalized_jsd_loss_backward(go, ss, t, lab, red, beta, temp, -100, [True, True])
+            key = f"jsd/{ds}/{dt}/{v}/{beta}/{temp}/{red}/{lab is not None}/{strided}"
+            out[key] = [digest(x) for x in (*grads, f, *back)]
+    for dtype, (beta, temp, hard) in itertools.product(
+            [torch.float32, torch.bfloat16, torch.float16], [(0.5, 1.0, 0.0), (0.0, 2.0, 0.5), (1.0, 1.0, 0.3)]):
+        g = torch.Generator().manual_seed(3)
+        xs = torch.randn(9, 32, generator=g).to(dtype).requires_grad_()
+        xt = torch.randn(9, 48, generator=g).to(dtype)
+        ws = (torch.randn(3001, 32, generator=g) * 0.2).to(dtype).requires_grad_()
+        wt = (torch.randn(3001, 48, generator=g) * 0.2).to(dtype)
+        labels = torch.randint(0, 3001, (9,), generator=g)
+        labels[2] = -100
+        loss = npu_loss_ops.fused_linear_jsd_loss(xs, ws, xt, wt, labels, beta=beta, temperature=temp,
+                                                  weight_hard_loss=hard)
+        assert isinstance(loss, torch.Tensor)
+        loss_any: Any = loss  # Tensor.backward is untyped in some torch releases
+        loss_any.backward()
+        out[f"linear/{dtype}/{beta}/{temp}/{hard}"] = [digest(loss), digest(xs.grad), digest(ws.grad)]
+    print(json.dumps(out))
+
+
+def bits(old: str, new: str) -> int:
+    """Runs bits_worker() in each build and compares; the number of cases whose outputs differ."""
+    results = {}
+    for name, tree in (("old", old), ("new", new)):
+        env = dict(os.environ, PYTHONPATH=os.path.abspath(tree))
+        results[name] = json.loads(subprocess.run(
+            [sys.executable, os.path.abspath(__file__), "--worker-bits"], env=env, cwd="/", check=True,
+            capture_output=True, text=True).stdout)
+    differ = sorted(k for k in results["old"] if results["old"][k] != results["new"].get(k))
+    print(f"{len(results['old'])} cases, {len(differ)} differ" + "".join(f"\n  {k}" for k in differ[:20]))
+    return len(differ)
+
+
 def start(tree: str, threads: int, calls: int) -> subprocess.Popen[str]:
     env = dict(os.environ, PYTHONPATH=os.path.abspath(tree), OMP_NUM_THREADS=str(threads))
     return subprocess.Popen(
@@ -110,13 +181,20 @@ def main() -> None:
     p.add_argument("--threads", type=int, default=2)
     p.add_argument("--quick", action="store_true")
     p.add_argument("--out", help="write the table here (Markdown)")
+    p.add_argument("--bits", action="store_true", help="compare the two builds' output bits; time nothing")
     p.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
+    p.add_argument("--worker-bits", action="store_true", help=argparse.SUPPRESS)
     args = p.parse_args()
     if args.worker:
         worker(args.calls)
         return
+    if args.worker_bits:
+        bits_worker()
+        return
     if not args.old:
         p.error("--old is required")
+    if args.bits:
+        sys.exit(1 if bits(args.old, args.new) else 0)
     cases = CASES_QUICK if args.quick else CASES_FULL
     procs = {"old": start(args.old, args.threads, args.calls), "new": start(args.new, args.threads, args.calls)}
     ratios: dict[Case, list[float]] = {c: [] for c in cases}

@@ -406,6 +406,18 @@ def mse_loss(input: Tensor, target: Tensor, size_average: bool | None = None, re
 # ---- distillation over logits --------------------------------------------------------------------------------
 
 
+def _check_family_reduction(op: str, reduction: str) -> str:
+    """The row family's one reduction vocabulary, checked by its C++ rule with its message (csrc/core/checks.h,
+    family_reduction)."""
+    return str(_C._family_reduction(op, reduction))
+
+
+# A constant under torch.compile: the check runs while Dynamo traces, not in the graph (a call into _C would
+# break it). The decorator is untyped on some torch releases, so its result is given the function's type.
+_assume_constant_result: Any = torch.compiler.assume_constant_result
+_family_reduction: Callable[[str, str], str] = _assume_constant_result(_check_family_reduction)
+
+
 def _check_num_items(num_items_in_batch: int | float | Tensor, logits: Tensor) -> None:
     """TRL divides by num_items_in_batch unchecked. Here it is a real number, or a one-element floating or integer
     tensor on the logits' device or the CPU (a TypeError for another type, a ValueError for another shape or
@@ -501,7 +513,7 @@ def generalized_jsd_loss(
         _scalars.check("generalized_jsd_loss", beta=beta, temperature=temperature, ignore_index=ignore_index)
         _dtensor.check_vocabulary_split("generalized_jsd_loss", logits=(("student_logits", student_logits),
                                                                          ("teacher_logits", teacher_logits)))
-    _C._family_reduction("generalized_jsd_loss", reduction)  # the family's one vocabulary (csrc/core/checks.h)
+    _family_reduction("generalized_jsd_loss", reduction)
     op = torch.ops.npu_loss.generalized_jsd_loss
     if num_items_in_batch is not None:
         _check_num_items(num_items_in_batch, student_logits)

@@ -207,6 +207,10 @@ PYBIND11_MODULE(_C, m) {
   m.def("_chip_paths", &chip_paths, "The chip paths of every op on the NPU, row by row (docs/npu_paths.md).");
   m.def("_family_reduction", &family_reduction,
         "Checks a row family's reduction name as the ops do (for the Python functions that take one).");
+  m.def(
+      "_family_reductions",
+      [] { return std::vector<std::string>(npu_loss::kFamilyReductions.begin(), npu_loss::kFamilyReductions.end()); },
+      "The row family's reduction names (core/checks.h).");
   m.def("_row_result_dtype", &row_result_dtype,
         "A row loss's checks on an op's arguments and its result's dtype (for the fake kernels).");
   m.def("_npu_beta_class", &npu_beta_class, "The chip paths' class of a smooth L1 beta (for tests).");

@@ -406,16 +406,16 @@ def mse_loss(input: Tensor, target: Tensor, size_average: bool | None = None, re
 # ---- distillation over logits --------------------------------------------------------------------------------
 
 
-def _check_family_reduction(op: str, reduction: str) -> str:
-    """The row family's one reduction vocabulary, checked by its C++ rule with its message (csrc/core/checks.h,
-    family_reduction)."""
-    return str(_C._family_reduction(op, reduction))
+# The row family's reduction names, from its one rule (csrc/core/checks.h, family_reduction).
+_FAMILY_REDUCTIONS = frozenset(_C._family_reductions())
 
 
-# A constant under torch.compile: the check runs while Dynamo traces, not in the graph (a call into _C would
-# break it). The decorator is untyped on some torch releases, so its result is given the function's type.
-_assume_constant_result: Any = torch.compiler.assume_constant_result
-_family_reduction: Callable[[str, str], str] = _assume_constant_result(_check_family_reduction)
+def _family_reduction(op: str, reduction: str) -> None:
+    """A name the family does not have raises the rule's own ValueError, with its message. The names are read
+    once, at import, so that under torch.compile a good name costs nothing in the graph (a call into _C would
+    break it); a bad one breaks it only to raise."""
+    if reduction not in _FAMILY_REDUCTIONS:
+        _C._family_reduction(op, reduction)
 
 
 def _check_num_items(num_items_in_batch: int | float | Tensor, logits: Tensor) -> None:

@@ -486,19 +486,22 @@ BasicRowSpec<Int> row_backward_spec(
 
 FamilyReduction family_reduction(const char* op, c10::string_view reduction, bool scalar_only) {
   const std::string how(reduction.data(), reduction.size());
-  if (how == "batchmean") return FamilyReduction::BatchMean;
-  if (how == "mean") return FamilyReduction::Mean;
-  if (how == "sum") return FamilyReduction::Sum;
+  size_t found = kFamilyReductions.size();
+  for (size_t i = 0; i < kFamilyReductions.size(); ++i) {
+    if (how == kFamilyReductions[i]) found = i;
+  }
+  const auto r = static_cast<FamilyReduction>(found);
   if (!scalar_only) {
-    TORCH_CHECK_VALUE(
-        how == "none", op, ": reduction must be 'batchmean', 'sum', 'mean' or 'none', got '", how, "'");
-    return FamilyReduction::None;
+    TORCH_CHECK_VALUE(found < kFamilyReductions.size(), op,
+                      ": reduction must be 'batchmean', 'sum', 'mean' or 'none', got '", how, "'");
+    return r;
   }
   TORCH_CHECK_VALUE(
-      how != "none", op, ": reduction 'none' is not supported: the gradients are made in the forward, for a "
-      "scalar loss ('batchmean', 'sum' or 'mean')");
-  TORCH_CHECK_VALUE(false, op, ": reduction must be 'batchmean', 'sum' or 'mean', got '", how, "'");
-  return FamilyReduction::Sum;  // not reached
+      r != FamilyReduction::None, op, ": reduction 'none' is not supported: the gradients are made in the forward, "
+      "for a scalar loss ('batchmean', 'sum' or 'mean')");
+  TORCH_CHECK_VALUE(found < kFamilyReductions.size(), op, ": reduction must be 'batchmean', 'sum' or 'mean', got '",
+                    how, "'");
+  return r;
 }
 
 template <typename Int>

@@ -203,6 +203,9 @@ BasicRowSpec<Int> row_backward_spec(
 // form's ops take the names, all but 'none' (their gradients are made in the forward, for a scalar loss).
 enum class FamilyReduction : uint8_t { BatchMean, Mean, Sum, None };
 
+// Their names, in FamilyReduction's order.
+inline constexpr std::array<const char*, 4> kFamilyReductions{"batchmean", "mean", "sum", "none"};
+
 // The reduction `how` names, for `op`'s messages: a ValueError for any other name, and for 'none' when
 // `scalar_only`.
 FamilyReduction family_reduction(const char* op, c10::string_view how, bool scalar_only);

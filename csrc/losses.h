@@ -13,8 +13,10 @@
 
 #include "chips/paths.h"
 
+#include <array>
 #include <cstddef>
 #include <cstdint>
+#include <string_view>
 #include <tuple>
 #include <type_traits>
 #include <utility>
@@ -36,12 +38,21 @@ enum class ScalarKind : uint8_t { None, Float, Bool, Int };
 // What the checks require of a float scalar (NaN fails every rule but Any).
 enum class ScalarRule : uint8_t { Any, NonNegative, Positive, UnitInterval };
 
+// What a row loss's frames (the checks, the chunks, the chip paths) read of one of its scalars; the member's
+// own math reads the rest, by name (row_scalar).
+enum class ScalarRole : uint8_t {
+  Own,          // the member's math alone
+  Beta,         // the family's beta: KL at 0 and 1, the mixture between (the chip paths' beta classes)
+  Temperature,  // every logit is divided by it
+};
+
 struct ScalarArg {
   ScalarKind kind = ScalarKind::None;
   const char* name = nullptr;
   const char* default_value = nullptr;  // in the forward's schema, as the schema writes it
   bool keyword_only = false;            // in the forward's schema (KL's log_target, as in ATen)
   ScalarRule rule = ScalarRule::Any;
+  ScalarRole role = ScalarRole::Own;
 };
 
 // The input a backward op differentiates (its result has that input's shape: the broadcast shape for self,
@@ -78,24 +89,61 @@ constexpr bool has_twin(AtenTwin twins, AtenTwin twin) {
 
 // The arguments of a loss over rows (LossKind::Rows), in its forward's schema after the two tensors of logits,
 // (..., V) each: an optional integer tensor of their leading shape, whose entries equal to the index drop
-// their rows (the loss reads nothing else of it), the reduction, two float scalars, and the index:
+// their rows (the loss reads nothing else of it), the reduction, the member's own scalars as it declares them
+// (any number up to kMaxRowScalars, each with its kind, name, default, rule and role), and the index:
 //   <forward>(Tensor <logits[0]>, Tensor <logits[1]>, Tensor? <labels>=None, int reduction=1,
-//             float <floats[0]>=..., float <floats[1]>=..., int <index>=...)
+//             <scalars[0]>=..., <scalars[1]>=..., ..., int <index>=...)
 // Its backward op takes grad_output first and, like its forward with gradients (LossDecl::with_grads),
-// `bool[2] output_mask` last: which of the two gradients to make.
+// `bool[2] output_mask` last: which of the two gradients to make. Every layer below takes the scalars as one
+// RowScalars (their values, by position) and reads them by name (row_scalar) or by role (ScalarRole).
+inline constexpr int kMaxRowScalars = 8;
+
 struct RowArgs {
   const char* logits[2] = {};
   const char* labels = nullptr;
-  ScalarArg floats[2] = {};
+  ScalarArg scalars[kMaxRowScalars] = {};  // the declared ones first; the rest ScalarKind::None
   ScalarArg index = {};
 };
+
+// How many scalars a row loss declares.
+constexpr int row_scalar_count(const RowArgs& r) {
+  int n = 0;
+  while (n < kMaxRowScalars && r.scalars[n].kind != ScalarKind::None) ++n;
+  return n;
+}
+
+// The position of a row loss's scalar by its name: a compile-time error when it declares none of that name.
+consteval int row_scalar(const RowArgs& r, std::string_view name) {
+  for (int i = 0; i < row_scalar_count(r); ++i) {
+    if (std::string_view(r.scalars[i].name) == name) return i;
+  }
+  throw "row_scalar: the declaration has no scalar of this name";
+}
+
+// The position of its scalar of a role, or -1.
+constexpr int row_scalar_of(const RowArgs& r, ScalarRole role) {
+  for (int i = 0; i < row_scalar_count(r); ++i) {
+    if (r.scalars[i].role == role) return i;
+  }
+  return -1;
+}
+
+// One scalar's value, of the kind its declaration says (the field of that kind is the one set).
+struct ScalarValue {
+  double real = 0;      // ScalarKind::Float
+  int64_t integer = 0;  // ScalarKind::Int
+  bool flag = false;    // ScalarKind::Bool
+};
+
+// A call's values of a row loss's scalars, by their position in its declaration.
+using RowScalars = std::array<ScalarValue, kMaxRowScalars>;
 
 // The linear form of a row loss (LinearForm): its logits made chunk by chunk from hidden states and `lm_head`
 // weights (student and teacher), never whole, with a hard loss (cross entropy on the first logits, untempered)
 // beside the row loss (the soft loss), each with its weight:
 //   <forward>(Tensor <inputs[0]>, Tensor <weights[0]>, Tensor <inputs[1]>, Tensor <weights[1]>,
 //             Tensor? <labels>=None, Tensor? <biases[0]>=None, Tensor? <biases[1]>=None,
-//             str reduction="batchmean", float <floats[0]>=..., float <floats[1]>=..., int <index>=...,
+//             str reduction="batchmean", <the row loss's scalars>=..., int <index>=...,
 //             float <weights_of[0]>=..., float <weights_of[1]>=..., int? chunk_size=None,
 //             bool return_soft_hard_loss=False) -> (Tensor, Tensor, Tensor)
 //     (the loss, and the soft and hard parts unweighted; every argument positional, as DTensor's rules read
@@ -278,8 +326,9 @@ struct GeneralizedJsd {
       .autocast_float32 = false, .kind = LossKind::Rows,
       .rows = {.logits = {"student_logits", "teacher_logits"},
                .labels = "labels",
-               .floats = {{ScalarKind::Float, "beta", "0.5", false, ScalarRule::UnitInterval},
-                          {ScalarKind::Float, "temperature", "1.0", false, ScalarRule::Positive}},
+               .scalars = {{ScalarKind::Float, "beta", "0.5", false, ScalarRule::UnitInterval, ScalarRole::Beta},
+                           {ScalarKind::Float, "temperature", "1.0", false, ScalarRule::Positive,
+                            ScalarRole::Temperature}},
                .index = {ScalarKind::Int, "ignore_index", "-100"}},
       .with_grads = "_generalized_jsd_loss_and_grads",
       // Liger-Kernel's LigerFusedLinearJSDLoss, with TRL's weights as the defaults (Liger's own are 0.5 / 0.5).

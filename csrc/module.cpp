@@ -95,7 +95,9 @@ pybind11::list losses() {
       row["with_grads"] = d.with_grads;
       row["logits"] = std::vector<std::string>{r.logits[0], r.logits[1]};
       row["labels"] = r.labels;
-      row["floats"] = std::vector<std::string>{r.floats[0].name, r.floats[1].name};
+      std::vector<std::string> scalars;
+      for (int i = 0; i < row_scalar_count(r); ++i) scalars.emplace_back(r.scalars[i].name);
+      row["scalars"] = scalars;
       row["index"] = r.index.name;
       // The CPU frame's kernel of this member, in the selected instruction set's table (cpu/row_table.h).
       row["cpu_kernel"] = cpu::row_kernels().of[row_index<Loss>()].run != nullptr;
@@ -138,24 +140,44 @@ std::string family_reduction(const std::string& op, const std::string& how) {
   return how;
 }
 
+// A row loss's scalars from Python values, by their declared kinds (the fake kernels pass the op's own).
+npu_loss::RowScalars row_scalars_of(const char* op, const npu_loss::RowArgs& r, const pybind11::sequence& values) {
+  using namespace npu_loss;
+  const int n = row_scalar_count(r);
+  TORCH_CHECK_VALUE(
+      static_cast<int>(values.size()) == n, "_row_result_dtype: ", op, " declares ", n, " scalars, got ",
+      values.size());
+  RowScalars scalars{};
+  for (int i = 0; i < n; ++i) {
+    const ScalarKind kind = r.scalars[i].kind;
+    if (kind == ScalarKind::Float) scalars[i].real = values[i].cast<double>();
+    if (kind == ScalarKind::Int) scalars[i].integer = values[i].cast<int64_t>();
+    if (kind == ScalarKind::Bool) scalars[i].flag = values[i].cast<bool>();
+  }
+  return scalars;
+}
+
 // A row loss's checks on an op's arguments (core/checks.h, on SymInt sizes: the one rule source of the Python
 // fake kernels, npu_loss_ops/_fake.py), and the result's dtype. `op`: the forward's, the forward with
-// gradients', or the backward op's name; grad_output only for the backward op.
+// gradients', or the backward op's name; grad_output only for the backward op; `scalars`: the loss's declared
+// scalars (losses.h's RowArgs), in order.
 std::string row_result_dtype(
     const std::string& op, const std::optional<at::Tensor>& grad_output, const at::Tensor& student,
-    const at::Tensor& teacher, const std::optional<at::Tensor>& labels, int64_t reduction, double beta,
-    double temperature) {
+    const at::Tensor& teacher, const std::optional<at::Tensor>& labels, int64_t reduction,
+    const pybind11::sequence& scalars) {
   using namespace npu_loss;
   std::optional<c10::ScalarType> dtype;
   for_each_row_loss([&]<typename Loss>() {
     const LossDecl& d = Loss::decl;
+    if (op != d.forward && op != d.with_grads && op != d.backward) return;
+    const RowScalars values = row_scalars_of(op.c_str(), d.rows, scalars);
     if (op == d.forward) {
-      dtype = row_forward_spec<c10::SymInt>(d, d.forward, student, teacher, labels, reduction, beta, temperature).dtype;
+      dtype = row_forward_spec<c10::SymInt>(d, d.forward, student, teacher, labels, reduction, values).dtype;
     } else if (op == d.with_grads) {
-      dtype = row_with_grads_spec<c10::SymInt>(d, student, teacher, labels, reduction, beta, temperature).dtype;
-    } else if (op == d.backward) {
+      dtype = row_with_grads_spec<c10::SymInt>(d, student, teacher, labels, reduction, values).dtype;
+    } else {
       TORCH_CHECK(grad_output.has_value(), "_row_result_dtype: ", op, " takes grad_output");
-      dtype = row_backward_spec<c10::SymInt>(d, *grad_output, student, teacher, labels, reduction, beta, temperature).dtype;
+      dtype = row_backward_spec<c10::SymInt>(d, *grad_output, student, teacher, labels, reduction, values).dtype;
     }
   });
   TORCH_CHECK_VALUE(dtype.has_value(), "_row_result_dtype: no row loss has an op named '", op, "'");

@@ -48,10 +48,14 @@ def _register_row_loss(row: dict[str, Any]) -> None:
     def backward_fake(*args: Any, **kwargs: Any) -> tuple[torch.Tensor, torch.Tensor]:
         return backward_shape(*_positional(backward, args, kwargs))
 
+    # Each op's arguments: (grad_output,) student, teacher, labels, reduction, the declared scalars, the index,
+    # (output_mask): the scalars are passed on to the C++ checks as the declaration lists them.
+    scalars = len(row["scalars"])
+
     def forward_shape(student: torch.Tensor, teacher: torch.Tensor, labels: torch.Tensor | None, reduction: int,
-                      beta: float, temperature: float, ignore_index: int) -> torch.Tensor:
-        dtype = getattr(torch, _C._row_result_dtype(forward, None, student, teacher, labels, reduction, beta,
-                                                    temperature))
+                      *rest: Any) -> torch.Tensor:
+        dtype = getattr(torch, _C._row_result_dtype(forward, None, student, teacher, labels, reduction,
+                                                    rest[:scalars]))
         if reduction != 0:
             return student.new_empty((), dtype=dtype)
         if labels is None:
@@ -63,18 +67,18 @@ def _register_row_loss(row: dict[str, Any]) -> None:
         return student.new_empty((kept, student.shape[-1]), dtype=dtype)
 
     def with_grads_shape(student: torch.Tensor, teacher: torch.Tensor, labels: torch.Tensor | None, reduction: int,
-                         beta: float, temperature: float, ignore_index: int,
-                         output_mask: list[bool]) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
-        dtype = getattr(torch, _C._row_result_dtype(with_grads, None, student, teacher, labels, reduction, beta,
-                                                    temperature))
+                         *rest: Any) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+        dtype = getattr(torch, _C._row_result_dtype(with_grads, None, student, teacher, labels, reduction,
+                                                    rest[:scalars]))
+        output_mask = rest[-1]
         # The value, the gradients the mask asks for, and the row scales (float32, of the leading shape).
         return (student.new_empty((), dtype=dtype), _empty_gradient(student, output_mask[0]),
                 _empty_gradient(teacher, output_mask[1]), student.new_empty(student.shape[:-1], dtype=torch.float32))
 
     def backward_shape(grad_output: torch.Tensor, student: torch.Tensor, teacher: torch.Tensor,
-                       labels: torch.Tensor | None, reduction: int, beta: float, temperature: float, ignore_index: int,
-                       output_mask: list[bool]) -> tuple[torch.Tensor, torch.Tensor]:
-        _C._row_result_dtype(backward, grad_output, student, teacher, labels, reduction, beta, temperature)
+                       labels: torch.Tensor | None, reduction: int, *rest: Any) -> tuple[torch.Tensor, torch.Tensor]:
+        _C._row_result_dtype(backward, grad_output, student, teacher, labels, reduction, rest[:scalars])
+        output_mask = rest[-1]
         return _empty_gradient(student, output_mask[0]), _empty_gradient(teacher, output_mask[1])
 
     torch.library.register_fake(f"npu_loss::{forward}", forward_fake)

@@ -41,7 +41,7 @@ def test_schemas_name_the_declared_arguments(row):
     for name in _ops_of(row):
         assert hasattr(torch.ops.npu_loss, name), f"no schema for npu_loss::{name}"
     forward = [a.name for a in _overload(row["forward"])._schema.arguments]
-    assert forward == [*row["logits"], row["labels"], "reduction", *row["floats"], row["index"]]
+    assert forward == [*row["logits"], row["labels"], "reduction", *row["scalars"], row["index"]]
     backward = [a.name for a in _overload(row["backward"])._schema.arguments]
     assert backward == ["grad_output", *forward, "output_mask"]
     with_grads = [a.name for a in _overload(row["with_grads"])._schema.arguments]
@@ -51,7 +51,8 @@ def test_schemas_name_the_declared_arguments(row):
         names = [a.name for a in _overload(f["forward"])._schema.arguments]
         assert names[:7] == [f["inputs"][0], f["weights"][0], f["inputs"][1], f["weights"][1], row["labels"],
                              *f["biases"]]
-        assert names[8:13] == [*row["floats"], row["index"], *f["weights_of"]]
+        n = len(row["scalars"])
+        assert names[8:11 + n] == [*row["scalars"], row["index"], *f["weights_of"]]
 
 
 def _logits(rows: int = 3, vocab: int = 11, **kwargs: Any) -> tuple[torch.Tensor, torch.Tensor]:

@@ -65,16 +65,19 @@ struct LinearLossNode final : public torch::autograd::TraceableFunction {
   }
 };
 
-template <typename Loss>
-struct LinearAutograd {
+template <typename Loss, typename Scalars = RowScalarTypes<Loss>>
+struct LinearAutograd;
+
+template <typename Loss, typename... S>
+struct LinearAutograd<Loss, std::tuple<S...>> {
   using Results3 = std::tuple<at::Tensor, at::Tensor, at::Tensor>;
 
   static Results3 forward(
       c10::DispatchKeySet ks, const at::Tensor& student_input, const at::Tensor& student_weight,
       const at::Tensor& teacher_input, const at::Tensor& teacher_weight, const std::optional<at::Tensor>& labels,
       const std::optional<at::Tensor>& student_bias, const std::optional<at::Tensor>& teacher_bias,
-      c10::string_view reduction, double beta, double temperature, int64_t ignore_index, double weight_hard,
-      double weight_soft, std::optional<int64_t> chunk_size, bool return_parts) {
+      c10::string_view reduction, S... s, int64_t ignore_index, double weight_hard, double weight_soft,
+      std::optional<int64_t> chunk_size, bool return_parts) {
     const c10::DispatchKeySet below = ks & c10::after_autograd_keyset;
     const at::Tensor none;
     const std::array<const at::Tensor*, kInputs> inputs{
@@ -95,12 +98,12 @@ struct LinearAutograd {
       mask[i] = need[i] || tangents[i].defined();
       any = any || need[i];
     }
-    ops::LinearSignatures::Results r;
+    LinearResults r;
     {
       at::AutoDispatchBelowADInplaceOrView guard;
       r = ops::linear_with_grads<Loss>().redispatch(
           below, student_input, student_weight, teacher_input, teacher_weight, labels, student_bias, teacher_bias,
-          reduction, beta, temperature, ignore_index, weight_hard, weight_soft, chunk_size, return_parts, mask);
+          reduction, s..., ignore_index, weight_hard, weight_soft, chunk_size, return_parts, mask);
     }
     std::array<at::Tensor, kInputs> grads{std::get<3>(r), std::get<4>(r), std::get<5>(r),
                                           std::get<6>(r), std::get<7>(r), std::get<8>(r)};
@@ -132,17 +135,17 @@ struct LinearAutograd {
 
   // The forward with gradients called directly: its results are values, not differentiable (the gradients
   // it returns are made by the kernels, not recorded).
-  static ops::LinearSignatures::Results with_grads(
+  static LinearResults with_grads(
       c10::DispatchKeySet ks, const at::Tensor& student_input, const at::Tensor& student_weight,
       const at::Tensor& teacher_input, const at::Tensor& teacher_weight, const std::optional<at::Tensor>& labels,
       const std::optional<at::Tensor>& student_bias, const std::optional<at::Tensor>& teacher_bias,
-      c10::string_view reduction, double beta, double temperature, int64_t ignore_index, double weight_hard,
-      double weight_soft, std::optional<int64_t> chunk_size, bool return_parts, std::array<bool, 6> mask) {
+      c10::string_view reduction, S... s, int64_t ignore_index, double weight_hard, double weight_soft,
+      std::optional<int64_t> chunk_size, bool return_parts, std::array<bool, 6> mask) {
     at::AutoDispatchBelowADInplaceOrView guard;
     return ops::linear_with_grads<Loss>().redispatch(
         ks & c10::after_autograd_keyset, student_input, student_weight, teacher_input, teacher_weight, labels,
-        student_bias, teacher_bias, reduction, beta, temperature, ignore_index, weight_hard, weight_soft, chunk_size,
-        return_parts, mask);
+        student_bias, teacher_bias, reduction, s..., ignore_index, weight_hard, weight_soft, chunk_size, return_parts,
+        mask);
   }
 };
 

@@ -41,7 +41,7 @@ struct RowLossNode final : public torch::autograd::TraceableFunction {
   SavedVariable grad_student, grad_teacher, row_scale;
   bool made_in_forward = false;
   int64_t reduction = 0;
-  double beta = 0, temperature = 0;  // the declaration's two float scalars (RowArgs::floats), by their names
+  RowScalars scalars{};  // the declaration's scalars (RowArgs::scalars), by position
   int64_t ignore_index = 0;
 
   std::string name() const override {
@@ -69,7 +69,7 @@ struct RowLossNode final : public torch::autograd::TraceableFunction {
       grad_student.reset_data();
       grad_teacher.reset_data();
     }
-    return functional(grads, need, values, scalars(), consume);
+    return functional(grads, need, values, arguments(), consume);
   }
 
   // Compiled autograd: the saved tensors are lifted into the graph, which calls `functional` through
@@ -80,8 +80,11 @@ struct RowLossNode final : public torch::autograd::TraceableFunction {
     args.collect(has_labels);
     args.collect(made_in_forward);
     args.collect(reduction);
-    args.collect(beta);
-    args.collect(temperature);
+    for (int i = 0; i < kScalars; ++i) {
+      args.collect(scalars[i].real);
+      args.collect(scalars[i].integer);
+      args.collect(scalars[i].flag);
+    }
     args.collect(ignore_index);
   }
 
@@ -95,12 +98,15 @@ struct RowLossNode final : public torch::autograd::TraceableFunction {
       const at::Tensor t = s->unpack();
       packed.pack(t.defined() ? std::optional<at::Tensor>(t) : std::nullopt);
     }
-    const Scalars sc = scalars();
+    const Arguments sc = arguments();
     packed.pack(sc.has_labels);
     packed.pack(sc.made_in_forward);
     packed.pack(sc.reduction);
-    packed.pack(sc.beta);
-    packed.pack(sc.temperature);
+    for (int i = 0; i < kScalars; ++i) {
+      packed.pack(sc.scalars[i].real);
+      packed.pack(sc.scalars[i].integer);
+      packed.pack(sc.scalars[i].flag);
+    }
     packed.pack(sc.ignore_index);
     static bool bound = false;
     auto result = detail::proxy_into_compiled_graph(*this, swap, bound, &from_ivalues, packed_schema(), packed, grads);
@@ -110,13 +116,15 @@ struct RowLossNode final : public torch::autograd::TraceableFunction {
 
  private:
   static constexpr int kSaved = 6;
+  static constexpr int kScalars = row_scalar_count(Loss::decl.rows);
   struct Saved {
     at::Tensor student, teacher, labels, grad_student, grad_teacher, row_scale;
   };
-  struct Scalars {
+  // The node's arguments other than tensors.
+  struct Arguments {
     bool has_labels, made_in_forward;
     int64_t reduction;
-    double beta, temperature;
+    RowScalars scalars;
     int64_t ignore_index;
   };
 
@@ -126,17 +134,17 @@ struct RowLossNode final : public torch::autograd::TraceableFunction {
   std::array<const SavedVariable*, kSaved> saved() const {
     return {&student, &teacher, &labels, &grad_student, &grad_teacher, &row_scale};
   }
-  Scalars scalars() const { return {has_labels, made_in_forward, reduction, beta, temperature, ignore_index}; }
+  Arguments arguments() const { return {has_labels, made_in_forward, reduction, scalars, ignore_index}; }
 
   // The backward eager `apply` and compiled autograd share. `consume`: the saved gradients may be scaled in
   // place.
   static variable_list functional(
-      const variable_list& grads, std::array<bool, 2> need, Saved& v, const Scalars& sc, bool consume) {
+      const variable_list& grads, std::array<bool, 2> need, Saved& v, const Arguments& sc, bool consume) {
     variable_list out(2);
     const at::Tensor& g = grads[0];
     if (!g.defined() || !(need[0] || need[1])) return out;
     const std::optional<at::Tensor> l = sc.has_labels ? std::optional<at::Tensor>(v.labels) : std::nullopt;
-    const RowCall call{v.student, v.teacher, l, sc.reduction, sc.beta, sc.temperature, sc.ignore_index};
+    const RowCall call{v.student, v.teacher, l, sc.reduction, {&Loss::decl.rows, sc.scalars}, sc.ignore_index};
     if (c10::GradMode::is_enabled()) {
       // create_graph=True: the gradients as ATen-op functions of the inputs and grad_output (the composite),
       // which autograd and the functorch transforms differentiate again.
@@ -155,8 +163,9 @@ struct RowLossNode final : public torch::autograd::TraceableFunction {
       }
       return out;
     }
-    auto [gs, gt] = ops::row_backward<Loss>().call(
-        g, v.student, v.teacher, l, sc.reduction, sc.beta, sc.temperature, sc.ignore_index, need);
+    auto [gs, gt] = with_row_scalars<Loss>(sc.scalars, [&](auto... s) {
+      return ops::row_backward<Loss>().call(g, v.student, v.teacher, l, sc.reduction, s..., sc.ignore_index, need);
+    });
     if (need[0]) out[0] = gs;
     if (need[1]) out[1] = gt;
     return out;
@@ -168,7 +177,11 @@ struct RowLossNode final : public torch::autograd::TraceableFunction {
     for (int i = 0; i < kSaved; ++i) schema.push_back(IValuePacker<std::optional<at::Tensor>>::packed_type());
     for (int i = 0; i < 2; ++i) schema.push_back(IValuePacker<bool>::packed_type());
     schema.push_back(IValuePacker<int64_t>::packed_type());
-    for (int i = 0; i < 2; ++i) schema.push_back(IValuePacker<double>::packed_type());
+    for (int i = 0; i < kScalars; ++i) {
+      schema.push_back(IValuePacker<double>::packed_type());
+      schema.push_back(IValuePacker<int64_t>::packed_type());
+      schema.push_back(IValuePacker<bool>::packed_type());
+    }
     schema.push_back(IValuePacker<int64_t>::packed_type());
     return schema;
   }
@@ -180,24 +193,29 @@ struct RowLossNode final : public torch::autograd::TraceableFunction {
     for (at::Tensor* t : {&v.student, &v.teacher, &v.labels, &v.grad_student, &v.grad_teacher, &v.row_scale}) {
       *t = packed.unpack<std::optional<at::Tensor>>().value_or(at::Tensor());
     }
-    Scalars sc{};
+    Arguments sc{};
     sc.has_labels = packed.unpack<bool>();
     sc.made_in_forward = packed.unpack<bool>();
     sc.reduction = packed.unpack<int64_t>();
-    sc.beta = packed.unpack<double>();
-    sc.temperature = packed.unpack<double>();
+    for (int i = 0; i < kScalars; ++i) {
+      sc.scalars[i].real = packed.unpack<double>();
+      sc.scalars[i].integer = packed.unpack<int64_t>();
+      sc.scalars[i].flag = packed.unpack<bool>();
+    }
     sc.ignore_index = packed.unpack<int64_t>();
     return functional(grads, {needs[0], needs[1]}, v, sc, false);
   }
 };
 
-// The Autograd-key kernel of a row loss's forward op.
-template <typename Loss>
-struct RowAutograd {
+// The Autograd-key kernel of a row loss's forward op, for its declared scalars S...
+template <typename Loss, typename Scalars = RowScalarTypes<Loss>>
+struct RowAutograd;
+
+template <typename Loss, typename... S>
+struct RowAutograd<Loss, std::tuple<S...>> {
   static at::Tensor forward(
       c10::DispatchKeySet ks, const at::Tensor& student, const at::Tensor& teacher,
-      const std::optional<at::Tensor>& labels, int64_t reduction, double beta, double temperature,
-          int64_t ignore_index) {
+      const std::optional<at::Tensor>& labels, int64_t reduction, S... s, int64_t ignore_index) {
     const c10::DispatchKeySet below = ks & c10::after_autograd_keyset;
     // An undefined tensor skips autograd, so that the kernel's checks report it by name.
     const bool defined = student.defined() && teacher.defined();
@@ -206,8 +224,7 @@ struct RowAutograd {
                                    defined && grad_mode && teacher.requires_grad()};
     if (!defined) {
       at::AutoDispatchBelowADInplaceOrView guard;
-      return ops::row_forward<Loss>().redispatch(below, student, teacher, labels, reduction, beta, temperature,
-          ignore_index);
+      return ops::row_forward<Loss>().redispatch(below, student, teacher, labels, reduction, s..., ignore_index);
     }
     const Dual s_dual(student), t_dual(teacher);
     const bool forward_ad = s_dual.has_tangent() || t_dual.has_tangent();
@@ -218,11 +235,10 @@ struct RowAutograd {
       if (reduction != kNone && (need[0] || need[1] || forward_ad)) {
         const std::array<bool, 2> mask{need[0] || s_dual.has_tangent(), need[1] || t_dual.has_tangent()};
         std::tie(result, gs, gt, row_scale) = ops::row_with_grads<Loss>().redispatch(
-            below, student, teacher, labels, reduction, beta, temperature, ignore_index, mask);
+            below, student, teacher, labels, reduction, s..., ignore_index, mask);
         scaled = scales_rows(student, teacher, mask);
       } else {
-        result = ops::row_forward<Loss>().redispatch(below, student, teacher, labels, reduction, beta, temperature,
-            ignore_index);
+        result = ops::row_forward<Loss>().redispatch(below, student, teacher, labels, reduction, s..., ignore_index);
       }
     }
     if (need[0] || need[1]) {
@@ -233,8 +249,7 @@ struct RowAutograd {
       node->has_labels = labels.has_value() && labels->defined();
       if (node->has_labels) node->labels = SavedVariable(*labels, false);
       node->reduction = reduction;
-      node->beta = beta;
-      node->temperature = temperature;
+      node->scalars = row_scalars(s...);
       node->ignore_index = ignore_index;
       if (reduction != kNone) {
         node->made_in_forward = true;
@@ -251,7 +266,7 @@ struct RowAutograd {
         if (gt.numel() > 0) gt = gt * factor;
       }
       result._set_fw_grad(
-          tangent(s_dual, t_dual, labels, reduction, beta, temperature, ignore_index, gs, gt, result), kLevel, false);
+          tangent(s_dual, t_dual, labels, reduction, row_scalars(s...), ignore_index, gs, gt, result), kLevel, false);
     }
     return result;
   }
@@ -259,14 +274,15 @@ struct RowAutograd {
   // The result's tangent: for a reduced loss the gradients' dot product with the inputs' tangents; for 'none'
   // the composite's own (forward-mode AD through its ATen ops).
   static at::Tensor tangent(
-      const Dual& s, const Dual& t, const std::optional<at::Tensor>& labels, int64_t reduction, double beta,
-      double temperature, int64_t ignore_index, const at::Tensor& gs, const at::Tensor& gt, const at::Tensor& result) {
+      const Dual& s, const Dual& t, const std::optional<at::Tensor>& labels, int64_t reduction,
+      const RowScalars& scalars, int64_t ignore_index, const at::Tensor& gs, const at::Tensor& gt,
+      const at::Tensor& result) {
     if (reduction == kNone) {
       c10::AutoGradMode no_grad(false);
       const at::Tensor student = s.has_tangent() ? at::_make_dual(s.p, s.t, kLevel) : s.p;
       const at::Tensor teacher = t.has_tangent() ? at::_make_dual(t.p, t.t, kLevel) : t.p;
       const at::Tensor dual = composite::forward_differentiable(
-          Loss{}, {student, teacher, labels, reduction, beta, temperature, ignore_index});
+          Loss{}, {student, teacher, labels, reduction, {&Loss::decl.rows, scalars}, ignore_index});
       const at::Tensor value = dual._fw_grad(kLevel);
       return value.defined() ? value.to(result.scalar_type()) : at::zeros_like(result);
     }
@@ -289,63 +305,76 @@ bool differentiated(std::initializer_list<const at::Tensor*> tensors) {
   return false;
 }
 
+// The composite's RowCall of a call's arguments.
+template <typename Loss>
+RowCall call_of(const at::Tensor& student, const at::Tensor& teacher, const std::optional<at::Tensor>& labels,
+                int64_t reduction, const RowScalars& scalars, int64_t ignore_index) {
+  return {student, teacher, labels, reduction, {&Loss::decl.rows, scalars}, ignore_index};
+}
+
 // The Autograd-key kernels of the two ops the forward's node calls below autograd (the forward with gradients,
 // the backward op): called where their own results are differentiated (nested transforms: hessian,
 // jacfwd(jacrev), a direct call), they run the composite, whose ATen ops autograd records; else the kernels.
-template <typename Loss>
-struct RowOpsBelow {
+template <typename Loss, typename Scalars = RowScalarTypes<Loss>>
+struct RowOpsBelow;
+
+template <typename Loss, typename... S>
+struct RowOpsBelow<Loss, std::tuple<S...>> {
   static std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> with_grads(
       c10::DispatchKeySet ks, const at::Tensor& student, const at::Tensor& teacher,
-      const std::optional<at::Tensor>& labels, int64_t reduction, double beta, double temperature, int64_t ignore_index,
+      const std::optional<at::Tensor>& labels, int64_t reduction, S... s, int64_t ignore_index,
       std::array<bool, 2> mask) {
     if (!differentiated({&student, &teacher})) {
       at::AutoDispatchBelowADInplaceOrView guard;
       return ops::row_with_grads<Loss>().redispatch(
-          ks & c10::after_autograd_keyset, student, teacher, labels, reduction, beta, temperature, ignore_index, mask);
+          ks & c10::after_autograd_keyset, student, teacher, labels, reduction, s..., ignore_index, mask);
     }
-    return composite::with_grads_differentiable(Loss{}, {student, teacher, labels, reduction, beta, temperature,
-        ignore_index}, mask);
+    return composite::with_grads_differentiable(
+        Loss{}, call_of<Loss>(student, teacher, labels, reduction, row_scalars(s...), ignore_index), mask);
   }
 
   static std::tuple<at::Tensor, at::Tensor> backward(
       c10::DispatchKeySet ks, const at::Tensor& grad_output, const at::Tensor& student, const at::Tensor& teacher,
-      const std::optional<at::Tensor>& labels, int64_t reduction, double beta, double temperature, int64_t ignore_index,
+      const std::optional<at::Tensor>& labels, int64_t reduction, S... s, int64_t ignore_index,
       std::array<bool, 2> mask) {
     if (!differentiated({&grad_output, &student, &teacher})) {
       at::AutoDispatchBelowADInplaceOrView guard;
       return ops::row_backward<Loss>().redispatch(
-          ks & c10::after_autograd_keyset, grad_output, student, teacher, labels, reduction, beta, temperature,
-              ignore_index,
-          mask);
+          ks & c10::after_autograd_keyset, grad_output, student, teacher, labels, reduction, s..., ignore_index, mask);
     }
     return composite::backward_differentiable(
-        Loss{}, {student, teacher, labels, reduction, beta, temperature, ignore_index}, grad_output, mask);
+        Loss{}, call_of<Loss>(student, teacher, labels, reduction, row_scalars(s...), ignore_index), grad_output,
+        mask);
   }
 };
 
 // vmap: the composite, whose ATen ops batch one by one (the forward op, and the two ops autograd calls below it).
-template <typename Loss>
-struct RowVmap {
+template <typename Loss, typename Scalars = RowScalarTypes<Loss>>
+struct RowVmap;
+
+template <typename Loss, typename... S>
+struct RowVmap<Loss, std::tuple<S...>> {
   static at::Tensor forward(
       const at::Tensor& student, const at::Tensor& teacher, const std::optional<at::Tensor>& labels,
-      int64_t reduction, double beta, double temperature, int64_t ignore_index) {
-    return composite::forward_differentiable(Loss{}, {student, teacher, labels, reduction, beta, temperature,
-        ignore_index});
+      int64_t reduction, S... s, int64_t ignore_index) {
+    return composite::forward_differentiable(
+        Loss{}, call_of<Loss>(student, teacher, labels, reduction, row_scalars(s...), ignore_index));
   }
 
   static std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> with_grads(
       const at::Tensor& student, const at::Tensor& teacher, const std::optional<at::Tensor>& labels,
-      int64_t reduction, double beta, double temperature, int64_t ignore_index, std::array<bool, 2> mask) {
-    return composite::with_grads_differentiable(Loss{}, {student, teacher, labels, reduction, beta, temperature,
-        ignore_index}, mask);
+      int64_t reduction, S... s, int64_t ignore_index, std::array<bool, 2> mask) {
+    return composite::with_grads_differentiable(
+        Loss{}, call_of<Loss>(student, teacher, labels, reduction, row_scalars(s...), ignore_index), mask);
   }
 
   static std::tuple<at::Tensor, at::Tensor> backward(
       const at::Tensor& grad_output, const at::Tensor& student, const at::Tensor& teacher,
-      const std::optional<at::Tensor>& labels, int64_t reduction, double beta, double temperature, int64_t ignore_index,
+      const std::optional<at::Tensor>& labels, int64_t reduction, S... s, int64_t ignore_index,
       std::array<bool, 2> mask) {
     return composite::backward_differentiable(
-        Loss{}, {student, teacher, labels, reduction, beta, temperature, ignore_index}, grad_output, mask);
+        Loss{}, call_of<Loss>(student, teacher, labels, reduction, row_scalars(s...), ignore_index), grad_output,
+        mask);
   }
 };
 

@@ -104,7 +104,7 @@ constexpr bool kBooleans[] = {false, true};
 // whether log_target tells its calls apart.
 template <typename Loss>
 constexpr Set beta_domain() {
-  if constexpr (Loss::decl.kind == LossKind::Rows) return kUnitBetas;  // RowArgs::floats[0], in [0, 1]
+  if constexpr (Loss::decl.kind == LossKind::Rows) return kUnitBetas;  // the row loss's ScalarRole::Beta, in [0, 1]
   constexpr ScalarArg s = Loss::decl.scalar;
   if (s.kind != ScalarKind::Float) return 0;
   return s.rule == ScalarRule::Positive ? static_cast<Set>(kEveryBeta & ~set_of({BetaClass::Zero})) : kEveryBeta;

@@ -299,8 +299,7 @@ void run_chunks(const LinearCall& c, const LinearPlan& p, std::array<bool, 6> ma
       products[1]->logits(z[1], xc[1].narrow(0, first, k));
       const std::optional<at::Tensor> part_labels =
           lab ? std::optional<at::Tensor>(lab->narrow(0, first, k)) : std::nullopt;
-      auto [value, gs, gt, scale] = step.run(z[0].narrow(0, first, k), z[1], part_labels, c.beta, c.temperature,
-                                             c.ignore_index, row_mask, p.fuse ? &extras : nullptr);
+      auto [value, gs, gt, scale] = step.run(z[0].narrow(0, first, k), z[1], part_labels, c.scalars, c.ignore_index, row_mask, p.fuse ? &extras : nullptr);
       s.soft.add_(value.to(s.soft.scalar_type()));
       if (p.fuse && p.hard) s.hard.add_(extras.hard_sum);
       g[0] = p.halves ? z[0] : gs;

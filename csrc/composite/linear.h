@@ -24,10 +24,6 @@
 
 namespace npu_loss::composite {
 
-// The forward with gradients' ten results (losses.h's LinearForm).
-using LinearResults = std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor,
-                                 at::Tensor, at::Tensor, at::Tensor>;
-
 // What a step that fuses them (RowStep::fuses) also does to a chunk, in the same passes over its logits: the
 // gradients times grad_scale (the soft loss's factor and the student's stored scale), the teacher's times
 // teacher_scale more (the ratio of the two sides' stored scales), and, with `hard`, the cross entropy of the
@@ -85,8 +81,8 @@ struct ChunkResources {
 // scales) and makes the hard loss with ATen ops.
 struct RowStep {
   std::function<std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor>(
-      const at::Tensor& student, const at::Tensor& teacher, const std::optional<at::Tensor>& labels, double beta,
-      double temperature, int64_t ignore_index, std::array<bool, 2> mask, RowExtras* extras)>
+      const at::Tensor& student, const at::Tensor& teacher, const std::optional<at::Tensor>& labels,
+      const DeclaredScalars& scalars, int64_t ignore_index, std::array<bool, 2> mask, RowExtras* extras)>
       run;
   bool in_place = false;
   int64_t scratch_bytes = 0;  // per logit of a chunk: what the step itself holds at once beyond its results
@@ -139,9 +135,10 @@ template <typename Loss>
 struct OpStep {
   static RowStep step() {
     return {[](const at::Tensor& student, const at::Tensor& teacher, const std::optional<at::Tensor>& labels,
-               double beta, double temperature, int64_t ignore_index, std::array<bool, 2> mask, RowExtras*) {
-              return ops::row_with_grads<Loss>().call(student, teacher, labels, kSum, beta, temperature, ignore_index,
-                                                      mask);
+               const DeclaredScalars& scalars, int64_t ignore_index, std::array<bool, 2> mask, RowExtras*) {
+              return with_row_scalars<Loss>(scalars.values, [&](auto... s) {
+                return ops::row_with_grads<Loss>().call(student, teacher, labels, kSum, s..., ignore_index, mask);
+              });
             },
             false};
   }

@@ -104,7 +104,11 @@ struct Terms {
   at::Tensor p, q, f, ds, dt;
 };
 
-Terms jsd_terms(const at::Tensor& zs, const at::Tensor& zt, double beta, double temperature) {
+// The declared beta's position among the member's scalars (losses.h).
+constexpr int kBeta = row_scalar(GeneralizedJsd::decl.rows, "beta");
+
+Terms jsd_terms(const at::Tensor& zs, const at::Tensor& zt, const DeclaredScalars& scalars) {
+  const double beta = scalars.real(kBeta), temperature = scalars.temperature();
   const at::Tensor s = at::log_softmax(zs / temperature, -1);
   const at::Tensor t = at::log_softmax(zt / temperature, -1);
   Terms r{s.exp(), t.exp(), {}, {}, {}};
@@ -203,7 +207,7 @@ at::Tensor forward(GeneralizedJsd, const RowCall& c) {
     for_each_chunk(c, keep, [&](const at::Tensor& zs, const at::Tensor& zt, const at::Tensor& k, int64_t first) {
       const int64_t n = zs.size(0);
       if (kept && kept->between(first, first + n) == 0) return;
-      const at::Tensor f = jsd_terms(zs, zt, c.beta, c.temperature).f;
+      const at::Tensor f = jsd_terms(zs, zt, c.scalars).f;
       if (kept) {
         values.narrow(0, kept->before[first], kept->between(first, first + n)).copy_(rows_where(f, k));
       } else {
@@ -214,7 +218,7 @@ at::Tensor forward(GeneralizedJsd, const RowCall& c) {
   }
   at::Tensor total = at::zeros({}, options);
   for_each_chunk(c, keep, [&](const at::Tensor& zs, const at::Tensor& zt, const at::Tensor& k, int64_t) {
-    total += masked(jsd_terms(zs, zt, c.beta, c.temperature).f, k).sum();
+    total += masked(jsd_terms(zs, zt, c.scalars).f, k).sum();
   });
   if (c.reduction == kMean) total = total / mean_count(c, keep, options);
   return total.to(result);
@@ -235,9 +239,9 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> with_grads(
   at::Tensor total = at::zeros({}, options);
   for_each_chunk(c, keep, [&](const at::Tensor& zs, const at::Tensor& zt, const at::Tensor& k, int64_t first) {
     const int64_t n = zs.size(0);
-    const Terms e = jsd_terms(zs, zt, c.beta, c.temperature);
+    const Terms e = jsd_terms(zs, zt, c.scalars);
     total += masked(e.f, k).sum();
-    auto [cs, ct] = logit_gradients(e, weight, c.temperature, mask);
+    auto [cs, ct] = logit_gradients(e, weight, c.scalars.temperature(), mask);
     if (mask[0]) cs = masked(cs, k);
     if (mask[1]) ct = masked(ct, k);
     if (scaled) {  // float16: each row times 2^power (isa.h's RowBatch, row_scale)
@@ -274,7 +278,7 @@ std::tuple<at::Tensor, at::Tensor> backward(
                              : grad_output.to(options.dtype());
   for_each_chunk(c, keep, [&](const at::Tensor& zs, const at::Tensor& zt, const at::Tensor& k, int64_t first) {
     const int64_t n = zs.size(0);
-    const Terms e = jsd_terms(zs, zt, c.beta, c.temperature);
+    const Terms e = jsd_terms(zs, zt, c.scalars);
     at::Tensor w = weight;
     if (c.reduction == kNone && !kept) {
       w = weights.narrow(0, first, n);
@@ -284,7 +288,7 @@ std::tuple<at::Tensor, at::Tensor> backward(
       // index_put_ rather than index_copy_: the same rows, through an op every chip's aclnn has.
       if (here > 0) w.index_put_({k.nonzero().squeeze(1)}, weights.narrow(0, kept->before[first], here));
     }
-    const auto [cs, ct] = logit_gradients(e, w, c.temperature, mask);
+    const auto [cs, ct] = logit_gradients(e, w, c.scalars.temperature(), mask);
     if (mask[0]) rows_of(gs, first, n).copy_(masked(cs, k));
     if (mask[1]) rows_of(gt, first, n).copy_(masked(ct, k));
   });
@@ -293,13 +297,12 @@ std::tuple<at::Tensor, at::Tensor> backward(
 
 at::Tensor forward_differentiable(GeneralizedJsd, const RowCall& c) {
   const LossDecl& d = GeneralizedJsd::decl;
-  row_forward_spec<c10::SymInt>(d, d.forward, c.student, c.teacher, c.labels, c.reduction, c.beta, c.temperature);
+  row_forward_spec<c10::SymInt>(d, d.forward, c.student, c.teacher, c.labels, c.reduction, c.scalars.values);
   const auto dtype = compute_dtype(c.student, c.teacher);
   const bool labels = c.labels.has_value() && c.labels->defined();
   // The rows kept, of the leading shape; the dropped rows' logits zeroed (their derivatives then stay finite).
   const at::Tensor keep = labels ? c.labels->to(at::kLong) != c.ignore_index : at::Tensor();
-  const at::Tensor f = jsd_terms(masked(c.student.to(dtype), keep), masked(c.teacher.to(dtype), keep), c.beta,
-                                 c.temperature).f;
+  const at::Tensor f = jsd_terms(masked(c.student.to(dtype), keep), masked(c.teacher.to(dtype), keep), c.scalars).f;
   if (c.reduction == kNone) {
     if (!labels) return f.to(result_dtype(c));
     const int64_t rows = c10::multiply_integers(leading_shape(c.student));
@@ -314,19 +317,18 @@ at::Tensor forward_differentiable(GeneralizedJsd, const RowCall& c) {
 std::tuple<at::Tensor, at::Tensor> backward_differentiable(
     GeneralizedJsd, const RowCall& c, const at::Tensor& grad_output, std::array<bool, 2> mask) {
   const LossDecl& d = GeneralizedJsd::decl;
-  row_backward_spec<c10::SymInt>(d, grad_output, c.student, c.teacher, c.labels, c.reduction, c.beta, c.temperature);
+  row_backward_spec<c10::SymInt>(d, grad_output, c.student, c.teacher, c.labels, c.reduction, c.scalars.values);
   const auto dtype = compute_dtype(c.student, c.teacher);
   const bool labels = c.labels.has_value() && c.labels->defined();
   const at::Tensor keep = labels ? c.labels->to(at::kLong) != c.ignore_index : at::Tensor();
-  const Terms e = jsd_terms(masked(c.student.to(dtype), keep), masked(c.teacher.to(dtype), keep), c.beta,
-                            c.temperature);
+  const Terms e = jsd_terms(masked(c.student.to(dtype), keep), masked(c.teacher.to(dtype), keep), c.scalars);
   at::Tensor w = grad_output.to(dtype);
   if (c.reduction == kNone) {
     if (labels) w = at::zeros_like(e.f).masked_scatter(keep.unsqueeze(-1).expand_as(e.f), w);
   } else if (c.reduction == kMean) {
     w = w / (labels ? keep.sum() * c.student.size(-1) : at::scalar_tensor(static_cast<double>(e.f.numel()), w.options()));
   }
-  auto [gs, gt] = logit_gradients(e, w, c.temperature, mask);
+  auto [gs, gt] = logit_gradients(e, w, c.scalars.temperature(), mask);
   return {mask[0] ? masked(gs, keep).to(c.student.scalar_type()) : at::empty({0}, c.student.options()),
           mask[1] ? masked(gt, keep).to(c.teacher.scalar_type()) : at::empty({0}, c.teacher.options())};
 }
@@ -334,7 +336,7 @@ std::tuple<at::Tensor, at::Tensor> backward_differentiable(
 std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> with_grads_differentiable(
     GeneralizedJsd, const RowCall& c, std::array<bool, 2> mask) {
   const LossDecl& d = GeneralizedJsd::decl;
-  row_with_grads_spec<c10::SymInt>(d, c.student, c.teacher, c.labels, c.reduction, c.beta, c.temperature);
+  row_with_grads_spec<c10::SymInt>(d, c.student, c.teacher, c.labels, c.reduction, c.scalars.values);
   const at::Tensor loss = forward_differentiable(GeneralizedJsd{}, c);
   auto [gs, gt] = backward_differentiable(GeneralizedJsd{}, c, at::ones({}, loss.options()), mask);
   return {loss, gs, gt, at::ones(leading_shape(c.student), c.student.options().dtype(at::kFloat))};

@@ -98,33 +98,42 @@ void impl_loss(torch::Library& m) {
 //       const RowCall&, std::array<bool, 2> mask);
 //   static std::tuple<at::Tensor, at::Tensor> backward(Loss, const RowSpec&, const RowCall&,
 //       const at::Tensor& grad_output, std::array<bool, 2> mask);
-template <typename Loss, typename Math>
-struct RowBackendKernels {
+template <typename Loss, typename Math, typename Scalars = RowScalarTypes<Loss>>
+struct RowBackendKernels;
+
+template <typename Loss, typename Math, typename... S>
+struct RowBackendKernels<Loss, Math, std::tuple<S...>> {
   static constexpr const LossDecl& d = Loss::decl;
+
+  static RowCall call(const at::Tensor& student, const at::Tensor& teacher, const std::optional<at::Tensor>& labels,
+                      int64_t reduction, const RowScalars& scalars, int64_t ignore_index) {
+    return {student, teacher, labels, reduction, {&d.rows, scalars}, ignore_index};
+  }
 
   static at::Tensor forward(
       const at::Tensor& student, const at::Tensor& teacher, const std::optional<at::Tensor>& labels,
-      int64_t reduction, double beta, double temperature, int64_t ignore_index) {
-    const RowSpec spec = row_forward_spec<int64_t>(d, d.forward, student, teacher, labels, reduction, beta, temperature);
-    return Math::forward(Loss{}, spec, {student, teacher, labels, reduction, beta, temperature, ignore_index});
+      int64_t reduction, S... s, int64_t ignore_index) {
+    const RowScalars scalars = row_scalars(s...);
+    const RowSpec spec = row_forward_spec<int64_t>(d, d.forward, student, teacher, labels, reduction, scalars);
+    return Math::forward(Loss{}, spec, call(student, teacher, labels, reduction, scalars, ignore_index));
   }
 
   static std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> with_grads(
       const at::Tensor& student, const at::Tensor& teacher, const std::optional<at::Tensor>& labels,
-      int64_t reduction, double beta, double temperature, int64_t ignore_index, std::array<bool, 2> mask) {
-    const RowSpec spec = row_with_grads_spec<int64_t>(d, student, teacher, labels, reduction, beta, temperature);
-    return Math::with_grads(
-        Loss{}, spec, {student, teacher, labels, reduction, beta, temperature, ignore_index}, mask);
+      int64_t reduction, S... s, int64_t ignore_index, std::array<bool, 2> mask) {
+    const RowScalars scalars = row_scalars(s...);
+    const RowSpec spec = row_with_grads_spec<int64_t>(d, student, teacher, labels, reduction, scalars);
+    return Math::with_grads(Loss{}, spec, call(student, teacher, labels, reduction, scalars, ignore_index), mask);
   }
 
   static std::tuple<at::Tensor, at::Tensor> backward(
       const at::Tensor& grad_output, const at::Tensor& student, const at::Tensor& teacher,
-      const std::optional<at::Tensor>& labels, int64_t reduction, double beta, double temperature,
-      int64_t ignore_index, std::array<bool, 2> mask) {
-    const RowSpec spec =
-        row_backward_spec<int64_t>(d, grad_output, student, teacher, labels, reduction, beta, temperature);
+      const std::optional<at::Tensor>& labels, int64_t reduction, S... s, int64_t ignore_index,
+      std::array<bool, 2> mask) {
+    const RowScalars scalars = row_scalars(s...);
+    const RowSpec spec = row_backward_spec<int64_t>(d, grad_output, student, teacher, labels, reduction, scalars);
     return Math::backward(
-        Loss{}, spec, {student, teacher, labels, reduction, beta, temperature, ignore_index}, grad_output, mask);
+        Loss{}, spec, call(student, teacher, labels, reduction, scalars, ignore_index), grad_output, mask);
   }
 };
 
@@ -139,36 +148,49 @@ void impl_row_loss(torch::Library& m) {
 
 // A backend's kernels of a row loss's linear form's two ops, from `Impl`, which takes their arguments as one
 // LinearCall (the op's name for its messages, and output_mask: none for the forward):
-//   static ops::LinearSignatures::Results run(const char* op, const LinearCall&, std::array<bool, 6> mask);
+//   static LinearResults run(const char* op, const LinearCall&, std::array<bool, 6> mask);
 // The forward returns its first three results.
-template <typename Loss, typename Impl>
-struct LinearBackendKernels {
+template <typename Loss, typename Impl, typename Scalars = RowScalarTypes<Loss>>
+struct LinearBackendKernels;
+
+template <typename Loss, typename Impl, typename... S>
+struct LinearBackendKernels<Loss, Impl, std::tuple<S...>> {
   static constexpr const LinearForm& f = Loss::decl.linear;
 
-  static ops::LinearSignatures::Results with_grads(
+  static LinearResults run(
+      const char* op, const at::Tensor& student_input, const at::Tensor& student_weight,
+      const at::Tensor& teacher_input, const at::Tensor& teacher_weight, const std::optional<at::Tensor>& labels,
+      const std::optional<at::Tensor>& student_bias, const std::optional<at::Tensor>& teacher_bias,
+      c10::string_view reduction, const RowScalars& scalars, int64_t ignore_index, double weight_hard,
+      double weight_soft, std::optional<int64_t> chunk_size, bool return_parts, std::array<bool, 6> mask) {
+    return Impl::run(
+        op,
+        {{&student_input, &teacher_input}, {&student_weight, &teacher_weight}, {&student_bias, &teacher_bias},
+         labels, reduction, {&Loss::decl.rows, scalars}, ignore_index, weight_hard, weight_soft, chunk_size,
+         return_parts},
+        mask);
+  }
+
+  static LinearResults with_grads(
       const at::Tensor& student_input, const at::Tensor& student_weight, const at::Tensor& teacher_input,
       const at::Tensor& teacher_weight, const std::optional<at::Tensor>& labels,
       const std::optional<at::Tensor>& student_bias, const std::optional<at::Tensor>& teacher_bias,
-      c10::string_view reduction, double beta, double temperature, int64_t ignore_index, double weight_hard,
-      double weight_soft, std::optional<int64_t> chunk_size, bool return_parts, std::array<bool, 6> mask) {
-    return Impl::run(
-        f.with_grads,
-        {{&student_input, &teacher_input}, {&student_weight, &teacher_weight}, {&student_bias, &teacher_bias},
-         labels, reduction, beta, temperature, ignore_index, weight_hard, weight_soft, chunk_size, return_parts},
-        mask);
+      c10::string_view reduction, S... s, int64_t ignore_index, double weight_hard, double weight_soft,
+      std::optional<int64_t> chunk_size, bool return_parts, std::array<bool, 6> mask) {
+    return run(f.with_grads, student_input, student_weight, teacher_input, teacher_weight, labels, student_bias,
+               teacher_bias, reduction, row_scalars(s...), ignore_index, weight_hard, weight_soft, chunk_size,
+               return_parts, mask);
   }
 
   static std::tuple<at::Tensor, at::Tensor, at::Tensor> forward(
       const at::Tensor& student_input, const at::Tensor& student_weight, const at::Tensor& teacher_input,
       const at::Tensor& teacher_weight, const std::optional<at::Tensor>& labels,
       const std::optional<at::Tensor>& student_bias, const std::optional<at::Tensor>& teacher_bias,
-      c10::string_view reduction, double beta, double temperature, int64_t ignore_index, double weight_hard,
-      double weight_soft, std::optional<int64_t> chunk_size, bool return_parts) {
-    auto r = Impl::run(
-        f.forward,
-        {{&student_input, &teacher_input}, {&student_weight, &teacher_weight}, {&student_bias, &teacher_bias},
-         labels, reduction, beta, temperature, ignore_index, weight_hard, weight_soft, chunk_size, return_parts},
-        {});
+      c10::string_view reduction, S... s, int64_t ignore_index, double weight_hard, double weight_soft,
+      std::optional<int64_t> chunk_size, bool return_parts) {
+    auto r = run(f.forward, student_input, student_weight, teacher_input, teacher_weight, labels, student_bias,
+                 teacher_bias, reduction, row_scalars(s...), ignore_index, weight_hard, weight_soft, chunk_size,
+                 return_parts, {});
     return {std::get<0>(r), std::get<1>(r), std::get<2>(r)};
   }
 };

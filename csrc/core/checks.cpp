@@ -278,6 +278,13 @@ void check_scalar(const char* op, const ScalarArg& arg, double value) {
   }
 }
 
+// Each declared scalar of a row loss: a float's rule (the other kinds have none).
+void check_row_scalars(const char* op, const RowArgs& r, const RowScalars& values) {
+  for (int i = 0; i < row_scalar_count(r); ++i) {
+    if (r.scalars[i].kind == ScalarKind::Float) check_scalar(op, r.scalars[i], values[i].real);
+  }
+}
+
 void check_grad_output_rows(const char* op, const at::Tensor& grad_output, int64_t kept) {
   TORCH_CHECK(
       grad_output.size(0) == kept, op, ": grad_output of 'none' must have one row per row its labels keep (", kept,
@@ -407,7 +414,7 @@ void check_out(
 template <typename Int>
 BasicRowSpec<Int> row_forward_spec(
     const LossDecl& d, const char* op, const at::Tensor& student, const at::Tensor& teacher,
-    const std::optional<at::Tensor>& labels, int64_t reduction, double first, double second) {
+    const std::optional<at::Tensor>& labels, int64_t reduction, const RowScalars& scalars) {
   const RowArgs& r = d.rows;
   const at::Tensor undefined;
   const at::Tensor& l = labels.has_value() ? *labels : undefined;
@@ -424,8 +431,7 @@ BasicRowSpec<Int> row_forward_spec(
         " must have an integer dtype, got ", dtype_name(l.scalar_type()));
   }
   check_reduction(op, reduction);
-  check_scalar(op, r.floats[0], first);
-  check_scalar(op, r.floats[1], second);
+  check_row_scalars(op, r, scalars);
   check_dims(op, {{r.logits[0], &student}, {r.logits[1], &teacher}});
   TORCH_CHECK(
       student.dim() >= 1, op, ": ", r.logits[0], " must have at least one dimension (the vocabulary), got a 0-dim "
@@ -452,8 +458,8 @@ BasicRowSpec<Int> row_forward_spec(
 template <typename Int>
 BasicRowSpec<Int> row_with_grads_spec(
     const LossDecl& d, const at::Tensor& student, const at::Tensor& teacher, const std::optional<at::Tensor>& labels,
-    int64_t reduction, double first, double second) {
-  auto spec = row_forward_spec<Int>(d, d.with_grads, student, teacher, labels, reduction, first, second);
+    int64_t reduction, const RowScalars& scalars) {
+  auto spec = row_forward_spec<Int>(d, d.with_grads, student, teacher, labels, reduction, scalars);
   TORCH_CHECK_VALUE(
       reduction != kNone, d.with_grads, ": reduction must be 1 (mean) or 2 (sum), the gradients of a scalar; got 0 "
       "(none)");
@@ -463,10 +469,10 @@ BasicRowSpec<Int> row_with_grads_spec(
 template <typename Int>
 BasicRowSpec<Int> row_backward_spec(
     const LossDecl& d, const at::Tensor& grad_output, const at::Tensor& student, const at::Tensor& teacher,
-    const std::optional<at::Tensor>& labels, int64_t reduction, double first, double second) {
+    const std::optional<at::Tensor>& labels, int64_t reduction, const RowScalars& scalars) {
   const char* op = d.backward;
   check_defined(op, {{"grad_output", &grad_output}});
-  auto spec = row_forward_spec<Int>(d, op, student, teacher, labels, reduction, first, second);
+  auto spec = row_forward_spec<Int>(d, op, student, teacher, labels, reduction, scalars);
   check_same_device(op, "grad_output", grad_output, {d.rows.logits[0], &student});
   check_dtype(op, "grad_output", grad_output);
   const auto g = Geometry<Int>::sizes(grad_output);
@@ -540,8 +546,7 @@ BasicLinearSpec<Int> linear_spec(const LossDecl& d, const char* op, const Linear
         " must have an integer dtype, got ", dtype_name(l.scalar_type()));
   }
   const FamilyReduction how = family_reduction(op, c.reduction, /*scalar_only=*/true);
-  check_scalar(op, r.floats[0], c.beta);
-  check_scalar(op, r.floats[1], c.temperature);
+  check_row_scalars(op, r, c.scalars.values);
   check_scalar(op, f.weights_of[0], c.weight_hard);
   check_scalar(op, f.weights_of[1], c.weight_soft);
   TORCH_CHECK_VALUE(
@@ -608,13 +613,13 @@ BasicLinearSpec<Int> linear_spec(const LossDecl& d, const char* op, const Linear
   template at::Tensor empty_result<Int>(const BasicResultSpec<Int>&, const at::TensorOptions&);          \
   template BasicRowSpec<Int> row_forward_spec<Int>(                                                       \
       const LossDecl&, const char*, const at::Tensor&, const at::Tensor&, const std::optional<at::Tensor>&, \
-      int64_t, double, double);                                                                           \
+      int64_t, const RowScalars&);                                                                        \
   template BasicRowSpec<Int> row_with_grads_spec<Int>(                                                    \
-      const LossDecl&, const at::Tensor&, const at::Tensor&, const std::optional<at::Tensor>&, int64_t, double, \
-      double);                                                                                            \
+      const LossDecl&, const at::Tensor&, const at::Tensor&, const std::optional<at::Tensor>&, int64_t,   \
+      const RowScalars&);                                                                                 \
   template BasicRowSpec<Int> row_backward_spec<Int>(                                                      \
       const LossDecl&, const at::Tensor&, const at::Tensor&, const at::Tensor&,                           \
-      const std::optional<at::Tensor>&, int64_t, double, double);                                          \
+      const std::optional<at::Tensor>&, int64_t, const RowScalars&);                                      \
   template BasicLinearSpec<Int> linear_spec<Int>(const LossDecl&, const char*, const LinearCall&);
 
 NPU_LOSS_INSTANTIATE_CHECKS(int64_t)

@@ -149,13 +149,33 @@ struct BasicRowSpec {
 
 using RowSpec = BasicRowSpec<int64_t>;
 
+// A call's values of a row loss's scalars with their declaration: the frames read them by role, the member's
+// math by name (losses.h's row_scalar gives the position).
+struct DeclaredScalars {
+  const RowArgs* args;
+  RowScalars values;
+
+  double real(int i) const { return values[i].real; }
+  // The temperature (ScalarRole::Temperature), or 1 when the loss declares none.
+  double temperature() const {
+    const int i = row_scalar_of(*args, ScalarRole::Temperature);
+    return i < 0 ? 1.0 : values[i].real;
+  }
+  // The family's beta (ScalarRole::Beta), which the loss must declare.
+  double beta() const {
+    const int i = row_scalar_of(*args, ScalarRole::Beta);
+    TORCH_INTERNAL_ASSERT(i >= 0, "the row loss declares no beta");
+    return values[i].real;
+  }
+};
+
 // The arguments of one call of a row loss's op, after its checks: what every backend's row math takes.
 struct RowCall {
   const at::Tensor& student;
   const at::Tensor& teacher;
   const std::optional<at::Tensor>& labels;
   int64_t reduction;
-  double beta, temperature;  // the declaration's two float scalars (RowArgs::floats)
+  DeclaredScalars scalars;  // RowArgs::scalars
   int64_t ignore_index;
 };
 
@@ -172,18 +192,18 @@ void check_grad_output_rows(const char* op, const at::Tensor& grad_output, int64
 
 // The forward's checks (the forward with gradients has the same arguments): every tensor defined and on one
 // device; floating logits of one shape with at least one dimension (the vocabulary) and at most 8; labels of
-// an integer dtype and the logits' leading shape; the reduction; the two float scalars' rules.
+// an integer dtype and the logits' leading shape; the reduction; each declared scalar's rule.
 template <typename Int>
 BasicRowSpec<Int> row_forward_spec(
     const LossDecl& d, const char* op, const at::Tensor& student, const at::Tensor& teacher,
-    const std::optional<at::Tensor>& labels, int64_t reduction, double first, double second);
+    const std::optional<at::Tensor>& labels, int64_t reduction, const RowScalars& scalars);
 
 // The forward with gradients': the forward's, and a reduced result ("mean" or "sum": the gradients are those
 // of a scalar).
 template <typename Int>
 BasicRowSpec<Int> row_with_grads_spec(
     const LossDecl& d, const at::Tensor& student, const at::Tensor& teacher, const std::optional<at::Tensor>& labels,
-    int64_t reduction, double first, double second);
+    int64_t reduction, const RowScalars& scalars);
 
 // The backward op's: the forward's, and grad_output, floating, on the same device, 0-dim for "mean" and
 // "sum", and for "none" of the values' shape: the logits' without labels, (K, V) with them (K, the rows kept,
@@ -191,7 +211,7 @@ BasicRowSpec<Int> row_with_grads_spec(
 template <typename Int>
 BasicRowSpec<Int> row_backward_spec(
     const LossDecl& d, const at::Tensor& grad_output, const at::Tensor& student, const at::Tensor& teacher,
-    const std::optional<at::Tensor>& labels, int64_t reduction, double first, double second);
+    const std::optional<at::Tensor>& labels, int64_t reduction, const RowScalars& scalars);
 
 // ---- a row loss's linear form (losses.h's LinearForm) ----
 
@@ -211,7 +231,7 @@ inline constexpr std::array<const char*, 4> kFamilyReductions{"batchmean", "mean
 FamilyReduction family_reduction(const char* op, c10::string_view how, bool scalar_only);
 
 // Its arguments, as both ops take them (the forward with gradients adds its output_mask): the two sides' hidden
-// states, weights and biases; the labels; the reduction; the row loss's two floats and index; the hard and
+// states, weights and biases; the labels; the reduction; the row loss's scalars and index; the hard and
 // soft losses' weights; the rows per chunk asked for (none: the default); whether the parts are returned.
 struct LinearCall {
   const at::Tensor* input[2];
@@ -219,7 +239,7 @@ struct LinearCall {
   const std::optional<at::Tensor>* bias[2];
   const std::optional<at::Tensor>& labels;
   c10::string_view reduction;
-  double beta, temperature;
+  DeclaredScalars scalars;  // the row loss's (RowArgs::scalars)
   int64_t ignore_index;
   double weight_hard, weight_soft;
   std::optional<int64_t> chunk_size;

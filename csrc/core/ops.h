@@ -10,6 +10,8 @@
 #include <optional>
 #include <string>
 #include <tuple>
+#include <type_traits>
+#include <utility>
 
 #include "../losses.h"
 
@@ -59,60 +61,136 @@ const c10::TypedOperatorHandle<typename Signatures<Loss>::BackwardOut>& backward
   return op;
 }
 
+}  // namespace ops
+
+// A row loss's scalars in C++: each declared kind's type (Float double, Int int64_t, Bool bool), as a tuple in
+// the declaration's order (RowScalarTypes), to and from the one RowScalars every layer below the ops takes.
+namespace detail {
+template <ScalarKind K>
+struct RowScalarType;
+template <>
+struct RowScalarType<ScalarKind::Float> {
+  using type = double;
+};
+template <>
+struct RowScalarType<ScalarKind::Int> {
+  using type = int64_t;
+};
+template <>
+struct RowScalarType<ScalarKind::Bool> {
+  using type = bool;
+};
+
+template <const RowArgs& R, size_t... I>
+std::tuple<typename RowScalarType<R.scalars[I].kind>::type...> row_scalar_types(std::index_sequence<I...>);
+}  // namespace detail
+
+template <typename Loss>
+using RowScalarTypes = decltype(detail::row_scalar_types<Loss::decl.rows>(
+    std::make_index_sequence<row_scalar_count(Loss::decl.rows)>{}));
+
+inline ScalarValue scalar_value(double v) { return {.real = v}; }
+inline ScalarValue scalar_value(int64_t v) { return {.integer = v}; }
+inline ScalarValue scalar_value(bool v) { return {.flag = v}; }
+
+// The scalars of a call, from the op's typed arguments.
+template <typename... S>
+RowScalars row_scalars(S... s) {
+  static_assert(sizeof...(S) <= kMaxRowScalars, "row_scalars: more scalars than kMaxRowScalars");
+  return RowScalars{scalar_value(s)...};
+}
+
+template <typename T>
+T scalar_as(const ScalarValue& v) {
+  if constexpr (std::is_same_v<T, double>) return v.real;
+  else if constexpr (std::is_same_v<T, int64_t>) return v.integer;
+  else return v.flag;
+}
+
+// f(s...) with the scalars as the op's typed arguments, in their order.
+template <typename Loss, typename F>
+decltype(auto) with_row_scalars(const RowScalars& values, F&& f) {
+  return [&]<size_t... I>(std::index_sequence<I...>) -> decltype(auto) {
+    return f(scalar_as<std::tuple_element_t<I, RowScalarTypes<Loss>>>(values[I])...);
+  }(std::make_index_sequence<std::tuple_size_v<RowScalarTypes<Loss>>>{});
+}
+
 // A row loss's three ops (losses.h's RowArgs; core/schema.h): the forward, the forward with the gradients of
-// its reduced result, the backward op.
-struct RowSignatures {
+// its reduced result, the backward op, with the loss's scalars S... between the reduction and the index.
+template <typename Scalars>
+struct RowSignaturesWith;
+
+template <typename... S>
+struct RowSignaturesWith<std::tuple<S...>> {
   using Forward = at::Tensor(
-      const at::Tensor&, const at::Tensor&, const std::optional<at::Tensor>&, int64_t, double, double, int64_t);
+      const at::Tensor&, const at::Tensor&, const std::optional<at::Tensor>&, int64_t, S..., int64_t);
   using WithGrads = std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor>(
-      const at::Tensor&, const at::Tensor&, const std::optional<at::Tensor>&, int64_t, double, double, int64_t,
+      const at::Tensor&, const at::Tensor&, const std::optional<at::Tensor>&, int64_t, S..., int64_t,
       std::array<bool, 2>);
   using Backward = std::tuple<at::Tensor, at::Tensor>(
-      const at::Tensor&, const at::Tensor&, const at::Tensor&, const std::optional<at::Tensor>&, int64_t, double,
-      double, int64_t, std::array<bool, 2>);
+      const at::Tensor&, const at::Tensor&, const at::Tensor&, const std::optional<at::Tensor>&, int64_t, S...,
+      int64_t, std::array<bool, 2>);
 };
 
 template <typename Loss>
-const c10::TypedOperatorHandle<RowSignatures::Forward>& row_forward() {
-  static const auto op = find<RowSignatures::Forward>(Loss::decl.forward);
+using RowSignatures = RowSignaturesWith<RowScalarTypes<Loss>>;
+
+namespace ops {
+
+template <typename Loss>
+const c10::TypedOperatorHandle<typename RowSignatures<Loss>::Forward>& row_forward() {
+  static const auto op = find<typename RowSignatures<Loss>::Forward>(Loss::decl.forward);
   return op;
 }
 
 template <typename Loss>
-const c10::TypedOperatorHandle<RowSignatures::WithGrads>& row_with_grads() {
-  static const auto op = find<RowSignatures::WithGrads>(Loss::decl.with_grads);
+const c10::TypedOperatorHandle<typename RowSignatures<Loss>::WithGrads>& row_with_grads() {
+  static const auto op = find<typename RowSignatures<Loss>::WithGrads>(Loss::decl.with_grads);
   return op;
 }
 
 template <typename Loss>
-const c10::TypedOperatorHandle<RowSignatures::Backward>& row_backward() {
-  static const auto op = find<RowSignatures::Backward>(Loss::decl.backward);
+const c10::TypedOperatorHandle<typename RowSignatures<Loss>::Backward>& row_backward() {
+  static const auto op = find<typename RowSignatures<Loss>::Backward>(Loss::decl.backward);
   return op;
 }
 
-// A row loss's linear form's two ops (losses.h's LinearForm; core/schema.h).
-struct LinearSignatures {
-  using Results = std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor,
-                             at::Tensor, at::Tensor, at::Tensor>;
+}  // namespace ops
+
+// A row loss's linear form's two ops (losses.h's LinearForm; core/schema.h), with the row loss's scalars S...
+// after the reduction. The forward with gradients' ten results:
+using LinearResults = std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor,
+                                 at::Tensor, at::Tensor, at::Tensor, at::Tensor>;
+
+template <typename Scalars>
+struct LinearSignaturesWith;
+
+template <typename... S>
+struct LinearSignaturesWith<std::tuple<S...>> {
   using Forward = std::tuple<at::Tensor, at::Tensor, at::Tensor>(
       const at::Tensor&, const at::Tensor&, const at::Tensor&, const at::Tensor&, const std::optional<at::Tensor>&,
-      const std::optional<at::Tensor>&, const std::optional<at::Tensor>&, c10::string_view, double, double, int64_t,
-      double, double, std::optional<int64_t>, bool);
-  using WithGrads = Results(
+      const std::optional<at::Tensor>&, const std::optional<at::Tensor>&, c10::string_view, S..., int64_t, double,
+      double, std::optional<int64_t>, bool);
+  using WithGrads = LinearResults(
       const at::Tensor&, const at::Tensor&, const at::Tensor&, const at::Tensor&, const std::optional<at::Tensor>&,
-      const std::optional<at::Tensor>&, const std::optional<at::Tensor>&, c10::string_view, double, double, int64_t,
-      double, double, std::optional<int64_t>, bool, std::array<bool, 6>);
+      const std::optional<at::Tensor>&, const std::optional<at::Tensor>&, c10::string_view, S..., int64_t, double,
+      double, std::optional<int64_t>, bool, std::array<bool, 6>);
 };
 
 template <typename Loss>
-const c10::TypedOperatorHandle<LinearSignatures::Forward>& linear_forward() {
-  static const auto op = find<LinearSignatures::Forward>(Loss::decl.linear.forward);
+using LinearSignatures = LinearSignaturesWith<RowScalarTypes<Loss>>;
+
+namespace ops {
+
+template <typename Loss>
+const c10::TypedOperatorHandle<typename LinearSignatures<Loss>::Forward>& linear_forward() {
+  static const auto op = find<typename LinearSignatures<Loss>::Forward>(Loss::decl.linear.forward);
   return op;
 }
 
 template <typename Loss>
-const c10::TypedOperatorHandle<LinearSignatures::WithGrads>& linear_with_grads() {
-  static const auto op = find<LinearSignatures::WithGrads>(Loss::decl.linear.with_grads);
+const c10::TypedOperatorHandle<typename LinearSignatures<Loss>::WithGrads>& linear_with_grads() {
+  static const auto op = find<typename LinearSignatures<Loss>::WithGrads>(Loss::decl.linear.with_grads);
   return op;
 }
 

@@ -44,19 +44,27 @@ inline std::string backward_out_schema(const LossDecl& d) {
 }
 
 // A row loss's ops (LossKind::Rows, losses.h's RowArgs):
-//   <forward>(Tensor <logits>, Tensor <logits>, Tensor? <labels>=None, int reduction=1, float <float>=<default>,
-//             float <float>=<default>, int <index>=<default>) -> Tensor
+//   <forward>(Tensor <logits>, Tensor <logits>, Tensor? <labels>=None, int reduction=1, <its scalars>=<default>...,
+//             int <index>=<default>) -> Tensor
 //   <backward>(Tensor grad_output, <the forward's arguments, no defaults>, bool[2] output_mask) -> (Tensor, Tensor)
 //   <with_grads>(<the forward's arguments, no defaults>, bool[2] output_mask) -> (Tensor, Tensor, Tensor, Tensor)
 //     (the value, the two gradients, the row scales: checks.h, scales_rows)
 namespace detail {
+// ", <type> <name>[=<default>]".
+inline std::string declared_param(const ScalarArg& s, bool defaults) {
+  return ", " + scalar_param(s) + (defaults ? std::string("=") + s.default_value : std::string());
+}
+
+// The same for each declared scalar of a row loss, then its index.
+inline std::string row_scalar_params(const RowArgs& r, bool defaults) {
+  std::string params;
+  for (int i = 0; i < row_scalar_count(r); ++i) params += declared_param(r.scalars[i], defaults);
+  return params + declared_param(r.index, defaults);
+}
+
 inline std::string row_params(const RowArgs& r, bool defaults) {
-  const auto param = [&](const ScalarArg& s) {
-    return ", " + scalar_param(s) + (defaults ? std::string("=") + s.default_value : std::string());
-  };
   return std::string("Tensor ") + r.logits[0] + ", Tensor " + r.logits[1] + ", Tensor? " + r.labels +
-      (defaults ? "=None" : "") + ", int reduction" + (defaults ? "=1" : "") + param(r.floats[0]) +
-      param(r.floats[1]) + param(r.index);
+      (defaults ? "=None" : "") + ", int reduction" + (defaults ? "=1" : "") + row_scalar_params(r, defaults);
 }
 }  // namespace detail
 
@@ -82,16 +90,11 @@ inline std::string linear_params(const LossDecl& d, bool defaults) {
   const auto tensor = [&](const char* name, bool optional) {
     return std::string(optional ? "Tensor? " : "Tensor ") + name + (defaults && optional ? "=None" : "");
   };
-  const auto scalar = [&](const ScalarArg& s) {
-    return scalar_param(s) + (defaults ? std::string("=") + s.default_value : std::string());
-  };
   std::string params = tensor(f.inputs[0], false) + ", " + tensor(f.weights[0], false) + ", " +
       tensor(f.inputs[1], false) + ", " + tensor(f.weights[1], false) + ", " + tensor(r.labels, true) + ", " +
       tensor(f.biases[0], true) + ", " + tensor(f.biases[1], true) +
-      (defaults ? ", str reduction=\"batchmean\"" : ", str reduction");
-  for (const ScalarArg* s : {&r.floats[0], &r.floats[1], &r.index, &f.weights_of[0], &f.weights_of[1]}) {
-    params += ", " + scalar(*s);
-  }
+      (defaults ? ", str reduction=\"batchmean\"" : ", str reduction") + row_scalar_params(r, defaults);
+  for (const ScalarArg& s : f.weights_of) params += declared_param(s, defaults);
   return params + (defaults ? ", int? chunk_size=None, bool return_soft_hard_loss=False"
                             : ", int? chunk_size, bool return_soft_hard_loss");
 }

@@ -87,7 +87,8 @@ struct RowBatch {
   int64_t student_step, teacher_step;    // from one element of a row to the next
   int64_t vocab;
   const int64_t* kept;                   // row r's index among the rows kept, -1 where its label drops it (null: all)
-  double beta, temperature;             // losses.h's RowArgs::floats, by their declared names
+  RowScalars scalars;                   // the member's declared scalars (losses.h's RowArgs), read by name
+  double temperature;                    // the one of them every logit is divided by (ScalarRole::Temperature)
   double* row_sums;                      // kept row k's sum of values at row_sums[k]
   void* values;                          // kept row k's values at values + k * vocab
   void* grad_student;                    // row r's gradient at + r * vocab, in the logits' dtype; 0 for a dropped row

@@ -22,6 +22,9 @@
 namespace npu_loss::cpu::NPU_LOSS_ISA {
 namespace {
 
+// The declared beta's position among the member's scalars (losses.h).
+inline constexpr int kBeta = row_scalar(GeneralizedJsd::decl.rows, "beta");
+
 // The three forms of the loss: beta == 0, beta == 1, and the mixture in between.
 enum class JsdForm { TeacherKl, StudentKl, Mixture };
 
@@ -258,7 +261,7 @@ void jsd_rows_direct(const RowBatch& c, int64_t begin, int64_t end, void* scratc
   using T = typename IoT::T;
   using Row = JsdRow<IoT>;
   using A = typename Row::A;
-  const JsdMath<typename IoT::V> math(c.beta);
+  const JsdMath<typename IoT::V> math(c.scalars[kBeta].real);
   const Row row{math, 1.0 / c.temperature, c.vocab, c.teacher_scale};
   const RowScratch<A> rows(scratch, c);
   const T* zs = static_cast<const T*>(c.student);
@@ -286,7 +289,7 @@ template <class IoAcc>
 void jsd_converted(const RowBatch& c, int64_t begin, int64_t end, void* scratch) {
   using A = typename IoAcc::T;
   const int64_t v = c.vocab;
-  const JsdMath<typename IoAcc::V> math(c.beta);
+  const JsdMath<typename IoAcc::V> math(c.scalars[kBeta].real);
   const JsdRow<IoAcc> row{math, 1.0 / c.temperature, v, c.teacher_scale};
   const RowScratch<A> kept(scratch, c);
   A* rows = kept.rest;

@@ -99,8 +99,8 @@ RowBatch rows_of(const FrameCall& c, double* row_sums) {
   r.student_step = c.student.dim() > 0 ? c.student.stride(-1) : 1;
   r.teacher_step = c.teacher.dim() > 0 ? c.teacher.stride(-1) : 1;
   r.vocab = c.spec.vocab;
-  r.beta = c.beta;
-  r.temperature = c.temperature;
+  r.scalars = c.scalars.values;
+  r.temperature = c.scalars.temperature();
   r.row_sums = row_sums;
   r.grad_scale = 1.0;
   r.teacher_scale = 1.0;
@@ -221,11 +221,11 @@ template <typename Loss>
 struct CpuLinearStep {
   static composite::RowStep step() {
     return {[](const at::Tensor& student, const at::Tensor& teacher, const std::optional<at::Tensor>& labels,
-               double beta, double temperature, int64_t ignore_index, std::array<bool, 2> mask,
+               const DeclaredScalars& scalars, int64_t ignore_index, std::array<bool, 2> mask,
                composite::RowExtras* extras) {
               const RowSpec spec = row_with_grads_spec<int64_t>(
-                  Loss::decl, student, teacher, labels, kSum, beta, temperature);
-              const RowCall call{student, teacher, labels, kSum, beta, temperature, ignore_index};
+                  Loss::decl, student, teacher, labels, kSum, scalars.values);
+              const RowCall call{student, teacher, labels, kSum, scalars, ignore_index};
               return cpu::forward({call, spec, row_index<Loss>()}, mask, /*over_logits=*/true, extras);
             },
             /*in_place=*/true, /*scratch_bytes=*/0, /*fuses=*/true, chunk_resources()};

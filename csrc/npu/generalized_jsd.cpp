@@ -23,6 +23,9 @@
 namespace npu_loss::npu {
 namespace {
 
+// The declared beta's position among the member's scalars (losses.h).
+constexpr int kBeta = row_scalar(GeneralizedJsd::decl.rows, "beta");
+
 void exp_into(at::Tensor& out, const at::Tensor& x) {
   NPU_LOSS_EXEC_ACLNN(aclnnExp, x, out);
 }
@@ -106,13 +109,13 @@ void mixture_chunk(const at::Tensor& s, const at::Tensor& t, double beta, ChunkO
 void chunk(const RowChunk& c, ChunkOut& o) {
   const at::Tensor s = log_probabilities(c.student, c.inv_t);
   const at::Tensor t = log_probabilities(c.teacher, c.inv_t);
-  const auto beta_class = chips::unit_beta_class(c.call.beta);
+  const auto beta_class = chips::unit_beta_class(c.call.scalars.real(kBeta));
   if (beta_class == chips::BetaClass::Zero) {
     kl_chunk(t, s, o, o.gt, o.gs, c.w, c.wrows, c.drop);
   } else if (beta_class == chips::BetaClass::One) {
     kl_chunk(s, t, o, o.gs, o.gt, c.w, c.wrows, c.drop);
   } else {
-    mixture_chunk(s, t, c.call.beta, o, c.w, c.wrows, c.drop);
+    mixture_chunk(s, t, c.call.scalars.real(kBeta), o, c.w, c.wrows, c.drop);
   }
 }
 

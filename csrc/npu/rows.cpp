@@ -177,7 +177,7 @@ Plan plan_call(const FrameCall& jc) {
   }
   p.vocab = c.student.size(-1);
   p.rows = c.student.numel() / p.vocab;
-  p.inv_t = 1.0 / c.temperature;
+  p.inv_t = 1.0 / c.scalars.temperature();
   p.none = c.reduction == kNone;
   p.scaled = jc.with_values && scales_rows(c.student, c.teacher, jc.mask);
   p.result = composite::result_dtype(c);
@@ -328,7 +328,7 @@ bool apis_rejected(chips::BetaClass beta) {
 // Whether a call of the forward (Backward false) or of an op that makes gradients runs the aclnn path here.
 template <typename Loss, bool Backward>
 bool on_aclnn(const RowCall& c) {
-  const chips::BetaClass beta = chips::unit_beta_class(c.beta);
+  const chips::BetaClass beta = chips::unit_beta_class(c.scalars.beta());
   const Path p = path_here<Loss, Backward>(dtype_class({&c.student, &c.teacher}), beta, false);
   return p.aclnn != nullptr && apis_present<Loss, Backward>(beta) && !apis_rejected<Loss, Backward>(beta);
 }
@@ -399,9 +399,9 @@ template <typename Loss>
 struct NpuLinearStep {
   static composite::RowStep step() {
     return {[](const at::Tensor& student, const at::Tensor& teacher, const std::optional<at::Tensor>& labels,
-               double beta, double temperature, int64_t ignore_index, std::array<bool, 2> mask,
+               const DeclaredScalars& scalars, int64_t ignore_index, std::array<bool, 2> mask,
                composite::RowExtras*) -> std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> {
-              const RowCall c{student, teacher, labels, kSum, beta, temperature, ignore_index};
+              const RowCall c{student, teacher, labels, kSum, scalars, ignore_index};
               const c10::OptionalDeviceGuard guard(at::device_of(student));
               const bool grads = mask[0] || mask[1];
               if (student.numel() > 0 && (grads ? on_aclnn<Loss, true>(c) : on_aclnn<Loss, false>(c))) {

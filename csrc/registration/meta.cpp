@@ -44,7 +44,7 @@ struct MetaKernels {
 // stored gradients' float32 scales, one per side.
 template <typename Loss>
 struct LinearMeta {
-  static ops::LinearSignatures::Results run(const char* op, const LinearCall& c, std::array<bool, 6> mask) {
+  static LinearResults run(const char* op, const LinearCall& c, std::array<bool, 6> mask) {
     const auto spec = linear_spec<c10::SymInt>(Loss::decl, op, c);
     const at::Tensor& input = *c.input[0];
     const auto scalar = [&] { return at::empty({}, input.options().dtype(spec.dtype)); };

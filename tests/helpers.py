@@ -11,6 +11,7 @@ import socket
 import subprocess
 import venv
 from types import ModuleType
+from typing import Callable
 
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
@@ -119,6 +120,36 @@ class RecordOps(TorchDispatchMode):
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         self.ops.append(str(func))
         return func(*args, **(kwargs or {}))
+
+
+def backward_eager_and_compiled(
+    make_loss: Callable[[], tuple[torch.Tensor, list[torch.Tensor]]],
+) -> tuple[list[torch.Tensor | None], list[torch.Tensor | None], list[str]]:
+    """``make_loss()`` returns a loss and the leaves it was made from (fresh each call). The loss's .backward()
+    runs once eagerly and once under compiled autograd (each graph compiled fullgraph with the eager backend):
+    the leaves' gradients of each, and the code of the graphs compiled autograd captured."""
+    import torch._dynamo
+
+    captured: list[str] = []
+
+    def compiler_fn(gm: torch.fx.GraphModule) -> Callable[..., object]:
+        captured.append(gm.code)
+        return torch.compile(gm, backend="eager", fullgraph=True)
+
+    results = []
+    for compiled in (False, True):
+        loss, leaves = make_loss()
+        torch._dynamo.reset()
+        try:
+            if compiled:
+                with torch._dynamo.compiled_autograd._enable(compiler_fn):
+                    loss.backward()
+            else:
+                loss.backward()
+        finally:
+            torch._dynamo.reset()
+        results.append([t.grad for t in leaves])
+    return results[0], results[1], captured
 
 
 def every_bfloat16() -> torch.Tensor:

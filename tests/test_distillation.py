@@ -19,7 +19,7 @@ import pytest
 import torch
 
 import npu_loss_ops
-from helpers import package_parent
+from helpers import backward_eager_and_compiled, package_parent
 from reference import RTOL, assert_close, assert_close_on_device, jsd_magnitudes, trl_generalized_jsd_loss
 
 # The ops this file exercises (tests/test_registration.py checks that every registered op is some test's).
@@ -584,32 +584,17 @@ def test_none_with_labels_compiles_whatever_capture_dynamic_output_shape_ops_say
 def test_compiled_autograd(reduction):
     """loss.backward() under compiled autograd captures the row loss's node in its graph and gives eager's
     gradients, the teacher's included (the saved gradients are the graph's inputs, scaled into new tensors)."""
-    import torch._dynamo
-
     student, teacher, labels = _inputs(Case((2, 4, 21), layout="slice"))
-    captured = []
 
-    def compiler_fn(gm):
-        captured.append(gm.code)
-        return torch.compile(gm, backend="eager", fullgraph=True)
-
-    results = []
-    for compiled in (False, True):
+    def make_loss():
         a, b = student.clone().requires_grad_(), teacher.clone().requires_grad_()
         out = npu_loss_ops.generalized_jsd_loss(a, b, labels, 0.5, 2.0, reduction)
         loss = (out * torch.linspace(0.5, 2, out.shape[-1])).sum() if reduction == "none" else out * 1.5
-        torch._dynamo.reset()
-        try:
-            if compiled:
-                with torch._dynamo.compiled_autograd._enable(compiler_fn):
-                    loss.backward()
-            else:
-                loss.backward()
-        finally:
-            torch._dynamo.reset()
-        results.append((a.grad, b.grad))
-    for eager, compiled in zip(*results):
-        torch.testing.assert_close(compiled, eager, rtol=1e-6, atol=1e-7)
+        return loss, [a, b]
+
+    eager, compiled, captured = backward_eager_and_compiled(make_loss)
+    for e, c in zip(eager, compiled):
+        torch.testing.assert_close(c, e, rtol=1e-6, atol=1e-7)
     assert len(captured) == 1 and "NpuLossGeneralizedJsdLoss" in captured[0], captured
 
 

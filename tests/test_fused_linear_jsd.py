@@ -16,7 +16,7 @@ import torch
 import torch.nn.functional as F
 
 import npu_loss_ops
-from helpers import package_parent
+from helpers import backward_eager_and_compiled, package_parent
 from reference import trl_generalized_jsd_loss
 
 ops = torch.ops.npu_loss
@@ -386,6 +386,25 @@ def test_retain_graph_gives_the_same_gradients_twice():
     loss = _fused(xs, ws, xt, wt, labels, bs)
     (loss * 3).backward()  # a grad_output other than 1, scaled in place
     torch.testing.assert_close(ws.grad, 3 * first[1], rtol=1e-6, atol=0)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16], ids=str)
+def test_compiled_autograd(dtype):
+    """loss.backward() under compiled autograd captures the linear form's node in its graph (the stored gradients
+    and their scales lifted as the graph's inputs, scaled into new tensors) and gives eager's gradients, bit for
+    bit, float16's stored scales included."""
+    args = _op_args((True, True, True, False, True, False))
+    xs, ws, xt, wt, bs = (t.detach().to(dtype) for t in (*args[:4], args[5]))
+    labels = args[4]
+
+    def make_loss():
+        leaves = [t.clone().requires_grad_() for t in (xs, ws, bs, wt)]
+        return _fused(leaves[0], leaves[1], xt, leaves[3], labels, leaves[2]) * 3, leaves
+
+    eager, compiled, captured = backward_eager_and_compiled(make_loss)
+    for a, b in zip(eager, compiled):
+        assert torch.equal(b, a)
+    assert len(captured) == 1 and "NpuLossFusedLinearJsdLoss" in captured[0], captured
 
 
 def test_double_backward_is_refused():

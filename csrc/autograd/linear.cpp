@@ -5,7 +5,8 @@
 // handing each to autograd without a copy (with retain_graph=True it scales copies, so that a second backward
 // finds them intact). Only the loss is differentiable; the two parts it also returns are not. The node has no
 // formula of its own: double backward (create_graph=True) is refused, naming the op. Forward-mode AD: the
-// loss's tangent is the gradients' dot product with the inputs' tangents. docs/semantics.md, "The fused linear
+// loss's tangent is the gradients' dot product with the inputs' tangents. Compiled autograd lifts the stored
+// gradients into its graph, as the row node does (node.h's SavedForm). docs/semantics.md, "The fused linear
 // JSD", has the memory; docs/usage.md the limits.
 #include <ATen/ATen.h>
 #include <torch/csrc/autograd/engine.h>
@@ -39,29 +40,75 @@ struct LinearLossNode final : public torch::autograd::TraceableFunction {
 
   void release_variables() override {
     std::lock_guard<std::mutex> lock(mutex_);
-    for (SavedVariable& s : grads) s.reset_data();
-    scale.reset_data();
+    for (SavedVariable* s : saved()) s->reset_data();
   }
 
   variable_list apply(variable_list&& incoming) override {
     std::lock_guard<std::mutex> lock(mutex_);
+    // The gradients are scaled in place and handed over (autograd can then keep one as the leaf's .grad
+    // without a copy), unless the graph is kept for another backward.
+    const bool consume = !torch::autograd::get_current_graph_task_keep_graph();
+    std::array<at::Tensor, kSaved> tensors;
+    for (size_t i = 0; i < kSaved; ++i) tensors[i] = saved()[i]->unpack();
+    if (consume) {
+      for (size_t i = 0; i < kInputs; ++i) {
+        if (task_should_compute_output(i)) grads[i].reset_data();
+      }
+    }
+    return functional(incoming, needs(), tensors, consume);
+  }
+
+  // Compiled autograd: the stored gradients and their scales are lifted into the graph, which calls
+  // `functional` through from_ivalues; there they are the graph's inputs, scaled into new tensors.
+  void compiled_args(torch::dynamo::autograd::CompiledNodeArgs& args) const override {
+    Form::collect(args, saved(), {});
+  }
+
+  variable_list apply_with_saved(
+      const variable_list& incoming, torch::dynamo::autograd::SwapSavedVariables& swap) override {
+    static bool bound = false;
+    return Form::proxy(*this, swap, bound, &from_ivalues, needs(), saved(), {}, incoming);
+  }
+
+ private:
+  static constexpr size_t kSaved = kInputs + 1;  // the gradients, then the scales
+  using Form = SavedForm<kSaved, std::tuple<>>;
+
+  std::array<SavedVariable*, kSaved> saved() {
+    return {&grads[0], &grads[1], &grads[2], &grads[3], &grads[4], &grads[5], &scale};
+  }
+  std::array<const SavedVariable*, kSaved> saved() const {
+    return {&grads[0], &grads[1], &grads[2], &grads[3], &grads[4], &grads[5], &scale};
+  }
+  std::vector<bool> needs() const {
+    std::vector<bool> v(kInputs);
+    for (size_t i = 0; i < kInputs; ++i) v[i] = task_should_compute_output(i);
+    return v;
+  }
+
+  // The backward eager `apply` and compiled autograd share: each stored gradient asked for, times grad_output
+  // and its side's scale. `consume`: they may be scaled in place.
+  static variable_list functional(
+      const variable_list& incoming, const std::vector<bool>& needs, std::array<at::Tensor, kSaved>& t,
+      bool consume) {
     TORCH_CHECK(
         !c10::GradMode::is_enabled(), Loss::decl.linear.forward, ": double backward (create_graph=True) is not "
         "supported: its gradients are made in the forward, not as functions autograd can differentiate again");
     variable_list out(kInputs);
     const at::Tensor& g = incoming[0];
     if (!g.defined()) return out;
-    const at::Tensor factors = g * scale.unpack();  // one per side
-    const bool consume = !torch::autograd::get_current_graph_task_keep_graph();
+    const at::Tensor factors = g * t[kInputs];  // one per side
     for (size_t i = 0; i < kInputs; ++i) {
-      if (!task_should_compute_output(i)) continue;
-      at::Tensor gradient = grads[i].unpack();
-      if (!gradient.defined()) continue;
-      if (consume) grads[i].reset_data();
+      if (!needs[i] || !t[i].defined()) continue;
       const at::Tensor factor = factors.select(0, static_cast<int64_t>(i / 3));
-      out[i] = consume ? gradient.mul_(factor) : gradient * factor;
+      out[i] = consume ? t[i].mul_(factor) : t[i] * factor;
     }
     return out;
+  }
+
+  static variable_list from_ivalues(const variable_list& incoming, const std::vector<c10::IValue>& args) {
+    auto u = Form::unpack(args);
+    return functional(incoming, u.needs, u.tensors, false);
   }
 };
 

@@ -129,6 +129,68 @@ variable_list proxy_into_compiled_graph(
 template <typename Op>
 using SavedScalars = typename detail::SignatureParts<typename Op::Signature, Op::kTensors>::Scalars;
 
+// The compiled-autograd half of a node that keeps N tensors as SavedVariables, any of them undefined (the row
+// and linear nodes: their inputs, and the gradients their forward made), and its other values as a tuple of
+// packable types: `collect` (compiled_args) hashes them; `proxy` (apply_with_saved) lifts the tensors into the
+// compiled graph and proxies `fn`, the node's from_ivalues, which reads them back with `unpack` and runs the
+// node's functional form (never in place there: the lifted gradients are the graph's inputs).
+template <size_t N, typename Values>
+struct SavedForm {
+  using Saved = std::array<torch::autograd::SavedVariable*, N>;
+  using ConstSaved = std::array<const torch::autograd::SavedVariable*, N>;
+
+  struct Unpacked {
+    std::vector<bool> needs;
+    std::array<at::Tensor, N> tensors;
+    Values values;
+  };
+
+  static void collect(torch::dynamo::autograd::CompiledNodeArgs& args, const ConstSaved& saved,
+                      const Values& values) {
+    for (const auto* s : saved) args.collect(*s, false);
+    std::apply([&](const auto&... v) { (args.collect(v), ...); }, values);
+  }
+
+  static variable_list proxy(
+      const torch::autograd::Node& node, torch::dynamo::autograd::SwapSavedVariables& swap, bool& bound,
+      torch::autograd::functional_apply_t fn, const std::vector<bool>& needs, const Saved& saved,
+      const Values& values, const variable_list& grads) {
+    for (auto* s : saved) swap.before(*s);
+    detail::PackedArgs packed;
+    packed.pack(needs);
+    for (auto* s : saved) {
+      const at::Tensor t = s->unpack();
+      packed.pack(t.defined() ? std::optional<at::Tensor>(t) : std::nullopt);
+    }
+    std::apply([&](const auto&... v) { (packed.pack(v), ...); }, values);
+    auto result = detail::proxy_into_compiled_graph(node, swap, bound, fn, schema(), packed, grads);
+    for (auto* s : saved) swap.after(*s);
+    return result;
+  }
+
+  static Unpacked unpack(const std::vector<c10::IValue>& args) {
+    detail::PackedArgs packed(args);
+    Unpacked u;
+    u.needs = packed.unpack<std::vector<bool>>();
+    for (auto& t : u.tensors) t = packed.unpack<std::optional<at::Tensor>>().value_or(at::Tensor());
+    u.values = std::apply(
+        [&](auto... v) {
+          // Braced initialisation evaluates left to right: the values come out in the order they went in.
+          return Values{packed.unpack<decltype(v)>()...};
+        },
+        Values{});
+    return u;
+  }
+
+ private:
+  static std::vector<at::TypePtr> schema() {
+    std::vector<at::TypePtr> types{detail::IValuePacker<std::vector<bool>>::packed_type()};
+    for (size_t i = 0; i < N; ++i) types.push_back(detail::IValuePacker<std::optional<at::Tensor>>::packed_type());
+    std::apply([&](auto... v) { (types.push_back(detail::IValuePacker<decltype(v)>::packed_type()), ...); }, Values{});
+    return types;
+  }
+};
+
 // ---- the node ----
 
 // "NpuLoss", the op's name in CamelCase, "Backward0" (smooth_l1_loss: NpuLossSmoothL1LossBackward0): prefixed,

@@ -76,46 +76,18 @@ struct RowLossNode final : public torch::autograd::TraceableFunction {
   // from_ivalues. The gradients made in the forward are the graph's inputs there: they are scaled into new
   // tensors (one more N x V each than eager), never in place.
   void compiled_args(torch::dynamo::autograd::CompiledNodeArgs& args) const override {
-    for (const SavedVariable* s : saved()) args.collect(*s, false);
-    args.collect(has_labels);
-    args.collect(made_in_forward);
-    args.collect(reduction);
-    for (int i = 0; i < kScalars; ++i) {
-      args.collect(scalars[i].real);
-      args.collect(scalars[i].integer);
-      args.collect(scalars[i].flag);
-    }
-    args.collect(ignore_index);
+    Form::collect(args, saved(), values());
   }
 
   variable_list apply_with_saved(
       const variable_list& grads, torch::dynamo::autograd::SwapSavedVariables& swap) override {
-    const auto all = saved();
-    for (SavedVariable* s : all) swap.before(*s);
-    detail::PackedArgs packed;
-    packed.pack(std::vector<bool>{task_should_compute_output(0), task_should_compute_output(1)});
-    for (SavedVariable* s : all) {
-      const at::Tensor t = s->unpack();
-      packed.pack(t.defined() ? std::optional<at::Tensor>(t) : std::nullopt);
-    }
-    const Arguments sc = arguments();
-    packed.pack(sc.has_labels);
-    packed.pack(sc.made_in_forward);
-    packed.pack(sc.reduction);
-    for (int i = 0; i < kScalars; ++i) {
-      packed.pack(sc.scalars[i].real);
-      packed.pack(sc.scalars[i].integer);
-      packed.pack(sc.scalars[i].flag);
-    }
-    packed.pack(sc.ignore_index);
     static bool bound = false;
-    auto result = detail::proxy_into_compiled_graph(*this, swap, bound, &from_ivalues, packed_schema(), packed, grads);
-    for (SavedVariable* s : all) swap.after(*s);
-    return result;
+    return Form::proxy(*this, swap, bound, &from_ivalues, {task_should_compute_output(0), task_should_compute_output(1)},
+                       saved(), values(), grads);
   }
 
  private:
-  static constexpr int kSaved = 6;
+  static constexpr size_t kSaved = 6;
   static constexpr int kScalars = row_scalar_count(Loss::decl.rows);
   struct Saved {
     at::Tensor student, teacher, labels, grad_student, grad_teacher, row_scale;
@@ -127,6 +99,11 @@ struct RowLossNode final : public torch::autograd::TraceableFunction {
     RowScalars scalars;
     int64_t ignore_index;
   };
+  // As compiled autograd packs them: has_labels, made_in_forward, reduction, the declared scalars' values of
+  // each kind (losses.h's ScalarValue: reals, integers, flags), the index.
+  using Values =
+      std::tuple<bool, bool, int64_t, std::vector<double>, std::vector<int64_t>, std::vector<bool>, int64_t>;
+  using Form = SavedForm<kSaved, Values>;
 
   std::array<SavedVariable*, kSaved> saved() {
     return {&student, &teacher, &labels, &grad_student, &grad_teacher, &row_scale};
@@ -135,6 +112,26 @@ struct RowLossNode final : public torch::autograd::TraceableFunction {
     return {&student, &teacher, &labels, &grad_student, &grad_teacher, &row_scale};
   }
   Arguments arguments() const { return {has_labels, made_in_forward, reduction, scalars, ignore_index}; }
+
+  Values values() const {
+    std::vector<double> reals;
+    std::vector<int64_t> integers;
+    std::vector<bool> flags;
+    for (int i = 0; i < kScalars; ++i) {
+      reals.push_back(scalars[i].real);
+      integers.push_back(scalars[i].integer);
+      flags.push_back(scalars[i].flag);
+    }
+    return {has_labels, made_in_forward, reduction, reals, integers, flags, ignore_index};
+  }
+
+  static Arguments arguments_of(const Values& v) {
+    Arguments a{std::get<0>(v), std::get<1>(v), std::get<2>(v), {}, std::get<6>(v)};
+    for (int i = 0; i < kScalars; ++i) {
+      a.scalars[i] = {std::get<3>(v)[i], std::get<4>(v)[i], std::get<5>(v)[i]};
+    }
+    return a;
+  }
 
   // The backward eager `apply` and compiled autograd share. `consume`: the saved gradients may be scaled in
   // place.
@@ -171,39 +168,11 @@ struct RowLossNode final : public torch::autograd::TraceableFunction {
     return out;
   }
 
-  static std::vector<at::TypePtr> packed_schema() {
-    using detail::IValuePacker;
-    std::vector<at::TypePtr> schema{IValuePacker<std::vector<bool>>::packed_type()};
-    for (int i = 0; i < kSaved; ++i) schema.push_back(IValuePacker<std::optional<at::Tensor>>::packed_type());
-    for (int i = 0; i < 2; ++i) schema.push_back(IValuePacker<bool>::packed_type());
-    schema.push_back(IValuePacker<int64_t>::packed_type());
-    for (int i = 0; i < kScalars; ++i) {
-      schema.push_back(IValuePacker<double>::packed_type());
-      schema.push_back(IValuePacker<int64_t>::packed_type());
-      schema.push_back(IValuePacker<bool>::packed_type());
-    }
-    schema.push_back(IValuePacker<int64_t>::packed_type());
-    return schema;
-  }
-
   static variable_list from_ivalues(const variable_list& grads, const std::vector<c10::IValue>& args) {
-    detail::PackedArgs packed(args);
-    const auto needs = packed.unpack<std::vector<bool>>();
-    Saved v;
-    for (at::Tensor* t : {&v.student, &v.teacher, &v.labels, &v.grad_student, &v.grad_teacher, &v.row_scale}) {
-      *t = packed.unpack<std::optional<at::Tensor>>().value_or(at::Tensor());
-    }
-    Arguments sc{};
-    sc.has_labels = packed.unpack<bool>();
-    sc.made_in_forward = packed.unpack<bool>();
-    sc.reduction = packed.unpack<int64_t>();
-    for (int i = 0; i < kScalars; ++i) {
-      sc.scalars[i].real = packed.unpack<double>();
-      sc.scalars[i].integer = packed.unpack<int64_t>();
-      sc.scalars[i].flag = packed.unpack<bool>();
-    }
-    sc.ignore_index = packed.unpack<int64_t>();
-    return functional(grads, {needs[0], needs[1]}, v, sc, false);
+    const auto u = Form::unpack(args);
+    const auto& t = u.tensors;
+    Saved v{t[0], t[1], t[2], t[3], t[4], t[5]};
+    return functional(grads, {u.needs[0], u.needs[1]}, v, arguments_of(u.values), false);
   }
 };
 

@@ -102,6 +102,8 @@ RowScalars row_scalars(S... s) {
 
 template <typename T>
 T scalar_as(const ScalarValue& v) {
+  static_assert(std::is_same_v<T, double> || std::is_same_v<T, int64_t> || std::is_same_v<T, bool>,
+                "scalar_as: a type RowScalarType does not map to");
   if constexpr (std::is_same_v<T, double>) return v.real;
   else if constexpr (std::is_same_v<T, int64_t>) return v.integer;
   else return v.flag;

@@ -141,7 +141,7 @@ struct RowLossNode final : public torch::autograd::TraceableFunction {
     const at::Tensor& g = grads[0];
     if (!g.defined() || !(need[0] || need[1])) return out;
     const std::optional<at::Tensor> l = sc.has_labels ? std::optional<at::Tensor>(v.labels) : std::nullopt;
-    const RowCall call{v.student, v.teacher, l, sc.reduction, {&Loss::decl.rows, sc.scalars}, sc.ignore_index};
+    const RowCall call = row_call<Loss>(v.student, v.teacher, l, sc.reduction, sc.scalars, sc.ignore_index);
     if (c10::GradMode::is_enabled()) {
       // create_graph=True: the gradients as ATen-op functions of the inputs and grad_output (the composite),
       // which autograd and the functorch transforms differentiate again.
@@ -251,7 +251,7 @@ struct RowAutograd<Loss, std::tuple<S...>> {
       const at::Tensor student = s.has_tangent() ? at::_make_dual(s.p, s.t, kLevel) : s.p;
       const at::Tensor teacher = t.has_tangent() ? at::_make_dual(t.p, t.t, kLevel) : t.p;
       const at::Tensor dual = composite::forward_differentiable(
-          Loss{}, {student, teacher, labels, reduction, {&Loss::decl.rows, scalars}, ignore_index});
+          Loss{}, row_call<Loss>(student, teacher, labels, reduction, scalars, ignore_index));
       const at::Tensor value = dual._fw_grad(kLevel);
       return value.defined() ? value.to(result.scalar_type()) : at::zeros_like(result);
     }
@@ -274,13 +274,6 @@ bool differentiated(std::initializer_list<const at::Tensor*> tensors) {
   return false;
 }
 
-// The composite's RowCall of a call's arguments.
-template <typename Loss>
-RowCall call_of(const at::Tensor& student, const at::Tensor& teacher, const std::optional<at::Tensor>& labels,
-                int64_t reduction, const RowScalars& scalars, int64_t ignore_index) {
-  return {student, teacher, labels, reduction, {&Loss::decl.rows, scalars}, ignore_index};
-}
-
 // The Autograd-key kernels of the two ops the forward's node calls below autograd (the forward with gradients,
 // the backward op): called where their own results are differentiated (nested transforms: hessian,
 // jacfwd(jacrev), a direct call), they run the composite, whose ATen ops autograd records; else the kernels.
@@ -299,7 +292,7 @@ struct RowOpsBelow<Loss, std::tuple<S...>> {
           ks & c10::after_autograd_keyset, student, teacher, labels, reduction, s..., ignore_index, mask);
     }
     return composite::with_grads_differentiable(
-        Loss{}, call_of<Loss>(student, teacher, labels, reduction, row_scalars(s...), ignore_index), mask);
+        Loss{}, row_call<Loss>(student, teacher, labels, reduction, row_scalars(s...), ignore_index), mask);
   }
 
   static std::tuple<at::Tensor, at::Tensor> backward(
@@ -312,7 +305,7 @@ struct RowOpsBelow<Loss, std::tuple<S...>> {
           ks & c10::after_autograd_keyset, grad_output, student, teacher, labels, reduction, s..., ignore_index, mask);
     }
     return composite::backward_differentiable(
-        Loss{}, call_of<Loss>(student, teacher, labels, reduction, row_scalars(s...), ignore_index), grad_output,
+        Loss{}, row_call<Loss>(student, teacher, labels, reduction, row_scalars(s...), ignore_index), grad_output,
         mask);
   }
 };
@@ -327,14 +320,14 @@ struct RowVmap<Loss, std::tuple<S...>> {
       const at::Tensor& student, const at::Tensor& teacher, const std::optional<at::Tensor>& labels,
       int64_t reduction, S... s, int64_t ignore_index) {
     return composite::forward_differentiable(
-        Loss{}, call_of<Loss>(student, teacher, labels, reduction, row_scalars(s...), ignore_index));
+        Loss{}, row_call<Loss>(student, teacher, labels, reduction, row_scalars(s...), ignore_index));
   }
 
   static std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> with_grads(
       const at::Tensor& student, const at::Tensor& teacher, const std::optional<at::Tensor>& labels,
       int64_t reduction, S... s, int64_t ignore_index, std::array<bool, 2> mask) {
     return composite::with_grads_differentiable(
-        Loss{}, call_of<Loss>(student, teacher, labels, reduction, row_scalars(s...), ignore_index), mask);
+        Loss{}, row_call<Loss>(student, teacher, labels, reduction, row_scalars(s...), ignore_index), mask);
   }
 
   static std::tuple<at::Tensor, at::Tensor> backward(
@@ -342,7 +335,7 @@ struct RowVmap<Loss, std::tuple<S...>> {
       const std::optional<at::Tensor>& labels, int64_t reduction, S... s, int64_t ignore_index,
       std::array<bool, 2> mask) {
     return composite::backward_differentiable(
-        Loss{}, call_of<Loss>(student, teacher, labels, reduction, row_scalars(s...), ignore_index), grad_output,
+        Loss{}, row_call<Loss>(student, teacher, labels, reduction, row_scalars(s...), ignore_index), grad_output,
         mask);
   }
 };

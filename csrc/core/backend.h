@@ -105,17 +105,12 @@ template <typename Loss, typename Math, typename... S>
 struct RowBackendKernels<Loss, Math, std::tuple<S...>> {
   static constexpr const LossDecl& d = Loss::decl;
 
-  static RowCall call(const at::Tensor& student, const at::Tensor& teacher, const std::optional<at::Tensor>& labels,
-                      int64_t reduction, const RowScalars& scalars, int64_t ignore_index) {
-    return {student, teacher, labels, reduction, {&d.rows, scalars}, ignore_index};
-  }
-
   static at::Tensor forward(
       const at::Tensor& student, const at::Tensor& teacher, const std::optional<at::Tensor>& labels,
       int64_t reduction, S... s, int64_t ignore_index) {
     const RowScalars scalars = row_scalars(s...);
     const RowSpec spec = row_forward_spec<int64_t>(d, d.forward, student, teacher, labels, reduction, scalars);
-    return Math::forward(Loss{}, spec, call(student, teacher, labels, reduction, scalars, ignore_index));
+    return Math::forward(Loss{}, spec, row_call<Loss>(student, teacher, labels, reduction, scalars, ignore_index));
   }
 
   static std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> with_grads(
@@ -123,7 +118,7 @@ struct RowBackendKernels<Loss, Math, std::tuple<S...>> {
       int64_t reduction, S... s, int64_t ignore_index, std::array<bool, 2> mask) {
     const RowScalars scalars = row_scalars(s...);
     const RowSpec spec = row_with_grads_spec<int64_t>(d, student, teacher, labels, reduction, scalars);
-    return Math::with_grads(Loss{}, spec, call(student, teacher, labels, reduction, scalars, ignore_index), mask);
+    return Math::with_grads(Loss{}, spec, row_call<Loss>(student, teacher, labels, reduction, scalars, ignore_index), mask);
   }
 
   static std::tuple<at::Tensor, at::Tensor> backward(
@@ -133,7 +128,7 @@ struct RowBackendKernels<Loss, Math, std::tuple<S...>> {
     const RowScalars scalars = row_scalars(s...);
     const RowSpec spec = row_backward_spec<int64_t>(d, grad_output, student, teacher, labels, reduction, scalars);
     return Math::backward(
-        Loss{}, spec, call(student, teacher, labels, reduction, scalars, ignore_index), grad_output, mask);
+        Loss{}, spec, row_call<Loss>(student, teacher, labels, reduction, scalars, ignore_index), grad_output, mask);
   }
 };
 

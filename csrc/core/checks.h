@@ -179,6 +179,13 @@ struct RowCall {
   int64_t ignore_index;
 };
 
+// A row loss's RowCall of an op's arguments.
+template <typename Loss>
+RowCall row_call(const at::Tensor& student, const at::Tensor& teacher, const std::optional<at::Tensor>& labels,
+                 int64_t reduction, const RowScalars& scalars, int64_t ignore_index) {
+  return {student, teacher, labels, reduction, {&Loss::decl.rows, scalars}, ignore_index};
+}
+
 // Whether the forward with gradients stores them with row scales (isa.h's RowBatch, row_scale): when a gradient
 // it makes is float16's, whose range would flush most of a large vocabulary's gradients before the loss scale
 // reaches them. Its fourth result, the row scales, is then 2^-j per row; else ones.

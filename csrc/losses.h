@@ -87,23 +87,63 @@ constexpr bool has_twin(AtenTwin twins, AtenTwin twin) {
   return (static_cast<uint8_t>(twins) & static_cast<uint8_t>(twin)) != 0;
 }
 
-// The arguments of a loss over rows (LossKind::Rows), in its forward's schema after the two tensors of logits,
-// (..., V) each: an optional integer tensor of their leading shape, whose entries equal to the index drop
-// their rows (the loss reads nothing else of it), the reduction, the member's own scalars as it declares them
-// (any number up to kMaxRowScalars, each with its kind, name, default, rule and role), and the index:
-//   <forward>(Tensor <logits[0]>, Tensor <logits[1]>, Tensor? <labels>=None, int reduction=1,
-//             <scalars[0]>=..., <scalars[1]>=..., ..., int <index>=...)
+// The arguments of a loss over rows (LossKind::Rows), in its forward's schema: the student's logits (..., V)
+// and the teacher, each with a gradient; the member's inputs without one (`inputs`: any number up to
+// kMaxRowInputs, each of the teacher's shape); an optional integer tensor of the leading shape, whose entries
+// equal to the index drop their rows (the loss reads nothing else of it); the reduction; the member's own
+// scalars as it declares them (any number up to kMaxRowScalars, each with its kind, name, default, rule and
+// role); and the index:
+//   <forward>(Tensor <logits[0]>, Tensor <logits[1]>, Tensor[?] <inputs[0]>[=None], ..., Tensor? <labels>=None,
+//             int reduction=1, <scalars[0]>=..., <scalars[1]>=..., ..., int <index>=...)
 // Its backward op takes grad_output first and, like its forward with gradients (LossDecl::with_grads),
-// `bool[2] output_mask` last: which of the two gradients to make. Every layer below takes the scalars as one
-// RowScalars (their values, by position) and reads them by name (row_scalar) or by role (ScalarRole).
+// `bool[2] output_mask` last: which of the two gradients to make. Every layer below takes the inputs as one
+// RowInputs and the scalars as one RowScalars (their values, by position) and reads the scalars by name
+// (row_scalar) or by role (ScalarRole).
 inline constexpr int kMaxRowScalars = 8;
+inline constexpr int kMaxRowInputs = 4;
+
+// What a row loss's teacher is (its second tensor, `logits[1]`).
+enum class TeacherForm : uint8_t {
+  Logits,   // logits of the student's shape (..., V)
+  Support,  // (..., K), K >= 1: values at K entries of each row's vocabulary, named by an Ids input
+};
+
+// A row loss's input without a gradient, of the teacher's shape.
+enum class InputKind : uint8_t {
+  None,
+  Ids,   // an integer tensor: entries of the vocabulary, in [0, V) (the member's kernels check those they read)
+  Mask,  // a bool tensor: which of the teacher's entries count
+};
+
+struct RowInput {
+  InputKind kind = InputKind::None;
+  const char* name = nullptr;
+  bool optional = false;  // `Tensor? <name>=None` in the schema (absent: every entry counts)
+};
 
 struct RowArgs {
-  const char* logits[2] = {};
+  const char* logits[2] = {};  // the student's logits, then the teacher (TeacherForm says which form)
+  TeacherForm teacher = TeacherForm::Logits;
+  RowInput inputs[kMaxRowInputs] = {};  // the declared ones first; the rest InputKind::None
   const char* labels = nullptr;
   ScalarArg scalars[kMaxRowScalars] = {};  // the declared ones first; the rest ScalarKind::None
   ScalarArg index = {};
 };
+
+// How many inputs without a gradient a row loss declares.
+constexpr int row_input_count(const RowArgs& r) {
+  int n = 0;
+  while (n < kMaxRowInputs && r.inputs[n].kind != InputKind::None) ++n;
+  return n;
+}
+
+// The position of a row loss's input by its name: a compile-time error when it declares none of that name.
+consteval int row_input(const RowArgs& r, std::string_view name) {
+  for (int i = 0; i < row_input_count(r); ++i) {
+    if (std::string_view(r.inputs[i].name) == name) return i;
+  }
+  throw "row_input: the declaration has no input of this name";
+}
 
 // How many scalars a row loss declares.
 constexpr int row_scalar_count(const RowArgs& r) {

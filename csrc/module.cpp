@@ -7,6 +7,7 @@
 
 #include "autograd/derivatives.h"
 #include "core/checks.h"
+#include "core/ops.h"
 #include "core/schema.h"
 #include "enable/aten_kernels.h"
 #include "cpu/isa.h"
@@ -94,6 +95,16 @@ pybind11::list losses() {
       const RowArgs& r = d.rows;
       row["with_grads"] = d.with_grads;
       row["logits"] = std::vector<std::string>{r.logits[0], r.logits[1]};
+      row["teacher"] = r.teacher == TeacherForm::Logits ? "logits" : "support";
+      pybind11::list inputs;
+      for (int i = 0; i < row_input_count(r); ++i) {
+        pybind11::dict input;
+        input["name"] = r.inputs[i].name;
+        input["kind"] = r.inputs[i].kind == InputKind::Ids ? "ids" : "mask";
+        input["optional"] = r.inputs[i].optional;
+        inputs.append(input);
+      }
+      row["inputs"] = inputs;
       row["labels"] = r.labels;
       std::vector<std::string> scalars;
       for (int i = 0; i < row_scalar_count(r); ++i) scalars.emplace_back(r.scalars[i].name);
@@ -159,25 +170,33 @@ npu_loss::RowScalars row_scalars_of(const char* op, const npu_loss::RowArgs& r, 
 
 // A row loss's checks on an op's arguments (core/checks.h, on SymInt sizes: the one rule source of the Python
 // fake kernels, npu_loss_ops/_fake.py), and the result's dtype. `op`: the forward's, the forward with
-// gradients', or the backward op's name; grad_output only for the backward op; `scalars`: the loss's declared
-// scalars (losses.h's RowArgs), in order.
+// gradients', or the backward op's name; grad_output only for the backward op; `inputs` and `scalars`: the
+// loss's declared inputs without a gradient and scalars (losses.h's RowArgs), in order (None for an absent input).
 std::string row_result_dtype(
     const std::string& op, const std::optional<at::Tensor>& grad_output, const at::Tensor& student,
-    const at::Tensor& teacher, const std::optional<at::Tensor>& labels, int64_t reduction,
-    const pybind11::sequence& scalars) {
+    const at::Tensor& teacher, const std::vector<std::optional<at::Tensor>>& inputs,
+    const std::optional<at::Tensor>& labels, int64_t reduction, const pybind11::sequence& scalars) {
   using namespace npu_loss;
   std::optional<c10::ScalarType> dtype;
   for_each_row_loss([&]<typename Loss>() {
     const LossDecl& d = Loss::decl;
     if (op != d.forward && op != d.with_grads && op != d.backward) return;
     const RowScalars values = row_scalars_of(op.c_str(), d.rows, scalars);
+    const int n = row_input_count(d.rows);
+    TORCH_CHECK_VALUE(
+        static_cast<int>(inputs.size()) == n, "_row_result_dtype: ", op, " declares ", n, " inputs, got ",
+        inputs.size());
+    RowInputs given;
+    for (int i = 0; i < n; ++i) given[i] = input_value(inputs[i]);
+    // The index is no check's (0).
+    const RowCall c = row_call<Loss>(student, teacher, given, labels, reduction, values, 0);
     if (op == d.forward) {
-      dtype = row_forward_spec<c10::SymInt>(d, d.forward, student, teacher, labels, reduction, values).dtype;
+      dtype = row_forward_spec<c10::SymInt>(d, d.forward, c).dtype;
     } else if (op == d.with_grads) {
-      dtype = row_with_grads_spec<c10::SymInt>(d, student, teacher, labels, reduction, values).dtype;
+      dtype = row_with_grads_spec<c10::SymInt>(d, c).dtype;
     } else {
       TORCH_CHECK(grad_output.has_value(), "_row_result_dtype: ", op, " takes grad_output");
-      dtype = row_backward_spec<c10::SymInt>(d, *grad_output, student, teacher, labels, reduction, values).dtype;
+      dtype = row_backward_spec<c10::SymInt>(d, *grad_output, c).dtype;
     }
   });
   TORCH_CHECK_VALUE(dtype.has_value(), "_row_result_dtype: no row loss has an op named '", op, "'");

@@ -307,6 +307,7 @@ class RowLossOps:
     with_grads: str
     backward: str
     logits: tuple[str, str]
+    inputs: int = 0  # the declared inputs without a gradient, after the logits (each of the teacher's shape)
     linear: LinearFormOps | None = None
 
 
@@ -314,7 +315,7 @@ def _row_losses() -> tuple[RowLossOps, ...]:
     from . import _C  # type: ignore[attr-defined]  # compiled: no Python source to check
 
     return tuple(
-        RowLossOps(d["forward"], d["with_grads"], d["backward"], (d["logits"][0], d["logits"][1]),
+        RowLossOps(d["forward"], d["with_grads"], d["backward"], (d["logits"][0], d["logits"][1]), len(d["inputs"]),
                    None if d["linear"] is None else LinearFormOps(
                        d["linear"]["forward"], d["linear"]["with_grads"],
                        (d["linear"]["weights"][0], d["linear"]["weights"][1])))
@@ -336,20 +337,23 @@ def _row_strategy(row: RowLossOps, which: str) -> Callable[[OpSchema], OpStrateg
         args = op_schema.args_schema
         first = 1 if which == "backward" else 0  # grad_output comes before the logits
         logits_shape = op_schema.args_strategy[first].shape
-        labels = args[first + 2] is not None
-        reduction = args[first + 3] if len(args) > first + 3 else _MEAN
+        # The inputs without a gradient given (an optional one may be None), then the labels and the reduction.
+        given = sum(a is not None for a in args[first + 2:first + 2 + row.inputs])
+        after = first + 2 + row.inputs
+        labels = args[after] is not None
+        reduction = args[after + 1] if len(args) > after + 1 else _MEAN
         mask: Sequence[bool] = cast("Sequence[bool]", args[-1]) if which != "forward" else ()
         vocab_dim = len(logits_shape) - 1
         for name, k in zip(row.logits, (first, first + 1)):
             refuse_vocabulary_split(row.forward, name, _placements(args[k]), len(logits_shape), False)
-        tensors = 2 + labels + (which == "backward")
+        tensors = 2 + given + labels + (which == "backward")
         outputs = {"forward": 1, "with_grads": 4, "backward": 2}[which]
         rules: list[list[Placement | None]] = [[Replicate()] * (outputs + tensors)]
         per_rank_count = reduction == _MEAN or (reduction == _NONE and labels)
         for i in range(vocab_dim):
             if per_rank_count or logits_shape[i] <= 1:
                 continue
-            inputs: list[Placement | None] = [Shard(i), Shard(i)]
+            inputs: list[Placement | None] = [Shard(i)] * (2 + given)
             if labels:
                 inputs.append(Shard(i))
             if which == "backward":

@@ -48,14 +48,25 @@ def _register_row_loss(row: dict[str, Any]) -> None:
     def backward_fake(*args: Any, **kwargs: Any) -> tuple[torch.Tensor, torch.Tensor]:
         return backward_shape(*_positional(backward, args, kwargs))
 
-    # Each op's arguments: (grad_output,) student, teacher, labels, reduction, the declared scalars, the index,
-    # (output_mask): the scalars are passed on to the C++ checks as the declaration lists them.
-    scalars = len(row["scalars"])
+    # Each op's arguments: (grad_output,) student, teacher, the declared inputs without a gradient, labels,
+    # reduction, the declared scalars, the index, (output_mask): the inputs and scalars are passed on to the C++
+    # checks as the declaration lists them.
+    inputs, scalars = len(row["inputs"]), len(row["scalars"])
+    if row["teacher"] != "logits":
+        # The shape of 'none' for a teacher given over a support is the member's (docs/adding_a_loss.md, "What
+        # does not fit yet").
+        raise NotImplementedError(f"{forward}: no fake kernel for a teacher of the form '{row['teacher']}'")
 
-    def forward_shape(student: torch.Tensor, teacher: torch.Tensor, labels: torch.Tensor | None, reduction: int,
-                      *rest: Any) -> torch.Tensor:
-        dtype = getattr(torch, _C._row_result_dtype(forward, None, student, teacher, labels, reduction,
-                                                    rest[:scalars]))
+    def checked(op: str, grad_output: torch.Tensor | None, student: torch.Tensor, teacher: torch.Tensor,
+                rest: tuple[Any, ...]) -> tuple[torch.dtype, torch.Tensor | None, int]:
+        """The C++ checks of a call; its result's dtype, labels and reduction."""
+        labels, reduction = rest[inputs], rest[inputs + 1]
+        dtype = _C._row_result_dtype(op, grad_output, student, teacher, list(rest[:inputs]), labels, reduction,
+                                     rest[inputs + 2:inputs + 2 + scalars])
+        return getattr(torch, dtype), labels, reduction
+
+    def forward_shape(student: torch.Tensor, teacher: torch.Tensor, *rest: Any) -> torch.Tensor:
+        dtype, labels, reduction = checked(forward, None, student, teacher, rest)
         if reduction != 0:
             return student.new_empty((), dtype=dtype)
         if labels is None:
@@ -66,18 +77,17 @@ def _register_row_loss(row: dict[str, Any]) -> None:
         kept = ctx.new_dynamic_size(max=rows) if isinstance(rows, int) else ctx.new_dynamic_size()
         return student.new_empty((kept, student.shape[-1]), dtype=dtype)
 
-    def with_grads_shape(student: torch.Tensor, teacher: torch.Tensor, labels: torch.Tensor | None, reduction: int,
+    def with_grads_shape(student: torch.Tensor, teacher: torch.Tensor,
                          *rest: Any) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
-        dtype = getattr(torch, _C._row_result_dtype(with_grads, None, student, teacher, labels, reduction,
-                                                    rest[:scalars]))
+        dtype, _, _ = checked(with_grads, None, student, teacher, rest)
         output_mask = rest[-1]
         # The value, the gradients the mask asks for, and the row scales (float32, of the leading shape).
         return (student.new_empty((), dtype=dtype), _empty_gradient(student, output_mask[0]),
                 _empty_gradient(teacher, output_mask[1]), student.new_empty(student.shape[:-1], dtype=torch.float32))
 
     def backward_shape(grad_output: torch.Tensor, student: torch.Tensor, teacher: torch.Tensor,
-                       labels: torch.Tensor | None, reduction: int, *rest: Any) -> tuple[torch.Tensor, torch.Tensor]:
-        _C._row_result_dtype(backward, grad_output, student, teacher, labels, reduction, rest[:scalars])
+                       *rest: Any) -> tuple[torch.Tensor, torch.Tensor]:
+        checked(backward, grad_output, student, teacher, rest)
         output_mask = rest[-1]
         return _empty_gradient(student, output_mask[0]), _empty_gradient(teacher, output_mask[1])
 

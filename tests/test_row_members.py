@@ -41,7 +41,8 @@ def test_schemas_name_the_declared_arguments(row):
     for name in _ops_of(row):
         assert hasattr(torch.ops.npu_loss, name), f"no schema for npu_loss::{name}"
     forward = [a.name for a in _overload(row["forward"])._schema.arguments]
-    assert forward == [*row["logits"], row["labels"], "reduction", *row["scalars"], row["index"]]
+    inputs = [i["name"] for i in row["inputs"]]
+    assert forward == [*row["logits"], *inputs, row["labels"], "reduction", *row["scalars"], row["index"]]
     backward = [a.name for a in _overload(row["backward"])._schema.arguments]
     assert backward == ["grad_output", *forward, "output_mask"]
     with_grads = [a.name for a in _overload(row["with_grads"])._schema.arguments]
@@ -55,27 +56,44 @@ def test_schemas_name_the_declared_arguments(row):
         assert names[8:11 + n] == [*row["scalars"], row["index"], *f["weights_of"]]
 
 
-def _logits(rows: int = 3, vocab: int = 11, **kwargs: Any) -> tuple[torch.Tensor, torch.Tensor]:
-    return torch.randn(rows, vocab, **kwargs), torch.randn(rows, vocab, **kwargs)
+def _tensors(row: dict[str, Any], rows: int = 3, vocab: int = 11,
+             **kwargs: Any) -> tuple[torch.Tensor, torch.Tensor, list[torch.Tensor]]:
+    """The member's student logits, its teacher in the declared form (logits of the same shape, or K = 4
+    log-probabilities over a support) and each declared input without a gradient, of the teacher's shape."""
+    student = torch.randn(rows, vocab, **kwargs)
+    if row["teacher"] == "logits":
+        teacher = torch.randn(rows, vocab, **kwargs)
+    else:
+        teacher = torch.randn(rows, 4).log_softmax(-1).requires_grad_(kwargs.get("requires_grad", False))
+    inputs = [torch.stack([torch.randperm(vocab)[:teacher.size(-1)] for _ in range(rows)]) if i["kind"] == "ids"
+              else torch.ones(teacher.shape, dtype=torch.bool) for i in row["inputs"]]
+    return student, teacher, inputs
+
+
+def _defaults(row: dict[str, Any]) -> list[Any]:
+    """The forward's declared scalars and index at their schema defaults."""
+    arguments = _overload(row["forward"])._schema.arguments
+    return [a.default_value for a in arguments[-1 - len(row["scalars"]):]]
 
 
 @pytest.mark.parametrize("row", ROWS, ids=IDS)
 def test_fake_kernels_give_the_real_shapes(row):
-    student, teacher = _logits()
+    student, teacher, inputs = _tensors(row)
     labels = torch.tensor([0, -100, 2])
-    real = [
-        _overload(row["forward"])(student, teacher, labels, 2),
-        _overload(row["with_grads"])(student, teacher, None, 2, 0.5, 1.0, -100, [True, True]),
-        _overload(row["backward"])(torch.tensor(1.0), student, teacher, None, 2, 0.5, 1.0, -100, [True, False]),
-    ]
-    with FakeTensorMode() as mode:
-        fs, ft, fl = (mode.from_tensor(t) for t in (student, teacher, labels))
-        fake = [
-            _overload(row["forward"])(fs, ft, fl, 2),
-            _overload(row["with_grads"])(fs, ft, None, 2, 0.5, 1.0, -100, [True, True]),
-            _overload(row["backward"])(mode.from_tensor(torch.tensor(1.0)), fs, ft, None, 2, 0.5, 1.0, -100,
-                                       [True, False]),
+    rest = _defaults(row)
+
+    def calls(s: torch.Tensor, t: torch.Tensor, i: list[torch.Tensor], l: torch.Tensor,
+              g: torch.Tensor) -> list[Any]:
+        return [
+            _overload(row["forward"])(s, t, *i, l, 2),
+            _overload(row["with_grads"])(s, t, *i, None, 2, *rest, [True, True]),
+            _overload(row["backward"])(g, s, t, *i, None, 2, *rest, [True, False]),
         ]
+
+    real = calls(student, teacher, inputs, labels, torch.tensor(1.0))
+    with FakeTensorMode() as mode:
+        fake = calls(*(mode.from_tensor(t) for t in (student, teacher)), [mode.from_tensor(i) for i in inputs],
+                     mode.from_tensor(labels), mode.from_tensor(torch.tensor(1.0)))
     flat = lambda xs: [x for r in xs for x in (r if isinstance(r, tuple) else (r,))]  # noqa: E731
     for r, f in zip(flat(real), flat(fake), strict=True):
         assert (tuple(f.shape), f.dtype) == (tuple(r.shape), r.dtype)
@@ -84,8 +102,8 @@ def test_fake_kernels_give_the_real_shapes(row):
 @pytest.mark.parametrize("row", ROWS, ids=IDS)
 def test_autograd_kernels_make_the_gradients(row):
     assert row["forward"] in _C._differentiable_ops()
-    student, teacher = _logits(requires_grad=True)
-    _overload(row["forward"])(student, teacher, None, 1).backward()
+    student, teacher, inputs = _tensors(row, requires_grad=True)
+    _overload(row["forward"])(student, teacher, *inputs, None, 1).backward()
     assert student.grad is not None and teacher.grad is not None
     assert student.grad.abs().sum() > 0 and teacher.grad.abs().sum() > 0
     if row["linear"] is not None:
@@ -118,7 +136,8 @@ def test_the_npu_row_frame_runs_it(row, device):
     assert row["forward"] in _C_npu.row_members()
     missing = [name for name in _ops_of(row) if not _has_kernel(name, "PrivateUse1")]
     assert not missing, f"no NPU kernel for {missing}"
-    student, teacher = _logits()
-    value = _overload(row["forward"])(student.to(device), teacher.to(device))
+    student, teacher, inputs = _tensors(row)
+    value = _overload(row["forward"])(student.to(device), teacher.to(device), *(i.to(device) for i in inputs))
     assert value.device.type == "npu"
-    torch.testing.assert_close(value.cpu(), _overload(row["forward"])(student, teacher), rtol=1e-5, atol=1e-6)
+    torch.testing.assert_close(value.cpu(), _overload(row["forward"])(student, teacher, *inputs), rtol=1e-5,
+                               atol=1e-6)

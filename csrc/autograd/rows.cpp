@@ -31,11 +31,14 @@ namespace {
 
 using torch::autograd::SavedVariable;
 
-// The node of a row loss's forward op. It keeps the logits (references, as any node keeps its inputs: double
-// backward and 'none' need them) and, for a reduced loss, the gradients the forward made with their row scales.
+// The node of a row loss's forward op. It keeps the logits and the inputs without a gradient (references, as
+// any node keeps its inputs: double backward and 'none' need them) and, for a reduced loss, the gradients the
+// forward made with their row scales.
 template <typename Loss>
 struct RowLossNode final : public torch::autograd::TraceableFunction {
+  static constexpr size_t kInputs = row_input_count(Loss::decl.rows);
   SavedVariable student, teacher, labels;
+  std::array<SavedVariable, kInputs> inputs;  // RowArgs::inputs (an absent optional one undefined)
   bool has_labels = false;
   // The gradients the forward made (a reduced loss), or nothing ('none'); the row scales of float16 ones.
   SavedVariable grad_student, grad_teacher, row_scale;
@@ -61,7 +64,8 @@ struct RowLossNode final : public torch::autograd::TraceableFunction {
     // need nothing else, so an in-place change of the logits after the forward does not matter to them.
     const bool reads_logits = !made_in_forward || c10::GradMode::is_enabled();
     Saved values{reads_logits ? student.unpack() : at::Tensor(), reads_logits ? teacher.unpack() : at::Tensor(),
-                 labels.unpack(), grad_student.unpack(), grad_teacher.unpack(), row_scale.unpack()};
+                 labels.unpack(), grad_student.unpack(), grad_teacher.unpack(), row_scale.unpack(), {}};
+    for (size_t i = 0; i < kInputs; ++i) values.inputs[i] = inputs[i].unpack();
     // The gradients made in the forward are scaled in place and handed over (autograd can then keep one as
     // the leaf's .grad without a copy), unless the graph is kept for another backward.
     const bool consume = made_in_forward && !torch::autograd::get_current_graph_task_keep_graph();
@@ -87,10 +91,11 @@ struct RowLossNode final : public torch::autograd::TraceableFunction {
   }
 
  private:
-  static constexpr size_t kSaved = 6;
+  static constexpr size_t kSaved = 6 + kInputs;
   static constexpr int kScalars = row_scalar_count(Loss::decl.rows);
   struct Saved {
     at::Tensor student, teacher, labels, grad_student, grad_teacher, row_scale;
+    RowInputs inputs;
   };
   // The node's arguments other than tensors.
   struct Arguments {
@@ -105,12 +110,17 @@ struct RowLossNode final : public torch::autograd::TraceableFunction {
       std::tuple<bool, bool, int64_t, std::vector<double>, std::vector<int64_t>, std::vector<bool>, int64_t>;
   using Form = SavedForm<kSaved, Values>;
 
-  std::array<SavedVariable*, kSaved> saved() {
-    return {&student, &teacher, &labels, &grad_student, &grad_teacher, &row_scale};
+  // The saved tensors in one order: the six above, then the inputs.
+  template <typename Self>
+  static auto saved_of(Self& self) {
+    using Pointer = decltype(&self.student);
+    std::array<Pointer, kSaved> all{&self.student, &self.teacher, &self.labels, &self.grad_student,
+                                    &self.grad_teacher, &self.row_scale};
+    for (size_t i = 0; i < kInputs; ++i) all[6 + i] = &self.inputs[i];
+    return all;
   }
-  std::array<const SavedVariable*, kSaved> saved() const {
-    return {&student, &teacher, &labels, &grad_student, &grad_teacher, &row_scale};
-  }
+  std::array<SavedVariable*, kSaved> saved() { return saved_of(*this); }
+  std::array<const SavedVariable*, kSaved> saved() const { return saved_of(*this); }
   Arguments arguments() const { return {has_labels, made_in_forward, reduction, scalars, ignore_index}; }
 
   Values values() const {
@@ -141,7 +151,7 @@ struct RowLossNode final : public torch::autograd::TraceableFunction {
     const at::Tensor& g = grads[0];
     if (!g.defined() || !(need[0] || need[1])) return out;
     const std::optional<at::Tensor> l = sc.has_labels ? std::optional<at::Tensor>(v.labels) : std::nullopt;
-    const RowCall call = row_call<Loss>(v.student, v.teacher, l, sc.reduction, sc.scalars, sc.ignore_index);
+    const RowCall call = row_call<Loss>(v.student, v.teacher, v.inputs, l, sc.reduction, sc.scalars, sc.ignore_index);
     if (c10::GradMode::is_enabled()) {
       // create_graph=True: the gradients as ATen-op functions of the inputs and grad_output (the composite),
       // which autograd and the functorch transforms differentiate again.
@@ -160,8 +170,11 @@ struct RowLossNode final : public torch::autograd::TraceableFunction {
       }
       return out;
     }
-    auto [gs, gt] = with_row_scalars<Loss>(sc.scalars, [&](auto... s) {
-      return ops::row_backward<Loss>().call(g, v.student, v.teacher, l, sc.reduction, s..., sc.ignore_index, need);
+    auto [gs, gt] = with_row_inputs<Loss>(v.inputs, [&](const auto&... i) {
+      return with_row_scalars<Loss>(sc.scalars, [&](auto... s) {
+        return ops::row_backward<Loss>().call(
+            g, v.student, v.teacher, i..., l, sc.reduction, s..., sc.ignore_index, need);
+      });
     });
     if (need[0]) out[0] = gs;
     if (need[1]) out[1] = gt;
@@ -171,19 +184,20 @@ struct RowLossNode final : public torch::autograd::TraceableFunction {
   static variable_list from_ivalues(const variable_list& grads, const std::vector<c10::IValue>& args) {
     const auto u = Form::unpack(args);
     const auto& t = u.tensors;
-    Saved v{t[0], t[1], t[2], t[3], t[4], t[5]};
+    Saved v{t[0], t[1], t[2], t[3], t[4], t[5], {}};
+    for (size_t i = 0; i < kInputs; ++i) v.inputs[i] = t[6 + i];
     return functional(grads, {u.needs[0], u.needs[1]}, v, arguments_of(u.values), false);
   }
 };
 
-// The Autograd-key kernel of a row loss's forward op, for its declared scalars S...
-template <typename Loss, typename Scalars = RowScalarTypes<Loss>>
+// The Autograd-key kernel of a row loss's forward op, for its declared inputs I... and scalars S...
+template <typename Loss, typename Inputs = RowInputTypes<Loss>, typename Scalars = RowScalarTypes<Loss>>
 struct RowAutograd;
 
-template <typename Loss, typename... S>
-struct RowAutograd<Loss, std::tuple<S...>> {
+template <typename Loss, typename... I, typename... S>
+struct RowAutograd<Loss, std::tuple<I...>, std::tuple<S...>> {
   static at::Tensor forward(
-      c10::DispatchKeySet ks, const at::Tensor& student, const at::Tensor& teacher,
+      c10::DispatchKeySet ks, const at::Tensor& student, const at::Tensor& teacher, I... i,
       const std::optional<at::Tensor>& labels, int64_t reduction, S... s, int64_t ignore_index) {
     const c10::DispatchKeySet below = ks & c10::after_autograd_keyset;
     // An undefined tensor skips autograd, so that the kernel's checks report it by name.
@@ -193,7 +207,7 @@ struct RowAutograd<Loss, std::tuple<S...>> {
                                    defined && grad_mode && teacher.requires_grad()};
     if (!defined) {
       at::AutoDispatchBelowADInplaceOrView guard;
-      return ops::row_forward<Loss>().redispatch(below, student, teacher, labels, reduction, s..., ignore_index);
+      return ops::row_forward<Loss>().redispatch(below, student, teacher, i..., labels, reduction, s..., ignore_index);
     }
     const Dual s_dual(student), t_dual(teacher);
     const bool forward_ad = s_dual.has_tangent() || t_dual.has_tangent();
@@ -204,10 +218,11 @@ struct RowAutograd<Loss, std::tuple<S...>> {
       if (reduction != kNone && (need[0] || need[1] || forward_ad)) {
         const std::array<bool, 2> mask{need[0] || s_dual.has_tangent(), need[1] || t_dual.has_tangent()};
         std::tie(result, gs, gt, row_scale) = ops::row_with_grads<Loss>().redispatch(
-            below, student, teacher, labels, reduction, s..., ignore_index, mask);
+            below, student, teacher, i..., labels, reduction, s..., ignore_index, mask);
         scaled = scales_rows(student, teacher, mask);
       } else {
-        result = ops::row_forward<Loss>().redispatch(below, student, teacher, labels, reduction, s..., ignore_index);
+        result =
+            ops::row_forward<Loss>().redispatch(below, student, teacher, i..., labels, reduction, s..., ignore_index);
       }
     }
     if (need[0] || need[1]) {
@@ -215,6 +230,10 @@ struct RowAutograd<Loss, std::tuple<S...>> {
       node->set_next_edges(torch::autograd::collect_next_edges(student, teacher));
       node->student = SavedVariable(student, false);
       node->teacher = SavedVariable(teacher, false);
+      const RowInputs values = row_inputs(i...);
+      for (size_t k = 0; k < node->kInputs; ++k) {
+        if (values[k].defined()) node->inputs[k] = SavedVariable(values[k], false);
+      }
       node->has_labels = labels.has_value() && labels->defined();
       if (node->has_labels) node->labels = SavedVariable(*labels, false);
       node->reduction = reduction;
@@ -235,7 +254,8 @@ struct RowAutograd<Loss, std::tuple<S...>> {
         if (gt.numel() > 0) gt = gt * factor;
       }
       result._set_fw_grad(
-          tangent(s_dual, t_dual, labels, reduction, row_scalars(s...), ignore_index, gs, gt, result), kLevel, false);
+          tangent(s_dual, t_dual, row_inputs(i...), labels, reduction, row_scalars(s...), ignore_index, gs, gt, result),
+          kLevel, false);
     }
     return result;
   }
@@ -243,7 +263,7 @@ struct RowAutograd<Loss, std::tuple<S...>> {
   // The result's tangent: for a reduced loss the gradients' dot product with the inputs' tangents; for 'none'
   // the composite's own (forward-mode AD through its ATen ops).
   static at::Tensor tangent(
-      const Dual& s, const Dual& t, const std::optional<at::Tensor>& labels, int64_t reduction,
+      const Dual& s, const Dual& t, const RowInputs& inputs, const std::optional<at::Tensor>& labels, int64_t reduction,
       const RowScalars& scalars, int64_t ignore_index, const at::Tensor& gs, const at::Tensor& gt,
       const at::Tensor& result) {
     if (reduction == kNone) {
@@ -251,7 +271,7 @@ struct RowAutograd<Loss, std::tuple<S...>> {
       const at::Tensor student = s.has_tangent() ? at::_make_dual(s.p, s.t, kLevel) : s.p;
       const at::Tensor teacher = t.has_tangent() ? at::_make_dual(t.p, t.t, kLevel) : t.p;
       const at::Tensor dual = composite::forward_differentiable(
-          Loss{}, row_call<Loss>(student, teacher, labels, reduction, scalars, ignore_index));
+          Loss{}, row_call<Loss>(student, teacher, inputs, labels, reduction, scalars, ignore_index));
       const at::Tensor value = dual._fw_grad(kLevel);
       return value.defined() ? value.to(result.scalar_type()) : at::zeros_like(result);
     }
@@ -277,65 +297,66 @@ bool differentiated(std::initializer_list<const at::Tensor*> tensors) {
 // The Autograd-key kernels of the two ops the forward's node calls below autograd (the forward with gradients,
 // the backward op): called where their own results are differentiated (nested transforms: hessian,
 // jacfwd(jacrev), a direct call), they run the composite, whose ATen ops autograd records; else the kernels.
-template <typename Loss, typename Scalars = RowScalarTypes<Loss>>
+template <typename Loss, typename Inputs = RowInputTypes<Loss>, typename Scalars = RowScalarTypes<Loss>>
 struct RowOpsBelow;
 
-template <typename Loss, typename... S>
-struct RowOpsBelow<Loss, std::tuple<S...>> {
+template <typename Loss, typename... I, typename... S>
+struct RowOpsBelow<Loss, std::tuple<I...>, std::tuple<S...>> {
   static std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> with_grads(
-      c10::DispatchKeySet ks, const at::Tensor& student, const at::Tensor& teacher,
+      c10::DispatchKeySet ks, const at::Tensor& student, const at::Tensor& teacher, I... i,
       const std::optional<at::Tensor>& labels, int64_t reduction, S... s, int64_t ignore_index,
       std::array<bool, 2> mask) {
     if (!differentiated({&student, &teacher})) {
       at::AutoDispatchBelowADInplaceOrView guard;
       return ops::row_with_grads<Loss>().redispatch(
-          ks & c10::after_autograd_keyset, student, teacher, labels, reduction, s..., ignore_index, mask);
+          ks & c10::after_autograd_keyset, student, teacher, i..., labels, reduction, s..., ignore_index, mask);
     }
     return composite::with_grads_differentiable(
-        Loss{}, row_call<Loss>(student, teacher, labels, reduction, row_scalars(s...), ignore_index), mask);
+        Loss{}, row_call<Loss>(student, teacher, row_inputs(i...), labels, reduction, row_scalars(s...), ignore_index), mask);
   }
 
   static std::tuple<at::Tensor, at::Tensor> backward(
       c10::DispatchKeySet ks, const at::Tensor& grad_output, const at::Tensor& student, const at::Tensor& teacher,
-      const std::optional<at::Tensor>& labels, int64_t reduction, S... s, int64_t ignore_index,
+      I... i, const std::optional<at::Tensor>& labels, int64_t reduction, S... s, int64_t ignore_index,
       std::array<bool, 2> mask) {
     if (!differentiated({&grad_output, &student, &teacher})) {
       at::AutoDispatchBelowADInplaceOrView guard;
       return ops::row_backward<Loss>().redispatch(
-          ks & c10::after_autograd_keyset, grad_output, student, teacher, labels, reduction, s..., ignore_index, mask);
+          ks & c10::after_autograd_keyset, grad_output, student, teacher, i..., labels, reduction, s..., ignore_index,
+          mask);
     }
     return composite::backward_differentiable(
-        Loss{}, row_call<Loss>(student, teacher, labels, reduction, row_scalars(s...), ignore_index), grad_output,
+        Loss{}, row_call<Loss>(student, teacher, row_inputs(i...), labels, reduction, row_scalars(s...), ignore_index), grad_output,
         mask);
   }
 };
 
 // vmap: the composite, whose ATen ops batch one by one (the forward op, and the two ops autograd calls below it).
-template <typename Loss, typename Scalars = RowScalarTypes<Loss>>
+template <typename Loss, typename Inputs = RowInputTypes<Loss>, typename Scalars = RowScalarTypes<Loss>>
 struct RowVmap;
 
-template <typename Loss, typename... S>
-struct RowVmap<Loss, std::tuple<S...>> {
+template <typename Loss, typename... I, typename... S>
+struct RowVmap<Loss, std::tuple<I...>, std::tuple<S...>> {
   static at::Tensor forward(
-      const at::Tensor& student, const at::Tensor& teacher, const std::optional<at::Tensor>& labels,
+      const at::Tensor& student, const at::Tensor& teacher, I... i, const std::optional<at::Tensor>& labels,
       int64_t reduction, S... s, int64_t ignore_index) {
     return composite::forward_differentiable(
-        Loss{}, row_call<Loss>(student, teacher, labels, reduction, row_scalars(s...), ignore_index));
+        Loss{}, row_call<Loss>(student, teacher, row_inputs(i...), labels, reduction, row_scalars(s...), ignore_index));
   }
 
   static std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> with_grads(
-      const at::Tensor& student, const at::Tensor& teacher, const std::optional<at::Tensor>& labels,
+      const at::Tensor& student, const at::Tensor& teacher, I... i, const std::optional<at::Tensor>& labels,
       int64_t reduction, S... s, int64_t ignore_index, std::array<bool, 2> mask) {
     return composite::with_grads_differentiable(
-        Loss{}, row_call<Loss>(student, teacher, labels, reduction, row_scalars(s...), ignore_index), mask);
+        Loss{}, row_call<Loss>(student, teacher, row_inputs(i...), labels, reduction, row_scalars(s...), ignore_index), mask);
   }
 
   static std::tuple<at::Tensor, at::Tensor> backward(
-      const at::Tensor& grad_output, const at::Tensor& student, const at::Tensor& teacher,
+      const at::Tensor& grad_output, const at::Tensor& student, const at::Tensor& teacher, I... i,
       const std::optional<at::Tensor>& labels, int64_t reduction, S... s, int64_t ignore_index,
       std::array<bool, 2> mask) {
     return composite::backward_differentiable(
-        Loss{}, row_call<Loss>(student, teacher, labels, reduction, row_scalars(s...), ignore_index), grad_output,
+        Loss{}, row_call<Loss>(student, teacher, row_inputs(i...), labels, reduction, row_scalars(s...), ignore_index), grad_output,
         mask);
   }
 };

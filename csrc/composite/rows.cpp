@@ -297,7 +297,7 @@ std::tuple<at::Tensor, at::Tensor> backward(
 
 at::Tensor forward_differentiable(GeneralizedJsd, const RowCall& c) {
   const LossDecl& d = GeneralizedJsd::decl;
-  row_forward_spec<c10::SymInt>(d, d.forward, c.student, c.teacher, c.labels, c.reduction, c.scalars.values);
+  row_forward_spec<c10::SymInt>(d, d.forward, c);
   const auto dtype = compute_dtype(c.student, c.teacher);
   const bool labels = c.labels.has_value() && c.labels->defined();
   // The rows kept, of the leading shape; the dropped rows' logits zeroed (their derivatives then stay finite).
@@ -317,7 +317,7 @@ at::Tensor forward_differentiable(GeneralizedJsd, const RowCall& c) {
 std::tuple<at::Tensor, at::Tensor> backward_differentiable(
     GeneralizedJsd, const RowCall& c, const at::Tensor& grad_output, std::array<bool, 2> mask) {
   const LossDecl& d = GeneralizedJsd::decl;
-  row_backward_spec<c10::SymInt>(d, grad_output, c.student, c.teacher, c.labels, c.reduction, c.scalars.values);
+  row_backward_spec<c10::SymInt>(d, grad_output, c);
   const auto dtype = compute_dtype(c.student, c.teacher);
   const bool labels = c.labels.has_value() && c.labels->defined();
   const at::Tensor keep = labels ? c.labels->to(at::kLong) != c.ignore_index : at::Tensor();
@@ -336,7 +336,7 @@ std::tuple<at::Tensor, at::Tensor> backward_differentiable(
 std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> with_grads_differentiable(
     GeneralizedJsd, const RowCall& c, std::array<bool, 2> mask) {
   const LossDecl& d = GeneralizedJsd::decl;
-  row_with_grads_spec<c10::SymInt>(d, c.student, c.teacher, c.labels, c.reduction, c.scalars.values);
+  row_with_grads_spec<c10::SymInt>(d, c);
   const at::Tensor loss = forward_differentiable(GeneralizedJsd{}, c);
   auto [gs, gt] = backward_differentiable(GeneralizedJsd{}, c, at::ones({}, loss.options()), mask);
   return {loss, gs, gt, at::ones(leading_shape(c.student), c.student.options().dtype(at::kFloat))};

@@ -98,37 +98,36 @@ void impl_loss(torch::Library& m) {
 //       const RowCall&, std::array<bool, 2> mask);
 //   static std::tuple<at::Tensor, at::Tensor> backward(Loss, const RowSpec&, const RowCall&,
 //       const at::Tensor& grad_output, std::array<bool, 2> mask);
-template <typename Loss, typename Math, typename Scalars = RowScalarTypes<Loss>>
+template <typename Loss, typename Math, typename Inputs = RowInputTypes<Loss>, typename Scalars = RowScalarTypes<Loss>>
 struct RowBackendKernels;
 
-template <typename Loss, typename Math, typename... S>
-struct RowBackendKernels<Loss, Math, std::tuple<S...>> {
+template <typename Loss, typename Math, typename... I, typename... S>
+struct RowBackendKernels<Loss, Math, std::tuple<I...>, std::tuple<S...>> {
   static constexpr const LossDecl& d = Loss::decl;
 
   static at::Tensor forward(
-      const at::Tensor& student, const at::Tensor& teacher, const std::optional<at::Tensor>& labels,
+      const at::Tensor& student, const at::Tensor& teacher, I... i, const std::optional<at::Tensor>& labels,
       int64_t reduction, S... s, int64_t ignore_index) {
-    const RowScalars scalars = row_scalars(s...);
-    const RowSpec spec = row_forward_spec<int64_t>(d, d.forward, student, teacher, labels, reduction, scalars);
-    return Math::forward(Loss{}, spec, row_call<Loss>(student, teacher, labels, reduction, scalars, ignore_index));
+    const RowCall c =
+        row_call<Loss>(student, teacher, row_inputs(i...), labels, reduction, row_scalars(s...), ignore_index);
+    return Math::forward(Loss{}, row_forward_spec<int64_t>(d, d.forward, c), c);
   }
 
   static std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> with_grads(
-      const at::Tensor& student, const at::Tensor& teacher, const std::optional<at::Tensor>& labels,
+      const at::Tensor& student, const at::Tensor& teacher, I... i, const std::optional<at::Tensor>& labels,
       int64_t reduction, S... s, int64_t ignore_index, std::array<bool, 2> mask) {
-    const RowScalars scalars = row_scalars(s...);
-    const RowSpec spec = row_with_grads_spec<int64_t>(d, student, teacher, labels, reduction, scalars);
-    return Math::with_grads(Loss{}, spec, row_call<Loss>(student, teacher, labels, reduction, scalars, ignore_index), mask);
+    const RowCall c =
+        row_call<Loss>(student, teacher, row_inputs(i...), labels, reduction, row_scalars(s...), ignore_index);
+    return Math::with_grads(Loss{}, row_with_grads_spec<int64_t>(d, c), c, mask);
   }
 
   static std::tuple<at::Tensor, at::Tensor> backward(
-      const at::Tensor& grad_output, const at::Tensor& student, const at::Tensor& teacher,
+      const at::Tensor& grad_output, const at::Tensor& student, const at::Tensor& teacher, I... i,
       const std::optional<at::Tensor>& labels, int64_t reduction, S... s, int64_t ignore_index,
       std::array<bool, 2> mask) {
-    const RowScalars scalars = row_scalars(s...);
-    const RowSpec spec = row_backward_spec<int64_t>(d, grad_output, student, teacher, labels, reduction, scalars);
-    return Math::backward(
-        Loss{}, spec, row_call<Loss>(student, teacher, labels, reduction, scalars, ignore_index), grad_output, mask);
+    const RowCall c =
+        row_call<Loss>(student, teacher, row_inputs(i...), labels, reduction, row_scalars(s...), ignore_index);
+    return Math::backward(Loss{}, row_backward_spec<int64_t>(d, grad_output, c), c, grad_output, mask);
   }
 };
 

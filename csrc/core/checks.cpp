@@ -411,13 +411,36 @@ void check_out(
   }
 }
 
+// Each declared input of a row loss (RowArgs::inputs): defined unless optional, on the teacher's device, of its
+// kind's dtype and the teacher's shape.
 template <typename Int>
-BasicRowSpec<Int> row_forward_spec(
-    const LossDecl& d, const char* op, const at::Tensor& student, const at::Tensor& teacher,
-    const std::optional<at::Tensor>& labels, int64_t reduction, const RowScalars& scalars) {
+void check_row_inputs(const char* op, const RowArgs& r, const at::Tensor& teacher, const RowInputs& inputs) {
+  for (int i = 0; i < row_input_count(r); ++i) {
+    const RowInput& in = r.inputs[i];
+    const at::Tensor& t = inputs[i];
+    if (!in.optional) check_defined(op, {{in.name, &t}});
+    if (!t.defined()) continue;
+    check_same_device(op, in.name, t, {r.logits[1], &teacher});
+    if (in.kind == InputKind::Ids) {
+      TORCH_CHECK_TYPE(
+          c10::isIntegralType(t.scalar_type(), /*includeBool=*/false), op, ": ", in.name,
+          " must have an integer dtype, got ", dtype_name(t.scalar_type()));
+    } else {
+      TORCH_CHECK_TYPE(
+          t.scalar_type() == at::kBool, op, ": ", in.name, " must be a bool tensor, got ", dtype_name(t.scalar_type()));
+    }
+    TORCH_CHECK(
+        Geometry<Int>::sizes(t) == Geometry<Int>::sizes(teacher), op, ": ", in.name, " must have ", r.logits[1],
+        "'s shape ", Geometry<Int>::sizes(teacher), ", got ", Geometry<Int>::sizes(t));
+  }
+}
+
+template <typename Int>
+BasicRowSpec<Int> row_forward_spec(const LossDecl& d, const char* op, const RowCall& c) {
   const RowArgs& r = d.rows;
+  const at::Tensor &student = c.student, &teacher = c.teacher;
   const at::Tensor undefined;
-  const at::Tensor& l = labels.has_value() ? *labels : undefined;
+  const at::Tensor& l = c.labels.has_value() ? *c.labels : undefined;
   check_defined(op, {{r.logits[0], &student}, {r.logits[1], &teacher}});
   if (l.defined()) {
     check_same_device(op, {{r.logits[0], &student}, {r.logits[1], &teacher}, {r.labels, &l}});
@@ -430,17 +453,29 @@ BasicRowSpec<Int> row_forward_spec(
         c10::isIntegralType(l.scalar_type(), /*includeBool=*/false), op, ": ", r.labels,
         " must have an integer dtype, got ", dtype_name(l.scalar_type()));
   }
-  check_reduction(op, reduction);
-  check_row_scalars(op, r, scalars);
+  check_row_inputs<Int>(op, r, teacher, c.inputs);
+  check_reduction(op, c.reduction);
+  check_row_scalars(op, r, c.scalars.values);
   check_dims(op, {{r.logits[0], &student}, {r.logits[1], &teacher}});
   TORCH_CHECK(
       student.dim() >= 1, op, ": ", r.logits[0], " must have at least one dimension (the vocabulary), got a 0-dim "
       "tensor");
   const auto shape = Geometry<Int>::sizes(student);
-  TORCH_CHECK(
-      shape == Geometry<Int>::sizes(teacher), op, ": ", r.logits[0], " and ", r.logits[1],
-      " must have the same shape (the same vocabulary too), got ", shape, " and ", Geometry<Int>::sizes(teacher));
   const auto leading = shape.slice(0, shape.size() - 1);
+  const auto teacher_shape = Geometry<Int>::sizes(teacher);
+  if (r.teacher == TeacherForm::Logits) {
+    TORCH_CHECK(
+        shape == teacher_shape, op, ": ", r.logits[0], " and ", r.logits[1],
+        " must have the same shape (the same vocabulary too), got ", shape, " and ", teacher_shape);
+  } else {
+    TORCH_CHECK(
+        teacher.dim() == student.dim() && teacher_shape.slice(0, teacher_shape.size() - 1) == leading, op, ": ",
+        r.logits[1], " must have ", r.logits[0], "'s leading shape ", leading, " and one last dimension, got ",
+        teacher_shape);
+    TORCH_CHECK(
+        teacher_shape.back() >= 1, op, ": ", r.logits[1], " must have at least one entry per row, got shape ",
+        teacher_shape);
+  }
   if (l.defined()) {
     TORCH_CHECK(
         Geometry<Int>::sizes(l) == leading, op, ": ", r.labels, " must have the logits' leading shape ",
@@ -456,27 +491,23 @@ BasicRowSpec<Int> row_forward_spec(
 }
 
 template <typename Int>
-BasicRowSpec<Int> row_with_grads_spec(
-    const LossDecl& d, const at::Tensor& student, const at::Tensor& teacher, const std::optional<at::Tensor>& labels,
-    int64_t reduction, const RowScalars& scalars) {
-  auto spec = row_forward_spec<Int>(d, d.with_grads, student, teacher, labels, reduction, scalars);
+BasicRowSpec<Int> row_with_grads_spec(const LossDecl& d, const RowCall& c) {
+  auto spec = row_forward_spec<Int>(d, d.with_grads, c);
   TORCH_CHECK_VALUE(
-      reduction != kNone, d.with_grads, ": reduction must be 1 (mean) or 2 (sum), the gradients of a scalar; got 0 "
+      c.reduction != kNone, d.with_grads, ": reduction must be 1 (mean) or 2 (sum), the gradients of a scalar; got 0 "
       "(none)");
   return spec;
 }
 
 template <typename Int>
-BasicRowSpec<Int> row_backward_spec(
-    const LossDecl& d, const at::Tensor& grad_output, const at::Tensor& student, const at::Tensor& teacher,
-    const std::optional<at::Tensor>& labels, int64_t reduction, const RowScalars& scalars) {
+BasicRowSpec<Int> row_backward_spec(const LossDecl& d, const at::Tensor& grad_output, const RowCall& c) {
   const char* op = d.backward;
   check_defined(op, {{"grad_output", &grad_output}});
-  auto spec = row_forward_spec<Int>(d, op, student, teacher, labels, reduction, scalars);
-  check_same_device(op, "grad_output", grad_output, {d.rows.logits[0], &student});
+  auto spec = row_forward_spec<Int>(d, op, c);
+  check_same_device(op, "grad_output", grad_output, {d.rows.logits[0], &c.student});
   check_dtype(op, "grad_output", grad_output);
   const auto g = Geometry<Int>::sizes(grad_output);
-  if (reduction != kNone) {
+  if (c.reduction != kNone) {
     TORCH_CHECK(g.empty(), op, ": grad_output of a reduced loss must be 0-dim, got shape ", g);
   } else if (spec.labels) {
     TORCH_CHECK(
@@ -611,15 +642,9 @@ BasicLinearSpec<Int> linear_spec(const LossDecl& d, const char* op, const Linear
       const char*, const char*, const at::Tensor&, const BasicResultSpec<Int>&, OutDtype,                 \
       std::initializer_list<NamedTensor>);                                                                \
   template at::Tensor empty_result<Int>(const BasicResultSpec<Int>&, const at::TensorOptions&);          \
-  template BasicRowSpec<Int> row_forward_spec<Int>(                                                       \
-      const LossDecl&, const char*, const at::Tensor&, const at::Tensor&, const std::optional<at::Tensor>&, \
-      int64_t, const RowScalars&);                                                                        \
-  template BasicRowSpec<Int> row_with_grads_spec<Int>(                                                    \
-      const LossDecl&, const at::Tensor&, const at::Tensor&, const std::optional<at::Tensor>&, int64_t,   \
-      const RowScalars&);                                                                                 \
-  template BasicRowSpec<Int> row_backward_spec<Int>(                                                      \
-      const LossDecl&, const at::Tensor&, const at::Tensor&, const at::Tensor&,                           \
-      const std::optional<at::Tensor>&, int64_t, const RowScalars&);                                      \
+  template BasicRowSpec<Int> row_forward_spec<Int>(const LossDecl&, const char*, const RowCall&);          \
+  template BasicRowSpec<Int> row_with_grads_spec<Int>(const LossDecl&, const RowCall&);                   \
+  template BasicRowSpec<Int> row_backward_spec<Int>(const LossDecl&, const at::Tensor&, const RowCall&);  \
   template BasicLinearSpec<Int> linear_spec<Int>(const LossDecl&, const char*, const LinearCall&);
 
 NPU_LOSS_INSTANTIATE_CHECKS(int64_t)

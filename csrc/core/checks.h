@@ -169,10 +169,14 @@ struct DeclaredScalars {
   }
 };
 
-// The arguments of one call of a row loss's op, after its checks: what every backend's row math takes.
+// A call's inputs without a gradient (RowArgs::inputs), by position: undefined where an optional one is absent.
+using RowInputs = std::array<at::Tensor, kMaxRowInputs>;
+
+// The arguments of one call of a row loss's op: what its checks and every backend's row math take.
 struct RowCall {
   const at::Tensor& student;
   const at::Tensor& teacher;
+  RowInputs inputs;  // RowArgs::inputs (undefined where an optional one is absent)
   const std::optional<at::Tensor>& labels;
   int64_t reduction;
   DeclaredScalars scalars;  // RowArgs::scalars
@@ -181,9 +185,10 @@ struct RowCall {
 
 // A row loss's RowCall of an op's arguments.
 template <typename Loss>
-RowCall row_call(const at::Tensor& student, const at::Tensor& teacher, const std::optional<at::Tensor>& labels,
-                 int64_t reduction, const RowScalars& scalars, int64_t ignore_index) {
-  return {student, teacher, labels, reduction, {&Loss::decl.rows, scalars}, ignore_index};
+RowCall row_call(const at::Tensor& student, const at::Tensor& teacher, const RowInputs& inputs,
+                 const std::optional<at::Tensor>& labels, int64_t reduction, const RowScalars& scalars,
+                 int64_t ignore_index) {
+  return {student, teacher, inputs, labels, reduction, {&Loss::decl.rows, scalars}, ignore_index};
 }
 
 // Whether the forward with gradients stores them with row scales (isa.h's RowBatch, row_scale): when a gradient
@@ -197,28 +202,24 @@ inline bool scales_rows(const at::Tensor& student, const at::Tensor& teacher, st
 // by the kernel that reads them (a count the Meta kernels cannot know).
 void check_grad_output_rows(const char* op, const at::Tensor& grad_output, int64_t kept);
 
-// The forward's checks (the forward with gradients has the same arguments): every tensor defined and on one
-// device; floating logits of one shape with at least one dimension (the vocabulary) and at most 8; labels of
-// an integer dtype and the logits' leading shape; the reduction; each declared scalar's rule.
+// The forward's checks (the forward with gradients has the same arguments): every tensor defined (an optional
+// input may be absent) and on one device; floating logits with at least one dimension (the vocabulary) and at
+// most 8; the teacher of the student's shape (TeacherForm::Logits) or of its leading shape and a last dimension
+// K >= 1 (Support); each input of the teacher's shape and of its kind's dtype (Ids integer, Mask bool); labels of
+// an integer dtype and the leading shape; the reduction; each declared scalar's rule.
 template <typename Int>
-BasicRowSpec<Int> row_forward_spec(
-    const LossDecl& d, const char* op, const at::Tensor& student, const at::Tensor& teacher,
-    const std::optional<at::Tensor>& labels, int64_t reduction, const RowScalars& scalars);
+BasicRowSpec<Int> row_forward_spec(const LossDecl& d, const char* op, const RowCall& c);
 
 // The forward with gradients': the forward's, and a reduced result ("mean" or "sum": the gradients are those
 // of a scalar).
 template <typename Int>
-BasicRowSpec<Int> row_with_grads_spec(
-    const LossDecl& d, const at::Tensor& student, const at::Tensor& teacher, const std::optional<at::Tensor>& labels,
-    int64_t reduction, const RowScalars& scalars);
+BasicRowSpec<Int> row_with_grads_spec(const LossDecl& d, const RowCall& c);
 
 // The backward op's: the forward's, and grad_output, floating, on the same device, 0-dim for "mean" and
 // "sum", and for "none" of the values' shape: the logits' without labels, (K, V) with them (K, the rows kept,
 // is checked against the labels by the kernels, which read them).
 template <typename Int>
-BasicRowSpec<Int> row_backward_spec(
-    const LossDecl& d, const at::Tensor& grad_output, const at::Tensor& student, const at::Tensor& teacher,
-    const std::optional<at::Tensor>& labels, int64_t reduction, const RowScalars& scalars);
+BasicRowSpec<Int> row_backward_spec(const LossDecl& d, const at::Tensor& grad_output, const RowCall& c);
 
 // ---- a row loss's linear form (losses.h's LinearForm) ----
 

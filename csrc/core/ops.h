@@ -14,6 +14,7 @@
 #include <utility>
 
 #include "../losses.h"
+#include "checks.h"
 
 namespace npu_loss {
 
@@ -117,25 +118,72 @@ decltype(auto) with_row_scalars(const RowScalars& values, F&& f) {
   }(std::make_index_sequence<std::tuple_size_v<RowScalarTypes<Loss>>>{});
 }
 
+// A row loss's inputs without a gradient in C++ (RowArgs::inputs): `const at::Tensor&`, or
+// `const std::optional<at::Tensor>&` for an optional one, as a tuple in the declaration's order
+// (RowInputTypes), to and from the one RowInputs (checks.h) every layer below the ops takes.
+namespace detail {
+template <bool Optional>
+struct RowInputType {
+  using type = const at::Tensor&;
+};
+template <>
+struct RowInputType<true> {
+  using type = const std::optional<at::Tensor>&;
+};
+
+template <const RowArgs& R, size_t... I>
+std::tuple<typename RowInputType<R.inputs[I].optional>::type...> row_input_types(std::index_sequence<I...>);
+}  // namespace detail
+
+template <typename Loss>
+using RowInputTypes = decltype(detail::row_input_types<Loss::decl.rows>(
+    std::make_index_sequence<row_input_count(Loss::decl.rows)>{}));
+
+inline at::Tensor input_value(const at::Tensor& t) { return t; }
+inline at::Tensor input_value(const std::optional<at::Tensor>& t) { return t.has_value() ? *t : at::Tensor(); }
+
+// The inputs of a call, from the op's typed arguments.
+template <typename... I>
+RowInputs row_inputs(const I&... i) {
+  static_assert(sizeof...(I) <= kMaxRowInputs, "row_inputs: more inputs than kMaxRowInputs");
+  return RowInputs{input_value(i)...};
+}
+
+// f(i...) with the inputs as the op's typed arguments, in their order (an undefined optional one as nullopt).
+template <typename Loss, typename F>
+decltype(auto) with_row_inputs(const RowInputs& values, F&& f) {
+  return [&]<size_t... I>(std::index_sequence<I...>) -> decltype(auto) {
+    const auto as = [&]<size_t J>() {
+      if constexpr (Loss::decl.rows.inputs[J].optional) {
+        return values[J].defined() ? std::optional<at::Tensor>(values[J]) : std::optional<at::Tensor>();
+      } else {
+        return values[J];
+      }
+    };
+    return f(as.template operator()<I>()...);
+  }(std::make_index_sequence<std::tuple_size_v<RowInputTypes<Loss>>>{});
+}
+
 // A row loss's three ops (losses.h's RowArgs; core/schema.h): the forward, the forward with the gradients of
-// its reduced result, the backward op, with the loss's scalars S... between the reduction and the index.
-template <typename Scalars>
+// its reduced result, the backward op, with the loss's inputs I... after the two logits and its scalars S...
+// between the reduction and the index.
+template <typename Inputs, typename Scalars>
 struct RowSignaturesWith;
 
-template <typename... S>
-struct RowSignaturesWith<std::tuple<S...>> {
+template <typename... I, typename... S>
+struct RowSignaturesWith<std::tuple<I...>, std::tuple<S...>> {
   using Forward = at::Tensor(
-      const at::Tensor&, const at::Tensor&, const std::optional<at::Tensor>&, int64_t, S..., int64_t);
+      const at::Tensor&, const at::Tensor&, I..., const std::optional<at::Tensor>&, int64_t, S..., int64_t);
   using WithGrads = std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor>(
-      const at::Tensor&, const at::Tensor&, const std::optional<at::Tensor>&, int64_t, S..., int64_t,
+      const at::Tensor&, const at::Tensor&, I..., const std::optional<at::Tensor>&, int64_t, S..., int64_t,
       std::array<bool, 2>);
   using Backward = std::tuple<at::Tensor, at::Tensor>(
-      const at::Tensor&, const at::Tensor&, const at::Tensor&, const std::optional<at::Tensor>&, int64_t, S...,
-      int64_t, std::array<bool, 2>);
+      const at::Tensor&, const at::Tensor&, const at::Tensor&, I..., const std::optional<at::Tensor>&, int64_t,
+      S..., int64_t, std::array<bool, 2>);
 };
 
 template <typename Loss>
-using RowSignatures = RowSignaturesWith<RowScalarTypes<Loss>>;
+using RowSignatures = RowSignaturesWith<RowInputTypes<Loss>, RowScalarTypes<Loss>>;
 
 namespace ops {
 

@@ -44,8 +44,8 @@ inline std::string backward_out_schema(const LossDecl& d) {
 }
 
 // A row loss's ops (LossKind::Rows, losses.h's RowArgs):
-//   <forward>(Tensor <logits>, Tensor <logits>, Tensor? <labels>=None, int reduction=1, <its scalars>=<default>...,
-//             int <index>=<default>) -> Tensor
+//   <forward>(Tensor <logits>, Tensor <logits>, <its inputs>..., Tensor? <labels>=None, int reduction=1,
+//             <its scalars>=<default>..., int <index>=<default>) -> Tensor
 //   <backward>(Tensor grad_output, <the forward's arguments, no defaults>, bool[2] output_mask) -> (Tensor, Tensor)
 //   <with_grads>(<the forward's arguments, no defaults>, bool[2] output_mask) -> (Tensor, Tensor, Tensor, Tensor)
 //     (the value, the two gradients, the row scales: checks.h, scales_rows)
@@ -63,8 +63,13 @@ inline std::string row_scalar_params(const RowArgs& r, bool defaults) {
 }
 
 inline std::string row_params(const RowArgs& r, bool defaults) {
-  return std::string("Tensor ") + r.logits[0] + ", Tensor " + r.logits[1] + ", Tensor? " + r.labels +
-      (defaults ? "=None" : "") + ", int reduction" + (defaults ? "=1" : "") + row_scalar_params(r, defaults);
+  std::string params = std::string("Tensor ") + r.logits[0] + ", Tensor " + r.logits[1];
+  for (int i = 0; i < row_input_count(r); ++i) {
+    const RowInput& in = r.inputs[i];
+    params += std::string(in.optional ? ", Tensor? " : ", Tensor ") + in.name + (in.optional && defaults ? "=None" : "");
+  }
+  return params + ", Tensor? " + r.labels + (defaults ? "=None" : "") + ", int reduction" + (defaults ? "=1" : "") +
+      row_scalar_params(r, defaults);
 }
 }  // namespace detail
 

@@ -223,9 +223,8 @@ struct CpuLinearStep {
     return {[](const at::Tensor& student, const at::Tensor& teacher, const std::optional<at::Tensor>& labels,
                const DeclaredScalars& scalars, int64_t ignore_index, std::array<bool, 2> mask,
                composite::RowExtras* extras) {
-              const RowSpec spec = row_with_grads_spec<int64_t>(
-                  Loss::decl, student, teacher, labels, kSum, scalars.values);
-              const RowCall call{student, teacher, labels, kSum, scalars, ignore_index};
+              const RowCall call{student, teacher, {}, labels, kSum, scalars, ignore_index};
+              const RowSpec spec = row_with_grads_spec<int64_t>(Loss::decl, call);
               return cpu::forward({call, spec, row_index<Loss>()}, mask, /*over_logits=*/true, extras);
             },
             /*in_place=*/true, /*scratch_bytes=*/0, /*fuses=*/true, chunk_resources()};

@@ -401,7 +401,7 @@ struct NpuLinearStep {
     return {[](const at::Tensor& student, const at::Tensor& teacher, const std::optional<at::Tensor>& labels,
                const DeclaredScalars& scalars, int64_t ignore_index, std::array<bool, 2> mask,
                composite::RowExtras*) -> std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> {
-              const RowCall c{student, teacher, labels, kSum, scalars, ignore_index};
+              const RowCall c{student, teacher, {}, labels, kSum, scalars, ignore_index};
               const c10::OptionalDeviceGuard guard(at::device_of(student));
               const bool grads = mask[0] || mask[1];
               if (student.numel() > 0 && (grads ? on_aclnn<Loss, true>(c) : on_aclnn<Loss, false>(c))) {

@@ -109,22 +109,26 @@ def bits_worker() -> None:
         return hashlib.sha1(data.view(torch.uint8).numpy().tobytes() if data.numel() else b"").hexdigest()[:16]
 
     ops = torch.ops.npu_loss
+    declared = {a.name: a.default_value for a in ops.generalized_jsd_loss.default._schema.arguments[4:]}
     out: dict[str, list[str]] = {}
     pairs = [(torch.float32,) * 2, (torch.bfloat16,) * 2, (torch.float16,) * 2, (torch.float64,) * 2,
              (torch.float32, torch.bfloat16), (torch.float16, torch.float64)]
     for (ds, dt), v, (beta, temp) in itertools.product(
             pairs, [7, 1001, 4099], [(0.0, 1.0), (1.0, 1.0), (0.5, 1.0), (0.3, 2.0), (0.9, 0.7)]):
         g = torch.Generator().manual_seed(v)
+        # By name, the rest of the scalars a build declares at their forward's defaults: the same call on either
+        # build.
+        scalars = {**declared, "beta": beta, "temperature": temp, "ignore_index": -100}
         s, t = (torch.randn(5, v, generator=g) * 3).to(ds), (torch.randn(5, v, generator=g) * 3).to(dt)
         for red, lab, strided in itertools.product([0, 1, 2], [None, torch.tensor([1, -100, 3, 0, -100])],
                                                    [False, True]):
             ss = torch.cat([s, s], 1)[:, ::2] if strided else s
             grads: tuple[torch.Tensor | None, ...] = (None,) * 4
             if red:
-                grads = ops._generalized_jsd_loss_and_grads(ss, t, lab, red, beta, temp, -100, [True, True])
-            f = ops.generalized_jsd_loss(ss, t, lab, red, beta, temp, -100)
+                grads = ops._generalized_jsd_loss_and_grads(ss, t, lab, red, **scalars, output_mask=[True, True])
+            f = ops.generalized_jsd_loss(ss, t, lab, red, **scalars)
             go = torch.rand(f.shape, generator=g).to(f.dtype) if red == 0 else torch.tensor(0.7, dtype=f.dtype)
-            back = ops.generalized_jsd_loss_backward(go, ss, t, lab, red, beta, temp, -100, [True, True])
+            back = ops.generalized_jsd_loss_backward(go, ss, t, lab, red, **scalars, output_mask=[True, True])
             key = f"jsd/{ds}/{dt}/{v}/{beta}/{temp}/{red}/{lab is not None}/{strided}"
             out[key] = [digest(x) for x in (*grads, f, *back)]
     for dtype, (beta, temp, hard) in itertools.product(

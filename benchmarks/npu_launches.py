@@ -175,7 +175,7 @@ def measure(baselines: bool = True) -> dict:
         labels = torch.arange(rows).remainder(7)
         labels[::4] = -100
         labels = labels.to(dev)
-        args = (s, t, labels, 2, beta, 1.0, -100)
+        args = (s, t, labels, 2, beta, 1.0, 1.0, 1.0, None, None, -100)
         packet = {"forward": torch.ops.npu_loss.generalized_jsd_loss,
                   "forward with gradients": torch.ops.npu_loss._generalized_jsd_loss_and_grads,
                   "backward": torch.ops.npu_loss.generalized_jsd_loss_backward}[op].default

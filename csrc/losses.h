@@ -33,17 +33,21 @@ enum class LossKind : uint8_t {
 
 // A scalar argument: an elementwise loss's one after `reduction`, if any (smooth L1's beta, Huber's delta,
 // KL's log_target), or one of a row loss's (RowArgs).
-enum class ScalarKind : uint8_t { None, Float, Bool, Int };
+enum class ScalarKind : uint8_t { None, Float, Bool, Int, OptionalFloat /* float or None (a row loss's) */ };
 
-// What the checks require of a float scalar (NaN fails every rule but Any).
+// What the checks require of a float scalar, or of an optional one that is given (NaN fails every rule but Any).
 enum class ScalarRule : uint8_t { Any, NonNegative, Positive, UnitInterval };
 
 // What a row loss's frames (the checks, the chunks, the chip paths) read of one of its scalars; the member's
 // own math reads the rest, by name (row_scalar).
 enum class ScalarRole : uint8_t {
-  Own,          // the member's math alone
-  Beta,         // the family's beta: KL at 0 and 1, the mixture between (the chip paths' beta classes)
-  Temperature,  // every logit is divided by it
+  Own,             // the member's math alone
+  Beta,            // the family's beta: KL at 0 and 1, the mixture between (the chip paths' beta classes)
+  Temperature,     // every logit is divided by it
+  StudentScale,    // the logit transform (TRL's order: the scale, the softcap, then the temperature): the
+  TeacherScale,    //   student's or the teacher's logits times it
+  StudentSoftcap,  //   an optional float: c * tanh(z / c) of the scaled logits, where given
+  TeacherSoftcap,
 };
 
 struct ScalarArg {
@@ -170,9 +174,10 @@ constexpr int row_scalar_of(const RowArgs& r, ScalarRole role) {
 
 // One scalar's value, of the kind its declaration says (the field of that kind is the one set).
 struct ScalarValue {
-  double real = 0;      // ScalarKind::Float
+  double real = 0;      // ScalarKind::Float, OptionalFloat
   int64_t integer = 0;  // ScalarKind::Int
   bool flag = false;    // ScalarKind::Bool
+  bool absent = false;  // ScalarKind::OptionalFloat: None
 };
 
 // A call's values of a row loss's scalars, by their position in its declaration.
@@ -368,7 +373,15 @@ struct GeneralizedJsd {
                .labels = "labels",
                .scalars = {{ScalarKind::Float, "beta", "0.5", false, ScalarRule::UnitInterval, ScalarRole::Beta},
                            {ScalarKind::Float, "temperature", "1.0", false, ScalarRule::Positive,
-                            ScalarRole::Temperature}},
+                            ScalarRole::Temperature},
+                           {ScalarKind::Float, "student_logit_scale", "1.0", false, ScalarRule::Positive,
+                            ScalarRole::StudentScale},
+                           {ScalarKind::Float, "teacher_logit_scale", "1.0", false, ScalarRule::Positive,
+                            ScalarRole::TeacherScale},
+                           {ScalarKind::OptionalFloat, "student_softcap", "None", false, ScalarRule::Positive,
+                            ScalarRole::StudentSoftcap},
+                           {ScalarKind::OptionalFloat, "teacher_softcap", "None", false, ScalarRule::Positive,
+                            ScalarRole::TeacherSoftcap}},
                .index = {ScalarKind::Int, "ignore_index", "-100"}},
       .with_grads = "_generalized_jsd_loss_and_grads",
       // Liger-Kernel's LigerFusedLinearJSDLoss, with TRL's weights as the defaults (Liger's own are 0.5 / 0.5).

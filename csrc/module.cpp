@@ -164,6 +164,10 @@ npu_loss::RowScalars row_scalars_of(const char* op, const npu_loss::RowArgs& r, 
     if (kind == ScalarKind::Float) scalars[i].real = values[i].cast<double>();
     if (kind == ScalarKind::Int) scalars[i].integer = values[i].cast<int64_t>();
     if (kind == ScalarKind::Bool) scalars[i].flag = values[i].cast<bool>();
+    if (kind == ScalarKind::OptionalFloat) {
+      scalars[i].absent = values[i].is_none();
+      if (!scalars[i].absent) scalars[i].real = values[i].cast<double>();
+    }
   }
   return scalars;
 }

@@ -460,14 +460,20 @@ def generalized_jsd_loss(
     num_items_in_batch: int | float | Tensor | None = None,
     *,
     ignore_index: int = -100,
+    student_logit_scale: float = 1.0,
+    teacher_logit_scale: float = 1.0,
+    student_softcap: float | None = None,
+    teacher_softcap: float | None = None,
 ) -> Tensor:
     """The generalized Jensen-Shannon divergence of the GKD paper between the student's and the teacher's
     distributions over a vocabulary, row by row: TRL's ``GKDTrainer.generalized_jsd_loss`` (trl 1.16), to the
     letter, with its signature plus the keyword ``ignore_index``. ``GKDTrainer.generalized_jsd_loss =
     staticmethod(npu_loss_ops.generalized_jsd_loss)`` switches a trainer to it.
 
-    With ``s = log_softmax(student_logits / temperature)`` and ``t = log_softmax(teacher_logits / temperature)``
-    over the last dimension, elementwise::
+    With ``s = log_softmax(x_s / temperature)`` and ``t = log_softmax(x_t / temperature)`` over the last
+    dimension, where each side's ``x`` is its logits transformed in TRL's order (``DistillationTrainer``): times
+    its ``*_logit_scale``, then ``softcap * tanh(x / softcap)`` where a ``*_softcap`` is given (both at their
+    defaults: the logits themselves), elementwise::
 
         beta == 0:  KL(teacher || student) = exp(t) * (t - s)
         beta == 1:  KL(student || teacher) = exp(s) * (s - t)
@@ -495,9 +501,15 @@ def generalized_jsd_loss(
             whatever ``reduction`` says (a number or CPU tensor of at most 0 is a ``ValueError``; a tensor on
             another device is not read, which would wait for it). Default: ``None``
         ignore_index (int): the label of the rows left out. Default: ``-100``
+        student_logit_scale, teacher_logit_scale (float): ``> 0``; each side's logits are multiplied by it first
+            (a model's ``logit_scale``, ``1 / logits_scaling``, ``lm_head_multiplier``). Default: ``1.0``
+        student_softcap, teacher_softcap (float, optional): ``> 0``; the scaled logits become
+            ``softcap * tanh(x / softcap)`` (Gemma's ``final_logit_softcapping``), the gradients through the
+            tanh. Default: ``None`` (no softcap)
 
     Raises:
-        ValueError: ``beta``, ``temperature``, ``reduction`` or ``num_items_in_batch`` as above.
+        ValueError: ``beta``, ``temperature``, a scale, a softcap, ``reduction`` or ``num_items_in_batch`` as
+            above.
         TypeError: a logits dtype outside the list, or ``labels`` not of an integer dtype.
         RuntimeError: the logits' shapes differ (vocabularies of different sizes included), ``labels``' shape
             is not their leading shape, or the tensors are on different devices.
@@ -505,19 +517,26 @@ def generalized_jsd_loss(
     if has_torch_function_variadic(student_logits, teacher_logits, labels):
         return _overridden(generalized_jsd_loss, (student_logits, teacher_logits, labels), student_logits,
                            teacher_logits, labels, beta=beta, temperature=temperature, reduction=reduction,
-                           num_items_in_batch=num_items_in_batch, ignore_index=ignore_index)
+                           num_items_in_batch=num_items_in_batch, ignore_index=ignore_index,
+                           student_logit_scale=student_logit_scale, teacher_logit_scale=teacher_logit_scale,
+                           student_softcap=student_softcap, teacher_softcap=teacher_softcap)
     if not torch.compiler.is_compiling():
         if not isinstance(reduction, str):
             raise TypeError(f"generalized_jsd_loss: reduction must be a str, got {reduction!r} "
                             f"({type(reduction).__name__})")
-        _scalars.check("generalized_jsd_loss", beta=beta, temperature=temperature, ignore_index=ignore_index)
+        _scalars.check("generalized_jsd_loss", beta=beta, temperature=temperature, ignore_index=ignore_index,
+                       student_logit_scale=student_logit_scale, teacher_logit_scale=teacher_logit_scale,
+                       student_softcap=student_softcap, teacher_softcap=teacher_softcap)
         _dtensor.check_vocabulary_split("generalized_jsd_loss", logits=(("student_logits", student_logits),
                                                                          ("teacher_logits", teacher_logits)))
     _family_reduction("generalized_jsd_loss", reduction)
     op = torch.ops.npu_loss.generalized_jsd_loss
+    # The op's scalars after the reduction, in its schema's order (csrc/losses.h).
+    scalars = (beta, temperature, student_logit_scale, teacher_logit_scale, student_softcap, teacher_softcap,
+               ignore_index)
     if num_items_in_batch is not None:
         _check_num_items(num_items_in_batch, student_logits)
-        total: Tensor = op(student_logits, teacher_logits, labels, 2, beta, temperature, ignore_index)
+        total: Tensor = op(student_logits, teacher_logits, labels, 2, *scalars)
         if isinstance(num_items_in_batch, Tensor):
             num_items_in_batch = num_items_in_batch.to(total.device)
         return total / num_items_in_batch
@@ -528,12 +547,11 @@ def generalized_jsd_loss(
             "of rows kept depends on the labels' values); pass labels=None and multiply the (..., V) result by "
             "(labels != ignore_index).unsqueeze(-1)")
     if reduction == "sum" or reduction == "none":
-        loss: Tensor = op(student_logits, teacher_logits, labels, _reduction_enum(reduction), beta, temperature,
-                          ignore_index)
+        loss: Tensor = op(student_logits, teacher_logits, labels, _reduction_enum(reduction), *scalars)
         return loss
     # 'batchmean' and 'mean' divide the sum by a count of the kept rows (a tensor op, so that sharded logits
     # divide by the whole count, docs/usage.md, "Distributed training").
-    total = op(student_logits, teacher_logits, labels, 2, beta, temperature, ignore_index)
+    total = op(student_logits, teacher_logits, labels, 2, *scalars)
     if reduction == "batchmean":
         if labels is None:
             return total / max(student_logits.size(0), 1)
@@ -565,6 +583,10 @@ def fused_linear_jsd_loss(
     weight_soft_loss: float = 1.0,
     chunk_size: int | None = None,
     return_soft_hard_loss: bool = False,
+    student_logit_scale: float = 1.0,
+    teacher_logit_scale: float = 1.0,
+    student_softcap: float | None = None,
+    teacher_softcap: float | None = None,
 ) -> Tensor | tuple[Tensor, Tensor, Tensor]:
     """The generalized JSD between a student's and a teacher's distributions, from their hidden states and
     ``lm_head`` weights, without making the N x V logits (docs/semantics.md, "The fused linear JSD")::
@@ -574,8 +596,10 @@ def fused_linear_jsd_loss(
                                                 labels, beta, temperature, reduction, ignore_index=ignore_index)
         + weight_hard_loss * cross_entropy(student_input @ student_weight.T + student_bias, labels)
 
-    The rows are taken in chunks; each chunk's logits are made, used for the loss and every gradient, and
-    overwritten by the next chunk's. The cross entropy (the hard loss) is on the untempered student logits,
+    Each side's logits are transformed first, as ``generalized_jsd_loss`` does (``*_logit_scale``, then
+    ``*_softcap``; the hard loss sees the student's transformed logits, untempered). The rows are taken in
+    chunks; each chunk's logits are made, used for the loss and every gradient, and overwritten by the next
+    chunk's. The cross entropy (the hard loss) is on the untempered student logits,
     summed for ``'sum'`` and otherwise divided by the kept tokens clamped to at least 1, as Liger-Kernel's
     ``LigerFusedLinearJSDLoss`` does: under ``'mean'`` the JSD is divided by K * V (the kept elements) but the
     cross entropy by K.
@@ -603,6 +627,9 @@ def fused_linear_jsd_loss(
             gradient and torch makes the products, the teacher's logits then made in halves of the chunk
             (docs/semantics.md).
         return_soft_hard_loss (bool): also return the two parts, unweighted (as Liger does), not differentiable.
+        student_logit_scale, teacher_logit_scale, student_softcap, teacher_softcap: the logit transform, as
+            ``generalized_jsd_loss`` takes it. A softcap on a side whose gradient is made keeps one chunk of its
+            slope, so its chunks take fewer rows.
             Without labels the hard part is 0.
 
     Returns:
@@ -622,12 +649,15 @@ def fused_linear_jsd_loss(
         _scalars.check("fused_linear_jsd_loss", reduction=reduction, beta=beta, temperature=temperature,
                        ignore_index=ignore_index, weight_hard_loss=weight_hard_loss,
                        weight_soft_loss=weight_soft_loss, chunk_size=chunk_size,
-                       return_soft_hard_loss=return_soft_hard_loss)
+                       return_soft_hard_loss=return_soft_hard_loss, student_logit_scale=student_logit_scale,
+                       teacher_logit_scale=teacher_logit_scale, student_softcap=student_softcap,
+                       teacher_softcap=teacher_softcap)
         _dtensor.check_vocabulary_split("fused_linear_jsd_loss", weights=(("student_weight", student_weight),
                                                                            ("teacher_weight", teacher_weight)))
     results: tuple[Tensor, Tensor, Tensor] = torch.ops.npu_loss.fused_linear_jsd_loss(
         student_input, student_weight, teacher_input, teacher_weight, labels, student_bias, teacher_bias, reduction,
-        beta, temperature, ignore_index, weight_hard_loss, weight_soft_loss, chunk_size, return_soft_hard_loss)
+        beta, temperature, student_logit_scale, teacher_logit_scale, student_softcap, teacher_softcap, ignore_index,
+        weight_hard_loss, weight_soft_loss, chunk_size, return_soft_hard_loss)
     loss, soft, hard = results
     if return_soft_hard_loss:
         return loss, soft, hard

@@ -6,6 +6,8 @@ Drop-ins for :class:`torch.nn.SmoothL1Loss`, :class:`torch.nn.HuberLoss`, :class
 :mod:`npu_loss_ops.functional`. They compile with ``torch.jit.script``, alone or inside a model.
 :class:`JSDLoss` is the distillation loss :func:`npu_loss_ops.functional.generalized_jsd_loss` as a module.
 """
+from typing import TypedDict
+
 import torch
 from torch import Tensor
 from torch.nn import Module
@@ -264,6 +266,29 @@ def _meta(*shape: int, dtype: torch.dtype = torch.float32) -> Tensor:
     return torch.empty(shape, dtype=dtype, device="meta")
 
 
+# The logit transform's keywords, as both modules keep and pass them (functional.generalized_jsd_loss).
+_TRANSFORM = ("student_logit_scale", "teacher_logit_scale", "student_softcap", "teacher_softcap")
+_IDENTITY = (1.0, 1.0, None, None)
+
+
+class _Transform(TypedDict):
+    student_logit_scale: float
+    teacher_logit_scale: float
+    student_softcap: float | None
+    teacher_softcap: float | None
+
+
+def _transform_of(module: "JSDLoss | FusedLinearJSDLoss") -> _Transform:
+    return _Transform(student_logit_scale=module.student_logit_scale, teacher_logit_scale=module.teacher_logit_scale,
+                      student_softcap=module.student_softcap, teacher_softcap=module.teacher_softcap)
+
+
+def _transform_repr(module: "JSDLoss | FusedLinearJSDLoss") -> str:
+    """The transform's keywords that differ from their defaults, for extra_repr."""
+    return "".join(f", {name}={getattr(module, name)}" for name, default in zip(_TRANSFORM, _IDENTITY)
+                   if getattr(module, name) != default)
+
+
 class JSDLoss(Module):
     """The generalized Jensen-Shannon divergence between a student's and a teacher's logits:
     :func:`npu_loss_ops.functional.generalized_jsd_loss` (TRL's ``GKDTrainer.generalized_jsd_loss``) as a
@@ -274,36 +299,47 @@ class JSDLoss(Module):
         temperature (float): ``> 0``. Default: ``1.0``
         ignore_index (int): the label of the rows left out. Default: ``-100``
         reduction (str): ``'batchmean'``, ``'sum'``, ``'mean'`` or ``'none'``. Default: ``'batchmean'``
+        student_logit_scale, teacher_logit_scale (float): ``> 0``, each side's logits times it. Default: ``1.0``
+        student_softcap, teacher_softcap (float, optional): ``> 0``, each side's softcap after its scale.
+            Default: ``None``
 
     Raises:
         TypeError, ValueError: at construction, as the function raises them for the same arguments (it checks them,
             on meta tensors): a scalar of another type (a str, None or a bool where a number is expected), a
-            ``beta`` outside ``[0, 1]``, a ``temperature`` that is not ``> 0`` or an unknown ``reduction``.
+            ``beta`` outside ``[0, 1]``, a ``temperature``, scale or softcap that is not ``> 0`` or an unknown
+            ``reduction``.
 
     Called as ``loss(student_logits, teacher_logits, labels=None, num_items_in_batch=None)``.
     """
 
     def __init__(self, beta: float = 0.5, temperature: float = 1.0, ignore_index: int = -100,
-                 reduction: str = "batchmean") -> None:
+                 reduction: str = "batchmean", *, student_logit_scale: float = 1.0, teacher_logit_scale: float = 1.0,
+                 student_softcap: float | None = None, teacher_softcap: float | None = None) -> None:
         super().__init__()
         # The function's own checks (types, then the op's declared ranges), on meta tensors: nothing is computed.
         functional.generalized_jsd_loss(_meta(1, 1), _meta(1, 1), None, beta, temperature, reduction,
-                                        ignore_index=ignore_index)
+                                        ignore_index=ignore_index, student_logit_scale=student_logit_scale,
+                                        teacher_logit_scale=teacher_logit_scale, student_softcap=student_softcap,
+                                        teacher_softcap=teacher_softcap)
         self.beta = beta
         self.temperature = temperature
         self.ignore_index = ignore_index
         self.reduction = reduction
+        self.student_logit_scale = student_logit_scale
+        self.teacher_logit_scale = teacher_logit_scale
+        self.student_softcap = student_softcap
+        self.teacher_softcap = teacher_softcap
 
     def forward(self, student_logits: Tensor, teacher_logits: Tensor, labels: Tensor | None = None,
                 num_items_in_batch: int | float | Tensor | None = None) -> Tensor:
         """The loss of the student's logits against the teacher's."""
         return functional.generalized_jsd_loss(
             student_logits, teacher_logits, labels, self.beta, self.temperature, self.reduction, num_items_in_batch,
-            ignore_index=self.ignore_index)
+            ignore_index=self.ignore_index, **_transform_of(self))
 
     def extra_repr(self) -> str:
         return (f"beta={self.beta}, temperature={self.temperature}, ignore_index={self.ignore_index}, "
-                f"reduction={self.reduction!r}")
+                f"reduction={self.reduction!r}{_transform_repr(self)}")
 
 
 
@@ -321,6 +357,8 @@ class FusedLinearJSDLoss(Module):
         weight_hard_loss (float): the cross entropy's weight, ``>= 0``. Default: ``0.0``
         weight_soft_loss (float): the JSD's weight, ``>= 0``. Default: ``1.0``
         chunk_size (int, optional): rows per chunk; ``None`` sizes it by bytes. Default: ``None``
+        student_logit_scale, teacher_logit_scale, student_softcap, teacher_softcap: the logit transform, keyword
+            only, as :class:`JSDLoss` takes it.
 
     Raises:
         TypeError, ValueError: at construction, as the function raises them for the same arguments (it checks them,
@@ -334,13 +372,19 @@ class FusedLinearJSDLoss(Module):
 
     def __init__(self, beta: float = 0.5, temperature: float = 1.0, ignore_index: int = -100,
                  reduction: str = "batchmean", weight_hard_loss: float = 0.0, weight_soft_loss: float = 1.0,
-                 chunk_size: int | None = None) -> None:
+                 chunk_size: int | None = None, *, student_logit_scale: float = 1.0, teacher_logit_scale: float = 1.0,
+                 student_softcap: float | None = None, teacher_softcap: float | None = None) -> None:
         super().__init__()
         # The function's own checks, on meta tensors (labels given: a hard loss needs them).
         functional.fused_linear_jsd_loss(
             _meta(1, 1), _meta(1, 1), _meta(1, 1), _meta(1, 1), _meta(1, dtype=torch.long), beta=beta,
             temperature=temperature, ignore_index=ignore_index, reduction=reduction, weight_hard_loss=weight_hard_loss,
-            weight_soft_loss=weight_soft_loss, chunk_size=chunk_size)
+            weight_soft_loss=weight_soft_loss, chunk_size=chunk_size, student_logit_scale=student_logit_scale,
+            teacher_logit_scale=teacher_logit_scale, student_softcap=student_softcap, teacher_softcap=teacher_softcap)
+        self.student_logit_scale = student_logit_scale
+        self.teacher_logit_scale = teacher_logit_scale
+        self.student_softcap = student_softcap
+        self.teacher_softcap = teacher_softcap
         self.beta = beta
         self.temperature = temperature
         self.ignore_index = ignore_index
@@ -357,11 +401,11 @@ class FusedLinearJSDLoss(Module):
             student_input, student_weight, teacher_input, teacher_weight, labels, student_bias=student_bias,
             teacher_bias=teacher_bias, beta=self.beta, temperature=self.temperature, ignore_index=self.ignore_index,
             reduction=self.reduction, weight_hard_loss=self.weight_hard_loss, weight_soft_loss=self.weight_soft_loss,
-            chunk_size=self.chunk_size)
+            chunk_size=self.chunk_size, **_transform_of(self))
         assert isinstance(loss, Tensor)
         return loss
 
     def extra_repr(self) -> str:
         return (f"beta={self.beta}, temperature={self.temperature}, ignore_index={self.ignore_index}, "
                 f"reduction={self.reduction!r}, weight_hard_loss={self.weight_hard_loss}, "
-                f"weight_soft_loss={self.weight_soft_loss}, chunk_size={self.chunk_size}")
+                f"weight_soft_loss={self.weight_soft_loss}, chunk_size={self.chunk_size}{_transform_repr(self)}")

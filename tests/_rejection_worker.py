@@ -72,7 +72,7 @@ def _jsd(seed, beta, op, reduction, mask=(True, True), dtype=torch.float32, temp
     labels = torch.tensor([1, -100, 2, 3, -100, 0])
 
     def run(dev):
-        args = (s.to(dev), t.to(dev), labels.to(dev), reduction, beta, temperature, -100)
+        args = (s.to(dev), t.to(dev), labels.to(dev), reduction, beta, temperature, 1.0, 1.0, None, None, -100)
         if op == "forward":
             return [ops.generalized_jsd_loss(*args)]
         if op == "backward":

@@ -334,7 +334,7 @@ OP_REDUCTIONS = {"none": 0, "mean": 1, "sum": 2}
 def _composite_results(op_reduction, student, teacher, labels, beta, temperature, grad_output=None):
     """The value and both gradients from the composite kernels: the forward op, and the gradients from the
     forward with gradients (row scales applied) when reduced, else from the backward op."""
-    args = (student, teacher, labels, op_reduction, beta, temperature, -100)
+    args = (student, teacher, labels, op_reduction, beta, temperature, 1.0, 1.0, None, None, -100)
     value = ops.generalized_jsd_loss.default._op_dk(COMPOSITE, *args)
     if op_reduction != 0 and grad_output is None:
         again, gs, gt, row_scale = ops._generalized_jsd_loss_and_grads.default._op_dk(COMPOSITE, *args, [True, True])
@@ -382,15 +382,15 @@ def test_dropped_rows_never_reach_a_sum(path):
     kept = labels != -100
     for reduction in (1, 2):
         clean = _op_call(path, ops._generalized_jsd_loss_and_grads, student[kept], teacher[kept], None, reduction,
-                         0.5, 2.0, -100, [True, True])
+                         0.5, 2.0, 1.0, 1.0, None, None, -100, [True, True])
         value, gs, gt, _ = _op_call(path, ops._generalized_jsd_loss_and_grads, bad_s, bad_t, labels, reduction, 0.5,
-                                    2.0, -100, [True, True])
+                                    2.0, 1.0, 1.0, None, None, -100, [True, True])
         torch.testing.assert_close(value, clean[0])
         torch.testing.assert_close(gs[kept], clean[1])
         torch.testing.assert_close(gt[kept], clean[2])
         assert torch.equal(gs[~kept], torch.zeros(2, 9)) and torch.equal(gt[~kept], torch.zeros(2, 9))
     g = torch.randn(2, 9)
-    gs, gt = _op_call(path, ops.generalized_jsd_loss_backward, g, bad_s, bad_t, labels, 0, 0.5, 2.0, -100,
+    gs, gt = _op_call(path, ops.generalized_jsd_loss_backward, g, bad_s, bad_t, labels, 0, 0.5, 2.0, 1.0, 1.0, None, None, -100,
                       [True, True])
     assert torch.isfinite(gs).all() and torch.isfinite(gt).all()
     assert torch.equal(gs[~kept], torch.zeros(2, 9))
@@ -402,7 +402,7 @@ def test_mean_of_no_row(path):
     on both paths alike."""
     student, teacher, _ = _inputs(Case((3, 5), labels="none"))
     labels = torch.full((3,), -100)
-    value, gs, gt, _ = _op_call(path, ops._generalized_jsd_loss_and_grads, student, teacher, labels, 1, 0.5, 1.0, -100,
+    value, gs, gt, _ = _op_call(path, ops._generalized_jsd_loss_and_grads, student, teacher, labels, 1, 0.5, 1.0, 1.0, 1.0, None, None, -100,
                                 [True, True])
     assert value.isnan() and torch.equal(gs, torch.zeros(3, 5)) and torch.equal(gt, torch.zeros(3, 5))
 
@@ -413,7 +413,7 @@ def test_unsigned_labels_compare_as_integers(path):
     student, teacher, _ = _inputs(Case((3, 5), labels="none"))
     for dtype in (torch.uint8, torch.int8, torch.int32):
         labels = torch.tensor([156 if dtype == torch.uint8 else 1, 2, 3], dtype=dtype)
-        got = _op_call(path, ops.generalized_jsd_loss, student, teacher, labels, 0, 0.5, 1.0, -100)
+        got = _op_call(path, ops.generalized_jsd_loss, student, teacher, labels, 0, 0.5, 1.0, 1.0, 1.0, None, None, -100)
         assert got.shape == (3, 5), dtype
 
 
@@ -424,9 +424,9 @@ def test_empty_logits(path):
         s, t = torch.randn(shape), torch.randn(shape)
         labels = torch.zeros(shape[:-1], dtype=torch.long)
         for lab in (None, labels):
-            assert _op_call(path, ops.generalized_jsd_loss, s, t, lab, 0, 0.5, 1.0, -100).numel() == 0
-            assert _op_call(path, ops.generalized_jsd_loss, s, t, lab, 2, 0.5, 1.0, -100).item() == 0
-            value, gs, gt, row_scale = _op_call(path, ops._generalized_jsd_loss_and_grads, s, t, lab, 1, 0.5, 1.0,
+            assert _op_call(path, ops.generalized_jsd_loss, s, t, lab, 0, 0.5, 1.0, 1.0, 1.0, None, None, -100).numel() == 0
+            assert _op_call(path, ops.generalized_jsd_loss, s, t, lab, 2, 0.5, 1.0, 1.0, 1.0, None, None, -100).item() == 0
+            value, gs, gt, row_scale = _op_call(path, ops._generalized_jsd_loss_and_grads, s, t, lab, 1, 0.5, 1.0, 1.0, 1.0, None, None,
                                                 -100, [True, True])
             assert value.isnan() and gs.shape == shape and gt.shape == shape and row_scale.shape == shape[:-1]
 
@@ -438,7 +438,7 @@ def test_grad_output_rows_of_none_with_labels(path):
     for rows in (1, 3):
         with pytest.raises(RuntimeError, match=f"one row per row its labels keep \\(2\\), got {rows}"):
             _op_call(path, ops.generalized_jsd_loss_backward, torch.ones(rows, 7), s, t, torch.tensor([0, -100, 1]),
-                     0, 0.5, 1.0, -100, [True, True])
+                     0, 0.5, 1.0, 1.0, 1.0, None, None, -100, [True, True])
 
 
 @pytest.mark.parametrize("path", PATHS)
@@ -456,7 +456,7 @@ def test_float16_gradients_keep_their_precision_under_loss_scaling(path):
         (npu_loss_ops.generalized_jsd_loss(a, b, reduction="sum") * scale).backward()
         gs, gt = a.grad, b.grad
     else:
-        _, gs, gt, row_scale = _op_call(path, ops._generalized_jsd_loss_and_grads, s, t, None, 2, 0.5, 1.0, -100,
+        _, gs, gt, row_scale = _op_call(path, ops._generalized_jsd_loss_and_grads, s, t, None, 2, 0.5, 1.0, 1.0, 1.0, None, None, -100,
                                         [True, True])
         gs = (gs.float() * row_scale[:, None] * scale).half()
         gt = (gt.float() * row_scale[:, None] * scale).half()
@@ -502,12 +502,12 @@ def _op_samples():
     for reduction in (0, 1, 2):
         for lab in (None, labels):
             yield "generalized_jsd_loss", (s.clone().requires_grad_(), t.clone().requires_grad_(), lab, reduction,
-                                           0.5, 2.0, -100)
+                                           0.5, 2.0, 1.0, 1.0, None, None, -100)
     for reduction in (1, 2):
-        yield "_generalized_jsd_loss_and_grads", (s, t, labels, reduction, 0.5, 2.0, -100, [True, False])
-    yield "generalized_jsd_loss_backward", (torch.randn(3, 9, generator=gen), s, t, labels, 0, 0.5, 2.0, -100,
+        yield "_generalized_jsd_loss_and_grads", (s, t, labels, reduction, 0.5, 2.0, 1.0, 1.0, None, None, -100, [True, False])
+    yield "generalized_jsd_loss_backward", (torch.randn(3, 9, generator=gen), s, t, labels, 0, 0.5, 2.0, 1.0, 1.0, None, None, -100,
                                             [True, True])
-    yield "generalized_jsd_loss_backward", (torch.tensor(2.0), s, t, None, 1, 0.0, 1.0, -100, [False, True])
+    yield "generalized_jsd_loss_backward", (torch.tensor(2.0), s, t, None, 1, 0.0, 1.0, 1.0, 1.0, None, None, -100, [False, True])
 
 
 OP_SAMPLES = list(_op_samples())
@@ -606,7 +606,7 @@ def test_torchscript_calls_the_op():
     student, teacher, labels = _inputs(Case((2, 4, 21)))
 
     def fn(a: torch.Tensor, b: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
-        return torch.ops.npu_loss.generalized_jsd_loss(a, b, labels, 2, 0.5, 2.0, -100)
+        return torch.ops.npu_loss.generalized_jsd_loss(a, b, labels, 2, 0.5, 2.0, 1.0, 1.0, None, None, -100)
 
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", DeprecationWarning)  # torch.jit.script is deprecated in torch 2.13
@@ -837,23 +837,23 @@ def test_bad_input_fake_and_meta(name, kwargs, error, match):
     with FakeTensorMode() as mode:
         fake = [mode.from_tensor(v) if isinstance(v, torch.Tensor) else v for v in call]
         with pytest.raises(error, match=match):
-            ops.generalized_jsd_loss(*fake, -100)
+            ops.generalized_jsd_loss(*fake, ignore_index=-100)
     meta = [v.to("meta") if isinstance(v, torch.Tensor) else v for v in call]
     with pytest.raises(error, match=match):
-        ops.generalized_jsd_loss(*meta, -100)
+        ops.generalized_jsd_loss(*meta, ignore_index=-100)
 
 
 def test_bad_reduction_and_grad_output_of_the_ops():
     """The ops' own integer reduction, and grad_output of the backward op."""
     s, t = torch.randn(3, 7), torch.randn(3, 7)
     with pytest.raises(ValueError, match="reduction must be 0 \\(none\\), 1 \\(mean\\) or 2 \\(sum\\), got 3"):
-        ops.generalized_jsd_loss(s, t, None, 3, 0.5, 1.0, -100)
+        ops.generalized_jsd_loss(s, t, None, 3, 0.5, 1.0, 1.0, 1.0, None, None, -100)
     with pytest.raises(ValueError, match="_generalized_jsd_loss_and_grads: reduction must be 1 \\(mean\\) or 2"):
-        ops._generalized_jsd_loss_and_grads(s, t, None, 0, 0.5, 1.0, -100, [True, True])
+        ops._generalized_jsd_loss_and_grads(s, t, None, 0, 0.5, 1.0, 1.0, 1.0, None, None, -100, [True, True])
     with pytest.raises(RuntimeError, match="grad_output of a reduced loss must be 0-dim"):
-        ops.generalized_jsd_loss_backward(torch.ones(3), s, t, None, 2, 0.5, 1.0, -100, [True, True])
+        ops.generalized_jsd_loss_backward(torch.ones(3), s, t, None, 2, 0.5, 1.0, 1.0, 1.0, None, None, -100, [True, True])
     with pytest.raises(RuntimeError, match="grad_output of 'none' must have the logits' shape"):
-        ops.generalized_jsd_loss_backward(torch.ones(3, 6), s, t, None, 0, 0.5, 1.0, -100, [True, True])
+        ops.generalized_jsd_loss_backward(torch.ones(3, 6), s, t, None, 0, 0.5, 1.0, 1.0, 1.0, None, None, -100, [True, True])
 
 
 # ---- the three ops on the device: every beta class, reduction and labels, against TRL and the CPU kernels ----
@@ -875,7 +875,7 @@ def test_ops_on_device(case, device):
 
     def args(dev):
         return (student.to(dev), teacher.to(dev), None if labels is None else labels.to(dev), red, case.beta,
-                case.temperature, -100)
+                case.temperature, 1.0, 1.0, None, None, -100)
 
     result_dtype = torch.promote_types(*case.dtypes)
     cpu_value = ops.generalized_jsd_loss(*args("cpu"))
@@ -911,7 +911,7 @@ def test_one_gradient_on_device(device, beta, mask):
     """The backward op and the forward with gradients asked for one gradient: that one as with both, and an empty
     tensor for the other."""
     student, teacher, labels = _inputs(Case((4, 17), beta, 1.0, "sum", "some"))
-    args = [student.to(device), teacher.to(device), labels.to(device), 2, beta, 1.0, -100]
+    args = [student.to(device), teacher.to(device), labels.to(device), 2, beta, 1.0, 1.0, 1.0, None, None, -100]
     both = ops.generalized_jsd_loss_backward(torch.tensor(1.5, device=device), *args, [True, True])
     one = ops.generalized_jsd_loss_backward(torch.tensor(1.5, device=device), *args, list(mask))
     kept = 0 if mask[0] else 1
@@ -928,11 +928,11 @@ def test_every_row_dropped_on_device(device):
     labels = torch.full((4,), -100, device=device)
     s, t = student.to(device), teacher.to(device)
     for beta in (0.0, 0.5, 1.0):
-        value, gs, gt, _ = ops._generalized_jsd_loss_and_grads(s, t, labels, 1, beta, 1.0, -100, [True, True])
+        value, gs, gt, _ = ops._generalized_jsd_loss_and_grads(s, t, labels, 1, beta, 1.0, 1.0, 1.0, None, None, -100, [True, True])
         assert value.cpu().isnan() and not gs.cpu().any() and not gt.cpu().any()
-        assert ops.generalized_jsd_loss(s, t, labels, 2, beta, 1.0, -100).item() == 0
-        assert ops.generalized_jsd_loss(s, t, labels, 0, beta, 1.0, -100).shape == (0, 9)
-        gs, gt = ops.generalized_jsd_loss_backward(torch.tensor(2.0, device=device), s, t, labels, 2, beta, 1.0, -100,
+        assert ops.generalized_jsd_loss(s, t, labels, 2, beta, 1.0, 1.0, 1.0, None, None, -100).item() == 0
+        assert ops.generalized_jsd_loss(s, t, labels, 0, beta, 1.0, 1.0, 1.0, None, None, -100).shape == (0, 9)
+        gs, gt = ops.generalized_jsd_loss_backward(torch.tensor(2.0, device=device), s, t, labels, 2, beta, 1.0, 1.0, 1.0, None, None, -100,
                                                    [True, True])
         assert not gs.cpu().any() and not gt.cpu().any()
 
@@ -967,9 +967,9 @@ labels[torch.rand(n, generator=gen) < 0.25] = -100
 ops, composite = torch.ops.npu_loss, torch._C.DispatchKey.CompositeExplicitAutograd
 def composite_call(student, teacher, labels):  # what autograd's forward calls, through the composite kernels
     if mode == "no_grad":
-        return ops.generalized_jsd_loss.default._op_dk(composite, student, teacher, labels, 2, 0.5, 1.0, -100)
+        return ops.generalized_jsd_loss.default._op_dk(composite, student, teacher, labels, 2, 0.5, 1.0, 1.0, 1.0, None, None, -100)
     return ops._generalized_jsd_loss_and_grads.default._op_dk(
-        composite, student, teacher, labels, 2, 0.5, 1.0, -100, [True, mode == "both"])
+        composite, student, teacher, labels, 2, 0.5, 1.0, 1.0, 1.0, None, None, -100, [True, mode == "both"])
 w = torch.randn(4, 64, dtype=dtype, requires_grad=True)  # warm up at a small size
 npu_loss_ops.generalized_jsd_loss(w, w.detach() * 2, None).backward()
 composite_call(w.detach(), w.detach() * 2, None)

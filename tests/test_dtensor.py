@@ -192,7 +192,7 @@ def _run_rows(case: Case, distribute) -> dict[str, object]:
         replicate = "/".join(["R"] * (case.self_placement.count("/") + 1))
         reduction = {"none": 0, "mean": 1, "sum": 2}[case.reduction]
         gs, gt = ops.generalized_jsd_loss_backward(
-            distribute(grad_output, replicate), sd, td, labels_d, reduction, 0.3, 2.0, -100, [True, True])
+            distribute(grad_output, replicate), sd, td, labels_d, reduction, 0.3, 2.0, 1.0, 1.0, None, None, -100, [True, True])
         results.update(value=gs, grad_target=gt)
     return results
 

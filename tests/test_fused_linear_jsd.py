@@ -176,7 +176,7 @@ def test_float16_rows_with_tiny_gradients(reduction):
     x = {k: v.half().requires_grad_(k in ("xs", "ws")) for k, v in t.items()}
     with torch.no_grad():
         row_scale = ops._generalized_jsd_loss_and_grads(
-            x["xs"] @ x["ws"].T, x["xt"] @ x["wt"].T, labels, 2, 0.5, 1.0, -100, [True, False])[3]
+            x["xs"] @ x["ws"].T, x["xt"] @ x["wt"].T, labels, 2, 0.5, 1.0, 1.0, 1.0, None, None, -100, [True, False])[3]
     assert row_scale.min() < 2.0 ** -24  # some rows' scales are below float16's smallest subnormal
     npu_loss_ops.fused_linear_jsd_loss(x["xs"], x["ws"], x["xt"], x["wt"], labels, reduction=reduction,
                                        chunk_size=16).backward()
@@ -287,7 +287,7 @@ def _op_args(mask=(True, True, False, False, True, False), hard=0.5):
     labels[::4] = -100
     for t, want in zip((xs, ws, bs, xt, wt), mask):
         t.requires_grad_(want)
-    return (xs, ws, xt, wt, labels, bs, None, "batchmean", 0.5, 1.0, -100, hard, 1.0, 5, True, list(mask))
+    return (xs, ws, xt, wt, labels, bs, None, "batchmean", 0.5, 1.0, 1.0, 1.0, None, None, -100, hard, 1.0, 5, True, list(mask))
 
 
 @pytest.mark.parametrize("mask", [(True, True, False, False, True, False), (True, True, True, True, True, False),
@@ -523,6 +523,7 @@ wt = (torch.randn(v, 2 * h, generator=gen) / (2 * h) ** 0.5).to(dtype)
 labels = torch.randint(0, v, (n,), generator=gen)
 labels[torch.rand(n, generator=gen) < 0.25] = -100
 hard = 0.5 if mode == "hard" else 0.0
+caps = dict(student_softcap=30.0, teacher_softcap=30.0) if mode == "softcap" else {}
 small = [t[:8].clone() for t in (xs, xt)] + [ws[:64].clone(), wt[:64].clone()]
 for t in small[::2]:
     t.requires_grad_()
@@ -534,7 +535,7 @@ for t in grads:
 gradient_bytes = sum(t.numel() * t.element_size() for t in grads)
 open("/proc/self/clear_refs", "w").write("5")
 before = status("VmRSS:")
-npu_loss_ops.fused_linear_jsd_loss(xs, ws, xt, wt, labels, weight_hard_loss=hard).backward()
+npu_loss_ops.fused_linear_jsd_loss(xs, ws, xt, wt, labels, weight_hard_loss=hard, **caps).backward()
 assert all(t.grad is not None for t in grads)
 peak = (status("VmHWM:") - before - gradient_bytes) / (n * v * xs.element_size())
 native = {torch.bfloat16: "_is_mkldnn_bf16_supported", torch.float16: "_is_mkldnn_fp16_supported"}.get(dtype)
@@ -548,14 +549,16 @@ FUSED_BOUND = 0.25
 FUSED_MEMORY_CASES = [(n, 256, v, dtype, mode) for n, v in ((4096, 32768), (1024, 151936))
                       for dtype in ("float32", "bfloat16", "float16", "bfloat16/blocked")
                       for mode in ("student", "hard", "teacher")]
+# A softcap keeps a chunk of its slope: the chunk takes fewer rows, within the same bound.
+FUSED_MEMORY_CASES += [(4096, 256, 32768, dtype, "softcap") for dtype in ("float32", "bfloat16")]
 
 
 @pytest.mark.parametrize("n,h,v,dtype,mode", FUSED_MEMORY_CASES,
                          ids=[f"{n}x{h}x{v}-{d}-{m}" for n, h, v, d, m in FUSED_MEMORY_CASES])
 def test_memory_bound(n, h, v, dtype, mode):
     """Forward + backward peak at most 0.25 N x V above the inputs, the weights and their gradients: the student's
-    ('student'), with the hard loss ('hard'), and the teacher's too ('teacher'); with torch's own products and with
-    the float32 blocks."""
+    ('student'), with the hard loss ('hard'), the teacher's too ('teacher'), and with both sides softcapped
+    ('softcap'); with torch's own products and with the float32 blocks."""
     if not os.path.exists("/proc/self/clear_refs"):
         pytest.skip("needs Linux's /proc/self/clear_refs")
     dtype, _, products = dtype.partition("/")

@@ -361,7 +361,7 @@ def test_jsd_path_per_chip(npu, op, dtype, beta, mask):
     ops = torch.ops.npu_loss
 
     def run(dev):
-        args = (s.to(dev), t.to(dev), labels.to(dev), 2, beta, 1.5, -100)
+        args = (s.to(dev), t.to(dev), labels.to(dev), 2, beta, 1.5, 1.0, 1.0, None, None, -100)
         if op == "forward":
             return [ops.generalized_jsd_loss(*args)]
         if op == "backward":

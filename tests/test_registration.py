@@ -22,11 +22,11 @@ SCHEMAS = [
     "npu_loss::mse_loss(Tensor self, Tensor target, int reduction=1) -> Tensor",
     "npu_loss::mse_loss_backward(Tensor grad_output, Tensor self, Tensor target, int reduction) -> Tensor",
     "npu_loss::mse_loss_backward.grad_input(Tensor grad_output, Tensor self, Tensor target, int reduction, *, Tensor(a!) grad_input) -> Tensor(a!)",
-    "npu_loss::generalized_jsd_loss(Tensor student_logits, Tensor teacher_logits, Tensor? labels=None, int reduction=1, float beta=0.5, float temperature=1., int ignore_index=-100) -> Tensor",
-    "npu_loss::generalized_jsd_loss_backward(Tensor grad_output, Tensor student_logits, Tensor teacher_logits, Tensor? labels, int reduction, float beta, float temperature, int ignore_index, bool[2] output_mask) -> (Tensor, Tensor)",
-    "npu_loss::_generalized_jsd_loss_and_grads(Tensor student_logits, Tensor teacher_logits, Tensor? labels, int reduction, float beta, float temperature, int ignore_index, bool[2] output_mask) -> (Tensor, Tensor, Tensor, Tensor)",
-    "npu_loss::fused_linear_jsd_loss(Tensor student_input, Tensor student_weight, Tensor teacher_input, Tensor teacher_weight, Tensor? labels=None, Tensor? student_bias=None, Tensor? teacher_bias=None, str reduction=\"batchmean\", float beta=0.5, float temperature=1., int ignore_index=-100, float weight_hard_loss=0., float weight_soft_loss=1., int? chunk_size=None, bool return_soft_hard_loss=False) -> (Tensor, Tensor, Tensor)",
-    "npu_loss::_fused_linear_jsd_loss_and_grads(Tensor student_input, Tensor student_weight, Tensor teacher_input, Tensor teacher_weight, Tensor? labels, Tensor? student_bias, Tensor? teacher_bias, str reduction, float beta, float temperature, int ignore_index, float weight_hard_loss, float weight_soft_loss, int? chunk_size, bool return_soft_hard_loss, bool[6] output_mask) -> (Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor)",
+    "npu_loss::generalized_jsd_loss(Tensor student_logits, Tensor teacher_logits, Tensor? labels=None, int reduction=1, float beta=0.5, float temperature=1., float student_logit_scale=1., float teacher_logit_scale=1., float? student_softcap=None, float? teacher_softcap=None, int ignore_index=-100) -> Tensor",
+    "npu_loss::generalized_jsd_loss_backward(Tensor grad_output, Tensor student_logits, Tensor teacher_logits, Tensor? labels, int reduction, float beta, float temperature, float student_logit_scale, float teacher_logit_scale, float? student_softcap, float? teacher_softcap, int ignore_index, bool[2] output_mask) -> (Tensor, Tensor)",
+    "npu_loss::_generalized_jsd_loss_and_grads(Tensor student_logits, Tensor teacher_logits, Tensor? labels, int reduction, float beta, float temperature, float student_logit_scale, float teacher_logit_scale, float? student_softcap, float? teacher_softcap, int ignore_index, bool[2] output_mask) -> (Tensor, Tensor, Tensor, Tensor)",
+    "npu_loss::fused_linear_jsd_loss(Tensor student_input, Tensor student_weight, Tensor teacher_input, Tensor teacher_weight, Tensor? labels=None, Tensor? student_bias=None, Tensor? teacher_bias=None, str reduction=\"batchmean\", float beta=0.5, float temperature=1., float student_logit_scale=1., float teacher_logit_scale=1., float? student_softcap=None, float? teacher_softcap=None, int ignore_index=-100, float weight_hard_loss=0., float weight_soft_loss=1., int? chunk_size=None, bool return_soft_hard_loss=False) -> (Tensor, Tensor, Tensor)",
+    "npu_loss::_fused_linear_jsd_loss_and_grads(Tensor student_input, Tensor student_weight, Tensor teacher_input, Tensor teacher_weight, Tensor? labels, Tensor? student_bias, Tensor? teacher_bias, str reduction, float beta, float temperature, float student_logit_scale, float teacher_logit_scale, float? student_softcap, float? teacher_softcap, int ignore_index, float weight_hard_loss, float weight_soft_loss, int? chunk_size, bool return_soft_hard_loss, bool[6] output_mask) -> (Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor)",
 ]
 
 
@@ -158,14 +158,14 @@ def test_fake_tensors_run_the_cpp_meta_kernels_on_symbolic_sizes():
             "mse_loss": ops.mse_loss(x, t, 0),
             "mse_loss_backward": ops.mse_loss_backward(g, x, t, 0),
             "mse_loss_backward.grad_input": ops.mse_loss_backward.grad_input(g, x, t, 0, grad_input=torch.empty_like(x)),
-            "generalized_jsd_loss": ops.generalized_jsd_loss(x, t, None, 0, 0.5, 1.0, -100),
+            "generalized_jsd_loss": ops.generalized_jsd_loss(x, t, None, 0, 0.5, 1.0, 1.0, 1.0, None, None, -100),
             "generalized_jsd_loss_backward": ops.generalized_jsd_loss_backward(
-                g, x, t, None, 0, 0.5, 1.0, -100, [True, True])[1],
+                g, x, t, None, 0, 0.5, 1.0, 1.0, 1.0, None, None, -100, [True, True])[1],
             "_generalized_jsd_loss_and_grads": ops._generalized_jsd_loss_and_grads(
-                x, t, None, 2, 0.5, 1.0, -100, [True, True])[2],
+                x, t, None, 2, 0.5, 1.0, 1.0, 1.0, None, None, -100, [True, True])[2],
             # the student's input gradient: (n, 4), as the input
             "_fused_linear_jsd_loss_and_grads": ops._fused_linear_jsd_loss_and_grads(
-                x, w, t, w, None, None, None, "sum", 0.5, 1.0, -100, 0.0, 1.0,
+                x, w, t, w, None, None, None, "sum", 0.5, 1.0, 1.0, 1.0, None, None, -100, 0.0, 1.0,
                 None, False, [True] * 6)[3],
         }
         linear = ops.fused_linear_jsd_loss(x, w, t, w)

@@ -89,7 +89,7 @@ def _row_losses() -> dict:
                 t = _values(6 * v, 9, dtype).reshape(6, v)
                 labels = torch.tensor([0, -100, 1, 2, -100, 3])
                 value, gs, gt, _ = torch.ops.npu_loss._generalized_jsd_loss_and_grads(
-                    s, t, labels, op_reduction, 0.3, 2.0, -100, [True, True])
+                    s, t, labels, op_reduction, 0.3, 2.0, 1.0, 1.0, None, None, -100, [True, True])
                 key = f"generalized_jsd_loss/{dtype}/{reduction}/6x{v}"
                 out[key], out[key + "/grads"] = _hex(value), _hex(torch.cat([gs, gt]))
         # The converted loop: every other element of each row, and a float16 teacher.

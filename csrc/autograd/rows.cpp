@@ -105,9 +105,9 @@ struct RowLossNode final : public torch::autograd::TraceableFunction {
     int64_t ignore_index;
   };
   // As compiled autograd packs them: has_labels, made_in_forward, reduction, the declared scalars' values of
-  // each kind (losses.h's ScalarValue: reals, integers, flags), the index.
-  using Values =
-      std::tuple<bool, bool, int64_t, std::vector<double>, std::vector<int64_t>, std::vector<bool>, int64_t>;
+  // each kind (losses.h's ScalarValue: reals, integers, flags, absences), the index.
+  using Values = std::tuple<bool, bool, int64_t, std::vector<double>, std::vector<int64_t>, std::vector<bool>,
+                            std::vector<bool>, int64_t>;
   using Form = SavedForm<kSaved, Values>;
 
   // The saved tensors in one order: the six above, then the inputs.
@@ -126,19 +126,20 @@ struct RowLossNode final : public torch::autograd::TraceableFunction {
   Values values() const {
     std::vector<double> reals;
     std::vector<int64_t> integers;
-    std::vector<bool> flags;
+    std::vector<bool> flags, absences;
     for (int i = 0; i < kScalars; ++i) {
       reals.push_back(scalars[i].real);
       integers.push_back(scalars[i].integer);
       flags.push_back(scalars[i].flag);
+      absences.push_back(scalars[i].absent);
     }
-    return {has_labels, made_in_forward, reduction, reals, integers, flags, ignore_index};
+    return {has_labels, made_in_forward, reduction, reals, integers, flags, absences, ignore_index};
   }
 
   static Arguments arguments_of(const Values& v) {
-    Arguments a{std::get<0>(v), std::get<1>(v), std::get<2>(v), {}, std::get<6>(v)};
+    Arguments a{std::get<0>(v), std::get<1>(v), std::get<2>(v), {}, std::get<7>(v)};
     for (int i = 0; i < kScalars; ++i) {
-      a.scalars[i] = {std::get<3>(v)[i], std::get<4>(v)[i], std::get<5>(v)[i]};
+      a.scalars[i] = {std::get<3>(v)[i], std::get<4>(v)[i], std::get<5>(v)[i], std::get<6>(v)[i]};
     }
     return a;
   }

@@ -95,6 +95,9 @@ int64_t linear_row_bytes(const LinearSpec& spec, const LinearCall& c, std::array
   const bool probs = spec.labels && (c.weight_hard != 0 || c.return_parts) && !step.fuses;
   int64_t bytes = s + (teacher_in_halves(c, mask, step) ? t / 2 : t) +
                   (probs ? itemsize(accumulate_dtype(spec.dtype)) : 0) + step.scratch_bytes;
+  // A softcapped side whose gradient is made keeps its logits' slope (transform_chunk).
+  if (wants_grads(mask, 0) && c.scalars.transform(0).softcap != 0) bytes += s;
+  if (wants_grads(mask, 1) && c.scalars.transform(1).softcap != 0) bytes += t;
   if (!step.in_place) bytes += (wants_grads(mask, 0) ? s : 0) + (wants_grads(mask, 1) ? t : 0);
   return bytes * std::max<int64_t>(spec.vocab, 1);
 }
@@ -199,6 +202,29 @@ void hard_loss_chunk(const at::Tensor& z, at::Tensor& h, const at::Tensor& chunk
   h.mul_((chunk_keep.to(h.scalar_type()) * factor).unsqueeze(-1));
 }
 
+// The logit transform of a chunk's side (losses.h's ScalarRole::StudentScale ... TeacherSoftcap), in place on
+// its logits z, before the hard loss and the step see them (the step then runs with the transform at its
+// identity: DeclaredScalars::without_transform): z * scale, then softcap * tanh(z / softcap). With a softcap
+// and `slope` defined, slope = scale * (1 - tanh^2), the factor of the side's gradient (chain_transform).
+void transform_chunk(at::Tensor& z, const DeclaredScalars::Transform& tr, at::Tensor slope) {
+  if (tr.identity()) return;
+  if (tr.scale != 1.0) z.mul_(tr.scale);
+  if (tr.softcap == 0.0) return;
+  z.div_(tr.softcap).tanh_();
+  if (slope.defined()) slope.copy_(z).mul_(z).neg_().add_(1.0).mul_(tr.scale);
+  z.mul_(tr.softcap);
+}
+
+// A side's logits gradient g w.r.t. its transformed logits, made the gradient w.r.t. the logits themselves.
+void chain_transform(at::Tensor& g, const DeclaredScalars::Transform& tr, const at::Tensor& slope) {
+  if (tr.identity()) return;
+  if (tr.softcap == 0.0) {
+    g.mul_(tr.scale);
+  } else {
+    g.mul_(slope);
+  }
+}
+
 // A side's logits gradient g of the loss where the step does not fuse it: the row loss's (times its row scales
 // for float16, which need not be representable in float16 themselves) times `factor` (the soft factor and the
 // stored scale), plus, for the student, the hard loss's (h, already scaled).
@@ -270,6 +296,15 @@ void run_chunks(const LinearCall& c, const LinearPlan& p, std::array<bool, 6> ma
   at::Tensor logits[2] = {buffer({p.rows, p.vocab}, x[0]->options()),
                           buffer({p.teacher_rows, p.vocab}, x[1]->options())};
   at::Tensor probs = p.hard && !p.fuse ? buffer({p.rows, p.vocab}, x[0]->options().dtype(p.acc)) : at::Tensor();
+  // The logit transform runs here, on each chunk's logits; the step sees them transformed.
+  const DeclaredScalars::Transform tr[2] = {c.scalars.transform(0), c.scalars.transform(1)};
+  const DeclaredScalars scalars = c.scalars.without_transform();
+  at::Tensor slopes[2];
+  for (int side = 0; side < 2; ++side) {
+    if (tr[side].softcap != 0 && p.side_grads[side]) {
+      slopes[side] = buffer({side == 0 ? p.rows : p.teacher_rows, p.vocab}, x[side]->options());
+    }
+  }
   std::unique_ptr<SideProducts> products[2];
   for (int side = 0; side < 2; ++side) {
     const ProductKind kind = kind_of(step, *x[side]);
@@ -282,6 +317,7 @@ void run_chunks(const LinearCall& c, const LinearPlan& p, std::array<bool, 6> ma
     at::Tensor z[2], xc[2] = {x[0]->narrow(0, start, m), x[1]->narrow(0, start, m)};
     z[0] = logits[0].narrow(0, 0, m);
     products[0]->logits(z[0], xc[0]);
+    transform_chunk(z[0], tr[0], slopes[0].defined() ? slopes[0].narrow(0, 0, m) : at::Tensor());
     const std::optional<at::Tensor> lab =
         p.labels ? std::optional<at::Tensor>(p.labels->narrow(0, start, m)) : std::nullopt;
     at::Tensor h;
@@ -297,9 +333,11 @@ void run_chunks(const LinearCall& c, const LinearPlan& p, std::array<bool, 6> ma
       const int64_t k = std::min(p.teacher_rows, m - first);
       z[1] = logits[1].narrow(0, 0, k);
       products[1]->logits(z[1], xc[1].narrow(0, first, k));
+      transform_chunk(z[1], tr[1], slopes[1].defined() ? slopes[1].narrow(0, 0, k) : at::Tensor());
       const std::optional<at::Tensor> part_labels =
           lab ? std::optional<at::Tensor>(lab->narrow(0, first, k)) : std::nullopt;
-      auto [value, gs, gt, scale] = step.run(z[0].narrow(0, first, k), z[1], part_labels, c.scalars, c.ignore_index, row_mask, p.fuse ? &extras : nullptr);
+      auto [value, gs, gt, scale] = step.run(z[0].narrow(0, first, k), z[1], part_labels, scalars, c.ignore_index,
+                                             row_mask, p.fuse ? &extras : nullptr);
       s.soft.add_(value.to(s.soft.scalar_type()));
       if (p.fuse && p.hard) s.hard.add_(extras.hard_sum);
       g[0] = p.halves ? z[0] : gs;
@@ -313,6 +351,7 @@ void run_chunks(const LinearCall& c, const LinearPlan& p, std::array<bool, 6> ma
         scale_grad(g[side], row_scale, row_scaled, p.soft_factor * p.scales[side],
                    side == 0 && p.hard_grad ? &h : nullptr, p.acc);
       }
+      chain_transform(g[side], tr[side], slopes[side].defined() ? slopes[side].narrow(0, 0, m) : at::Tensor());
       products[side]->grads(g[side], xc[side],
                             mask[3 * side] ? s.grads[3 * side].narrow(0, start, m) : at::Tensor(),
                             mask[3 * side + 1] ? s.grads[3 * side + 1] : at::Tensor(), start == 0);

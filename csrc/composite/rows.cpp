@@ -97,21 +97,35 @@ c10::ScalarType compute_dtype(const at::Tensor& a, const at::Tensor& b) {
   return a.scalar_type() == at::kDouble || b.scalar_type() == at::kDouble ? at::kDouble : at::kFloat;
 }
 
-// One element's terms from the logits: p = softmax(student / T), q = softmax(teacher / T), the value f and
-// its derivatives w.r.t. the log-probabilities s and t. The mixture's m is never formed: s - m and t - m come
+// One element's terms from the logits: p = softmax(x_s / T), q = softmax(x_t / T) of each side's transformed
+// logits x (the scale, then the softcap), the value f and its derivatives w.r.t. the log-probabilities s and
+// t, and each side's dx/dz (undefined where it is 1). The mixture's m is never formed: s - m and t - m come
 // from d = s - t + log(1 - beta) - log(beta) through softplus, exact where p and q underflow.
 struct Terms {
   at::Tensor p, q, f, ds, dt;
+  at::Tensor slope_s, slope_t;
 };
+
+// A side's transformed logits x and dx/dz: z * scale, then softcap * tanh(x / softcap) where one is given
+// (TRL's order); dx/dz is scale * (1 - tanh^2), or the scale alone (undefined at 1: z itself, the same bits).
+std::pair<at::Tensor, at::Tensor> transformed(const at::Tensor& z, const DeclaredScalars::Transform& tr) {
+  if (tr.identity()) return {z, at::Tensor()};
+  const at::Tensor x = tr.scale == 1.0 ? z : z * tr.scale;
+  if (tr.softcap == 0.0) return {x, at::full({}, tr.scale, z.options())};
+  const at::Tensor th = at::tanh(x / tr.softcap);
+  return {th * tr.softcap, (1 - th * th) * tr.scale};
+}
 
 // The declared beta's position among the member's scalars (losses.h).
 constexpr int kBeta = row_scalar(GeneralizedJsd::decl.rows, "beta");
 
 Terms jsd_terms(const at::Tensor& zs, const at::Tensor& zt, const DeclaredScalars& scalars) {
   const double beta = scalars.real(kBeta), temperature = scalars.temperature();
-  const at::Tensor s = at::log_softmax(zs / temperature, -1);
-  const at::Tensor t = at::log_softmax(zt / temperature, -1);
-  Terms r{s.exp(), t.exp(), {}, {}, {}};
+  const auto [xs, slope_s] = transformed(zs, scalars.transform(0));
+  const auto [xt, slope_t] = transformed(zt, scalars.transform(1));
+  const at::Tensor s = at::log_softmax(xs / temperature, -1);
+  const at::Tensor t = at::log_softmax(xt / temperature, -1);
+  Terms r{s.exp(), t.exp(), {}, {}, {}, slope_s, slope_t};
   if (beta == 0) {  // KL(teacher || student) = q (t - s)
     r.f = r.q * (t - s);
     r.ds = -r.q;
@@ -140,10 +154,12 @@ std::pair<at::Tensor, at::Tensor> logit_gradients(const Terms& e, const at::Tens
   if (mask[0]) {
     const at::Tensor a = w * e.ds;
     gs = (a - e.p * a.sum(-1, true)) / temperature;
+    if (e.slope_s.defined()) gs = gs * e.slope_s;
   }
   if (mask[1]) {
     const at::Tensor a = w * e.dt;
     gt = (a - e.q * a.sum(-1, true)) / temperature;
+    if (e.slope_t.defined()) gt = gt * e.slope_t;
   }
   return {gs, gt};
 }

@@ -278,10 +278,14 @@ void check_scalar(const char* op, const ScalarArg& arg, double value) {
   }
 }
 
-// Each declared scalar of a row loss: a float's rule (the other kinds have none).
+// Each declared scalar of a row loss: a float's rule, and an optional float's where it is given (the other
+// kinds have none).
 void check_row_scalars(const char* op, const RowArgs& r, const RowScalars& values) {
   for (int i = 0; i < row_scalar_count(r); ++i) {
-    if (r.scalars[i].kind == ScalarKind::Float) check_scalar(op, r.scalars[i], values[i].real);
+    const ScalarKind kind = r.scalars[i].kind;
+    if (kind == ScalarKind::Float || (kind == ScalarKind::OptionalFloat && !values[i].absent)) {
+      check_scalar(op, r.scalars[i], values[i].real);
+    }
   }
 }
 

@@ -161,6 +161,35 @@ struct DeclaredScalars {
     const int i = row_scalar_of(*args, ScalarRole::Temperature);
     return i < 0 ? 1.0 : values[i].real;
   }
+  // A side's logit transform (0 the student's, 1 the teacher's): its scale (1 where the loss declares none) and
+  // its softcap (0: none).
+  struct Transform {
+    double scale = 1.0;
+    double softcap = 0.0;
+    bool identity() const { return scale == 1.0 && softcap == 0.0; }
+  };
+  Transform transform(int side) const {
+    Transform t;
+    const int scale = row_scalar_of(*args, side == 0 ? ScalarRole::StudentScale : ScalarRole::TeacherScale);
+    const int cap = row_scalar_of(*args, side == 0 ? ScalarRole::StudentSoftcap : ScalarRole::TeacherSoftcap);
+    if (scale >= 0) t.scale = values[scale].real;
+    if (cap >= 0 && !values[cap].absent) t.softcap = values[cap].real;
+    return t;
+  }
+  // Whether neither side's logits are transformed.
+  bool untransformed() const { return transform(0).identity() && transform(1).identity(); }
+  // The same values with each side's transform at its identity (scale 1, no softcap): for logits the caller
+  // has transformed itself (the linear form's chunks).
+  DeclaredScalars without_transform() const {
+    DeclaredScalars d = *this;
+    for (const ScalarRole role : {ScalarRole::StudentScale, ScalarRole::TeacherScale}) {
+      if (const int i = row_scalar_of(*args, role); i >= 0) d.values[i].real = 1.0;
+    }
+    for (const ScalarRole role : {ScalarRole::StudentSoftcap, ScalarRole::TeacherSoftcap}) {
+      if (const int i = row_scalar_of(*args, role); i >= 0) d.values[i] = {.absent = true};
+    }
+    return d;
+  }
   // The family's beta (ScalarRole::Beta), which the loss must declare.
   double beta() const {
     const int i = row_scalar_of(*args, ScalarRole::Beta);

@@ -64,7 +64,8 @@ const c10::TypedOperatorHandle<typename Signatures<Loss>::BackwardOut>& backward
 
 }  // namespace ops
 
-// A row loss's scalars in C++: each declared kind's type (Float double, Int int64_t, Bool bool), as a tuple in
+// A row loss's scalars in C++: each declared kind's type (Float double, Int int64_t, Bool bool, OptionalFloat
+// std::optional<double>), as a tuple in
 // the declaration's order (RowScalarTypes), to and from the one RowScalars every layer below the ops takes.
 namespace detail {
 template <ScalarKind K>
@@ -81,6 +82,10 @@ template <>
 struct RowScalarType<ScalarKind::Bool> {
   using type = bool;
 };
+template <>
+struct RowScalarType<ScalarKind::OptionalFloat> {
+  using type = std::optional<double>;
+};
 
 template <const RowArgs& R, size_t... I>
 std::tuple<typename RowScalarType<R.scalars[I].kind>::type...> row_scalar_types(std::index_sequence<I...>);
@@ -93,6 +98,7 @@ using RowScalarTypes = decltype(detail::row_scalar_types<Loss::decl.rows>(
 inline ScalarValue scalar_value(double v) { return {.real = v}; }
 inline ScalarValue scalar_value(int64_t v) { return {.integer = v}; }
 inline ScalarValue scalar_value(bool v) { return {.flag = v}; }
+inline ScalarValue scalar_value(std::optional<double> v) { return {.real = v.value_or(0.0), .absent = !v}; }
 
 // The scalars of a call, from the op's typed arguments.
 template <typename... S>
@@ -103,11 +109,13 @@ RowScalars row_scalars(S... s) {
 
 template <typename T>
 T scalar_as(const ScalarValue& v) {
-  static_assert(std::is_same_v<T, double> || std::is_same_v<T, int64_t> || std::is_same_v<T, bool>,
+  static_assert(std::is_same_v<T, double> || std::is_same_v<T, int64_t> || std::is_same_v<T, bool> ||
+                    std::is_same_v<T, std::optional<double>>,
                 "scalar_as: a type RowScalarType does not map to");
   if constexpr (std::is_same_v<T, double>) return v.real;
   else if constexpr (std::is_same_v<T, int64_t>) return v.integer;
-  else return v.flag;
+  else if constexpr (std::is_same_v<T, bool>) return v.flag;
+  else return v.absent ? std::optional<double>() : std::optional<double>(v.real);
 }
 
 // f(s...) with the scalars as the op's typed arguments, in their order.

@@ -14,7 +14,10 @@ namespace npu_loss {
 
 namespace detail {
 inline std::string scalar_param(const ScalarArg& s) {
-  const char* type = s.kind == ScalarKind::Bool ? "bool " : s.kind == ScalarKind::Int ? "int " : "float ";
+  const char* type = s.kind == ScalarKind::Bool            ? "bool "
+                     : s.kind == ScalarKind::Int           ? "int "
+                     : s.kind == ScalarKind::OptionalFloat ? "float? "
+                                                           : "float ";
   return std::string(type) + s.name;
 }
 

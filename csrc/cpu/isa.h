@@ -89,6 +89,8 @@ struct RowBatch {
   const int64_t* kept;                   // row r's index among the rows kept, -1 where its label drops it (null: all)
   RowScalars scalars;                   // the member's declared scalars (losses.h's RowArgs), read by name
   double temperature;                    // the one of them every logit is divided by (ScalarRole::Temperature)
+  double logit_scale[2];                 // each side's logits times it first (StudentScale, TeacherScale); a
+                                         // softcap never reaches the kernels (cpu/rows.cpp)
   double* row_sums;                      // kept row k's sum of values at row_sums[k]
   void* values;                          // kept row k's values at values + k * vocab
   void* grad_student;                    // row r's gradient at + r * vocab, in the logits' dtype; 0 for a dropped row

@@ -2,6 +2,7 @@
 // instruction set through row_table.h.
 //
 // Per row, over its logits (docs/semantics.md, "Distillation", has the formulas), three passes:
+// (z: a side's logits times its scale, losses.h's ScalarRole::StudentScale and TeacherScale.)
 //   1. per side, in one pass a block at a time, the maximum of z / T and the sum of exp(z / T - maximum): the
 //      log-softmax's two parts. Each exp is kept in a scratch row, against its block's running maximum;
 //   2. s = log_softmax(student / T), t = log_softmax(teacher / T), p = exp(s) and q = exp(t) from the kept
@@ -137,9 +138,18 @@ struct JsdRow {
   using IoCache = std::conditional_t<kCacheInGrad, IoT, IoScratch>;
 
   const JsdMath<V>& math;
-  double inv_t;
+  double inv_s, inv_q;  // each side's scale / T: the student's logits times inv_s, the teacher's times inv_q
+  double raw_inv;       // the student's scale: the hard loss's logits, untempered
   int64_t n;
   double teacher_scale;  // isa.h's RowBatch
+
+  JsdRow(const JsdMath<V>& m, const RowBatch& c)
+      : math(m),
+        inv_s(c.logit_scale[0] / c.temperature),
+        inv_q(c.logit_scale[1] / c.temperature),
+        raw_inv(c.logit_scale[0]),
+        n(c.vocab),
+        teacher_scale(c.teacher_scale) {}
 
   // Passes 1 to 3 of one row: fills what the pointers ask for, with `scratch` for what waits between them.
   // With a hard loss (hard.label >= 0): the untempered log-softmax's two parts come from pass 1 (a pass of
@@ -151,22 +161,23 @@ struct JsdRow {
     A* const prob_t = scratch.prob_t;
     A* const cache_s = kCacheInGrad ? reinterpret_cast<A*>(grad_s) : scratch.a_s;
     A* const cache_t = kCacheInGrad ? reinterpret_cast<A*>(grad_t) : scratch.a_t;
-    const bool has_hard = hard.label >= 0, untempered = inv_t == 1.0;
+    const bool has_hard = hard.label >= 0, untempered = inv_s == raw_inv;
     RowStats raw{0, 0};
-    if (has_hard && !untempered) raw = row_logsumexp<IoT>(zs, n, 1.0, prob_s, scratch.tops_s);
-    const RowStats stats_s = row_logsumexp<IoT>(zs, n, inv_t, prob_s, scratch.tops_s);
+    if (has_hard && !untempered) raw = row_logsumexp<IoT>(zs, n, raw_inv, prob_s, scratch.tops_s);
+    const RowStats stats_s = row_logsumexp<IoT>(zs, n, inv_s, prob_s, scratch.tops_s);
     if (has_hard && untempered) raw = stats_s;
     const bool hard_grad = has_hard && grad_s && hard.weight != 0;
-    const V hard_weight = cst<V>(hard_grad ? hard.weight / inv_t : 0.0);
-    const V raw_max = cst<V>(raw.max), raw_log_sum = cst<V>(raw.log_sum);
+    // The hard loss's gradient raw_inv * (softmax - one_hot), kept in a_s, which pass 3 multiplies by inv_s.
+    const V hard_weight = cst<V>(hard_grad ? hard.weight * raw_inv / inv_s : 0.0);
+    const V raw_max = cst<V>(raw.max), raw_log_sum = cst<V>(raw.log_sum), vraw_inv = cst<V>(raw_inv);
     double label_logit = 0;
-    const RowStats stats_t = row_logsumexp<IoT>(zt, n, inv_t, prob_t, scratch.tops_t);
-    const V vinv_t = cst<V>(inv_t), scale = cst<V>(g_scale);
+    const RowStats stats_t = row_logsumexp<IoT>(zt, n, inv_q, prob_t, scratch.tops_t);
+    const V vinv_s = cst<V>(inv_s), vinv_q = cst<V>(inv_q), scale = cst<V>(g_scale);
     const V max_s = cst<V>(stats_s.max), log_sum_s = cst<V>(stats_s.log_sum);
     const V max_t = cst<V>(stats_t.max), log_sum_t = cst<V>(stats_t.log_sum);
     const int64_t n_cache = kCacheInGrad ? n : row_cache_floats(n);
-    const auto log_p = [&](int64_t i) { return (load_at<IoT>(zs, i, n) * vinv_t - max_s) - log_sum_s; };
-    const auto log_q = [&](int64_t i) { return (load_at<IoT>(zt, i, n) * vinv_t - max_t) - log_sum_t; };
+    const auto log_p = [&](int64_t i) { return (load_at<IoT>(zs, i, n) * vinv_s - max_s) - log_sum_s; };
+    const auto log_q = [&](int64_t i) { return (load_at<IoT>(zt, i, n) * vinv_q - max_t) - log_sum_t; };
     const auto weight = [&](int64_t i) { return g ? load_at<IoT>(g, i, n) * scale : scale; };
     RowSum<V> sum_f, sum_as, sum_at;
     // For row_scale: the largest |a_s|, |a_t|, p and q, whence a bound on every gradient of the row.
@@ -199,7 +210,7 @@ struct JsdRow {
           if (hard_grad) {  // read before the store below, which may write over the logits
             V softmax = e.p;
             if (!untempered) {
-              softmax = exp((load_at<IoT>(zs, i, n) - raw_max) - raw_log_sum);
+              softmax = exp((load_at<IoT>(zs, i, n) * vraw_inv - raw_max) - raw_log_sum);
               if (i + W > n) softmax = select(first_lanes<IoT>(n - i), softmax, cst<V>(0));
             }
             if (at_label) softmax = softmax - select(one_lane<IoT>(hard.label - i), cst<V>(1), cst<V>(0));
@@ -228,18 +239,19 @@ struct JsdRow {
       sum_at.end_block();
     }
     if (row_sum) *row_sum = sum_f.total;
-    if (has_hard && hard.value) *hard.value = (raw.max - label_logit) + raw.log_sum;
+    if (has_hard && hard.value) *hard.value = (raw.max - label_logit * raw_inv) + raw.log_sum;
     if (!grad_s && !grad_t) return;
     const V total_as = cst<V>(sum_as.total), total_at = cst<V>(sum_at.total);
-    V out_scale = vinv_t, out_scale_t = cst<V>(inv_t * teacher_scale);
+    V out_scale = vinv_s, out_scale_t = cst<V>(inv_q * teacher_scale);
     if (row_scale) {
-      // |gradient| <= (max |a| + max p * |sum a|) / T on each side; the bound, rounded up, sets the power.
-      const double bound_s = (lane_max(max_as, 0) + lane_max(max_p, 0) * std::fabs(sum_as.total)) * inv_t;
-      const double bound_t = (lane_max(max_at, 0) + lane_max(max_q, 0) * std::fabs(sum_at.total)) * inv_t;
+      // |gradient| <= (max |a| + max p * |sum a|) * scale / T on each side; the bound, rounded up, sets the
+      // power.
+      const double bound_s = (lane_max(max_as, 0) + lane_max(max_p, 0) * std::fabs(sum_as.total)) * inv_s;
+      const double bound_t = (lane_max(max_at, 0) + lane_max(max_q, 0) * std::fabs(sum_at.total)) * inv_q;
       const int power = row_power(bound_s > bound_t ? bound_s : bound_t);
       *row_scale = std::ldexp(1.0f, -power);
-      out_scale = cst<V>(std::ldexp(inv_t, power));
-      out_scale_t = out_scale;
+      out_scale = cst<V>(std::ldexp(inv_s, power));
+      out_scale_t = cst<V>(std::ldexp(inv_q, power));
     }
     // Pass 3: what pass 2 kept.
     for (int64_t i = 0; i < n; i += W) {
@@ -262,7 +274,7 @@ void jsd_rows_direct(const RowBatch& c, int64_t begin, int64_t end, void* scratc
   using Row = JsdRow<IoT>;
   using A = typename Row::A;
   const JsdMath<typename IoT::V> math(c.scalars[kBeta].real);
-  const Row row{math, 1.0 / c.temperature, c.vocab, c.teacher_scale};
+  const Row row(math, c);
   const RowScratch<A> rows(scratch, c);
   const T* zs = static_cast<const T*>(c.student);
   const T* zt = static_cast<const T*>(c.teacher);
@@ -290,7 +302,7 @@ void jsd_converted(const RowBatch& c, int64_t begin, int64_t end, void* scratch)
   using A = typename IoAcc::T;
   const int64_t v = c.vocab;
   const JsdMath<typename IoAcc::V> math(c.scalars[kBeta].real);
-  const JsdRow<IoAcc> row{math, 1.0 / c.temperature, v, c.teacher_scale};
+  const JsdRow<IoAcc> row(math, c);
   const RowScratch<A> kept(scratch, c);
   A* rows = kept.rest;
   A *zs = rows, *zt = rows + v, *g = rows + 2 * v, *values = rows + 3 * v, *gs = rows + 4 * v, *gt = rows + 5 * v;

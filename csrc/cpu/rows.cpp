@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "../composite/linear.h"
+#include "../composite/rows.h"
 #include "../core/backend.h"
 #include "../core/checks.h"
 #include "../core/reduction.h"
@@ -101,6 +102,8 @@ RowBatch rows_of(const FrameCall& c, double* row_sums) {
   r.vocab = c.spec.vocab;
   r.scalars = c.scalars.values;
   r.temperature = c.scalars.temperature();
+  r.logit_scale[0] = c.scalars.transform(0).scale;
+  r.logit_scale[1] = c.scalars.transform(1).scale;
   r.row_sums = row_sums;
   r.grad_scale = 1.0;
   r.teacher_scale = 1.0;
@@ -197,20 +200,29 @@ std::tuple<at::Tensor, at::Tensor> backward(
   return {or_empty(gs, c.student), or_empty(gt, c.teacher)};
 }
 
+// Whether a call softcaps a side's logits: the kernels take the scales (isa.h's RowBatch) but not yet a
+// softcap, whose calls run the composite (composite/rows.h) on the CPU.
+bool softcapped(const RowCall& c) {
+  return c.scalars.transform(0).softcap != 0.0 || c.scalars.transform(1).softcap != 0.0;
+}
+
 // The frame's three ops for a member `Loss` (core/backend.h's RowBackendKernels runs the checks first).
 struct CpuRows {
   template <typename Loss>
   static at::Tensor forward(Loss, const RowSpec& spec, const RowCall& c) {
+    if (softcapped(c)) return composite::forward(Loss{}, c);
     return std::get<0>(cpu::forward({c, spec, row_index<Loss>()}, {false, false}));
   }
   template <typename Loss>
   static std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> with_grads(
       Loss, const RowSpec& spec, const RowCall& c, std::array<bool, 2> mask) {
+    if (softcapped(c)) return composite::with_grads(Loss{}, c, mask);
     return cpu::forward({c, spec, row_index<Loss>()}, mask);
   }
   template <typename Loss>
   static std::tuple<at::Tensor, at::Tensor> backward(
       Loss, const RowSpec& spec, const RowCall& c, const at::Tensor& grad_output, std::array<bool, 2> mask) {
+    if (softcapped(c)) return composite::backward(Loss{}, c, grad_output, mask);
     return cpu::backward(Loss::decl.backward, {c, spec, row_index<Loss>()}, grad_output, mask);
   }
 };

@@ -328,6 +328,9 @@ bool apis_rejected(chips::BetaClass beta) {
 // Whether a call of the forward (Backward false) or of an op that makes gradients runs the aclnn path here.
 template <typename Loss, bool Backward>
 bool on_aclnn(const RowCall& c) {
+  // A call that transforms a side's logits (a scale other than 1, a softcap) runs the composite: the chip paths
+  // declare no aclnn row for the transform yet (docs/npu_paths.md).
+  if (!c.scalars.untransformed()) return false;
   const chips::BetaClass beta = chips::unit_beta_class(c.scalars.beta());
   const Path p = path_here<Loss, Backward>(dtype_class({&c.student, &c.teacher}), beta, false);
   return p.aclnn != nullptr && apis_present<Loss, Backward>(beta) && !apis_rejected<Loss, Backward>(beta);

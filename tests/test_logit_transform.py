@@ -1,0 +1,258 @@
+"""The logit transform of the distillation family (TRL's DistillationTrainer order: each side's logits times
+its scale, then softcapped as c * tanh(x / c), then divided by T): `generalized_jsd_loss`'s four keywords,
+against a float64 reference made of torch ops on the transformed logits (TRL 1.16's function restated in
+tests/reference.py), values and both gradients, on the CPU kernels (the scales), the composite (the softcaps,
+and every call on another device), gradcheck through the tanh, opcheck, compile, and the rejections."""
+from __future__ import annotations
+
+import itertools
+import math
+
+import pytest
+import torch
+
+import npu_loss_ops
+from reference import trl_generalized_jsd_loss
+
+COMPOSITE = torch._C.DispatchKey.CompositeExplicitAutograd
+TRANSFORMS = [  # (student_logit_scale, teacher_logit_scale, student_softcap, teacher_softcap)
+    (1.0, 1.0, None, None),
+    (0.5, 2.0, None, None),
+    (1.0, 1.0, 4.0, None),
+    (0.25, 1.5, 3.0, 6.0),
+]
+TOLERANCE = {torch.float64: (1e-9, 1e-11), torch.float32: (2e-5, 2e-6), torch.bfloat16: (3e-2, 3e-3)}
+
+
+def _keywords(transform: tuple) -> dict:
+    return dict(zip(("student_logit_scale", "teacher_logit_scale", "student_softcap", "teacher_softcap"), transform))
+
+
+def transformed(z: torch.Tensor, scale: float, softcap: float | None) -> torch.Tensor:
+    """TRL's order: the scale, then the softcap."""
+    x = z * scale
+    return x if softcap is None else softcap * torch.tanh(x / softcap)
+
+
+def reference(student, teacher, labels, beta, temperature, reduction, transform, grad_output=None):
+    """The value and both gradients in float64, autograd through the transform and TRL's function."""
+    s = student.detach().double().requires_grad_()
+    t = teacher.detach().double().requires_grad_()
+    value = trl_generalized_jsd_loss(transformed(s, transform[0], transform[2]),
+                                     transformed(t, transform[1], transform[3]), labels, beta, temperature,
+                                     reduction)
+    g = torch.ones_like(value) if grad_output is None else grad_output.double()
+    gs, gt = torch.autograd.grad(value, (s, t), g)
+    return value, gs, gt
+
+
+def _inputs(dtype: torch.dtype, rows: int = 6, vocab: int = 37, seed: int = 0):
+    gen = torch.Generator().manual_seed(seed)
+    student = (torch.randn(rows, vocab, generator=gen) * 4).to(dtype)
+    teacher = (torch.randn(rows, vocab, generator=gen) * 4).to(dtype)
+    labels = torch.randint(0, vocab, (rows,), generator=gen)
+    labels[1] = -100
+    return student, teacher, labels
+
+
+def _close(actual: torch.Tensor, expected: torch.Tensor, dtype: torch.dtype, what: str, of_max: bool = False) -> None:
+    """Within the dtype's tolerance of each element, and of the largest (scaled by rtol instead where `of_max`:
+    the products' gradients are sums over rows of rounded logits, where elementwise error means nothing)."""
+    rtol, atol = TOLERANCE[dtype]
+    scale = float(expected.detach().abs().max()) if expected.numel() else 0.0
+    torch.testing.assert_close(actual.double(), expected, rtol=rtol, atol=(rtol if of_max else atol) * max(scale, 1.0),
+                               msg=what)
+
+
+@pytest.mark.parametrize("dtype", [torch.float64, torch.float32, torch.bfloat16], ids=str)
+@pytest.mark.parametrize("transform", TRANSFORMS, ids=str)
+@pytest.mark.parametrize("beta,temperature", [(0.0, 1.0), (0.3, 2.0), (1.0, 1.0), (0.5, 0.7)])
+@pytest.mark.parametrize("reduction", ["batchmean", "sum", "mean", "none"])
+def test_values_and_gradients_match_the_reference(dtype, transform, beta, temperature, reduction):
+    student, teacher, labels = _inputs(dtype)
+    s, t = student.clone().requires_grad_(), teacher.clone().requires_grad_()
+    value = npu_loss_ops.generalized_jsd_loss(s, t, labels, beta, temperature, reduction, **_keywords(transform))
+    g = torch.rand(value.shape, generator=torch.Generator().manual_seed(1), dtype=torch.float64)
+    value.backward(g.to(value.dtype))
+    want, want_gs, want_gt = reference(student, teacher, labels, beta, temperature, reduction, transform, g)
+    label = f"beta={beta} T={temperature} {reduction} {transform}"
+    _close(value.detach(), want, dtype, f"value, {label}")
+    _close(s.grad, want_gs, dtype, f"student's gradient, {label}")
+    _close(t.grad, want_gt, dtype, f"teacher's gradient, {label}")
+
+
+@pytest.mark.parametrize("transform", TRANSFORMS[1:], ids=str)
+def test_the_transform_changes_the_result(transform):
+    """A check that could not fail otherwise: the transformed call differs from the plain one."""
+    student, teacher, labels = _inputs(torch.float64)
+    plain = npu_loss_ops.generalized_jsd_loss(student, teacher, labels)
+    other = npu_loss_ops.generalized_jsd_loss(student, teacher, labels, **_keywords(transform))
+    assert not torch.allclose(plain, other)
+
+
+@pytest.mark.parametrize("transform", TRANSFORMS[1:], ids=str)
+@pytest.mark.parametrize("reduction", [0, 1, 2])
+def test_the_kernel_and_the_composite_agree(transform, reduction):
+    """The CPU's kernels (the scales) and the composite (every transform) give the same values and gradients
+    within float32's tolerance, op by op."""
+    student, teacher, labels = _inputs(torch.float32, rows=5, vocab=301, seed=3)
+    scalars = dict(beta=0.4, temperature=1.5, ignore_index=-100, **_keywords(transform))
+    ops = torch.ops.npu_loss
+    kernel = ops.generalized_jsd_loss.default(student, teacher, labels, reduction, **scalars)
+    composite = ops.generalized_jsd_loss.default._op_dk(COMPOSITE, student, teacher, labels, reduction, **scalars)
+    torch.testing.assert_close(kernel, composite, rtol=2e-5, atol=1e-6)
+    g = torch.rand(kernel.shape) if reduction == 0 else torch.tensor(0.7)
+    for op_kernel, op_composite in [
+        (ops.generalized_jsd_loss_backward.default(g, student, teacher, labels, reduction, **scalars,
+                                                   output_mask=[True, True]),
+         ops.generalized_jsd_loss_backward.default._op_dk(COMPOSITE, g, student, teacher, labels, reduction,
+                                                          **scalars, output_mask=[True, True]))]:
+        for a, b in zip(op_kernel, op_composite):
+            torch.testing.assert_close(a, b, rtol=2e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize("transform", TRANSFORMS[1:], ids=str)
+def test_gradcheck_through_the_transform(transform):
+    student, teacher, labels = _inputs(torch.float64, rows=3, vocab=5, seed=4)
+    s, t = student.requires_grad_(), teacher.requires_grad_()
+
+    def loss(a, b):
+        return npu_loss_ops.generalized_jsd_loss(a, b, labels, 0.3, 1.7, "sum", **_keywords(transform))
+
+    assert torch.autograd.gradcheck(loss, (s, t))
+    assert torch.autograd.gradgradcheck(loss, (s, t))
+
+
+def test_opcheck_with_the_transform():
+    student, teacher, labels = _inputs(torch.float32, rows=4, vocab=11)
+    scalars = (0.5, 2.0, 0.5, 1.5, 3.0, None, -100)
+    ops = torch.ops.npu_loss
+    for reduction in (0, 2):
+        torch.library.opcheck(ops.generalized_jsd_loss.default,
+                              (student.requires_grad_(), teacher, labels, reduction, *scalars))
+    torch.library.opcheck(ops._generalized_jsd_loss_and_grads.default,
+                          (student.detach(), teacher, labels, 2, *scalars, [True, True]))
+
+
+def test_compiled_equals_eager():
+    student, teacher, labels = _inputs(torch.float32)
+    keywords = _keywords(TRANSFORMS[3])
+
+    def fn(a, b):
+        return npu_loss_ops.generalized_jsd_loss(a, b, labels, 0.3, 2.0, **keywords)
+
+    eager = fn(student, teacher)
+    compiled = torch.compile(fn, fullgraph=True, backend="aot_eager")(student, teacher)
+    torch.testing.assert_close(compiled, eager)
+
+
+def test_the_module_takes_the_transform():
+    student, teacher, labels = _inputs(torch.float64)
+    module = npu_loss_ops.JSDLoss(beta=0.3, student_logit_scale=0.5, teacher_softcap=2.0)
+    assert "student_logit_scale=0.5" in repr(module) and "teacher_softcap=2.0" in repr(module)
+    torch.testing.assert_close(
+        module(student, teacher, labels),
+        npu_loss_ops.generalized_jsd_loss(student, teacher, labels, 0.3, student_logit_scale=0.5, teacher_softcap=2.0))
+
+
+@pytest.mark.parametrize("name,value,error,message", [
+    ("student_logit_scale", 0.0, ValueError, "student_logit_scale must be > 0, got 0"),
+    ("teacher_logit_scale", -1.0, ValueError, "teacher_logit_scale must be > 0, got -1"),
+    ("teacher_logit_scale", math.nan, ValueError, "teacher_logit_scale must be > 0, got nan"),
+    ("student_softcap", 0.0, ValueError, "student_softcap must be > 0, got 0"),
+    ("teacher_softcap", -2.0, ValueError, "teacher_softcap must be > 0, got -2"),
+    ("student_logit_scale", "2", TypeError, "student_logit_scale must be a real number, got '2'"),
+    ("student_logit_scale", None, TypeError, "student_logit_scale must be a real number, got None"),
+    ("student_softcap", True, TypeError, "student_softcap must be a real number or None, got True"),
+])
+def test_rejections_name_the_argument(name, value, error, message):
+    student, teacher, labels = _inputs(torch.float32)
+    with pytest.raises(error, match=f"generalized_jsd_loss: {message}"):
+        npu_loss_ops.generalized_jsd_loss(student, teacher, labels, **{name: value})
+    with pytest.raises(error, match=message):
+        npu_loss_ops.JSDLoss(**{name: value})
+
+
+def linear_reference(xs, ws, bs, xt, wt, labels, beta, temperature, reduction, weight_hard, transform):
+    """The fused linear JSD's float64 formula with the logits made: the soft loss on both sides' transformed
+    logits, the cross entropy on the student's transformed logits, untempered (Liger's divisors)."""
+    zs = transformed(xs @ ws.T + bs, transform[0], transform[2])
+    zt = transformed(xt @ wt.T, transform[1], transform[3])
+    soft = trl_generalized_jsd_loss(zs, zt, labels, beta, temperature, reduction)
+    ce = torch.nn.functional.cross_entropy(zs, labels, reduction="sum")
+    hard = ce if reduction == "sum" else ce / (labels != -100).sum().clamp(min=1)
+    return soft + weight_hard * hard
+
+
+@pytest.mark.parametrize("dtype", [torch.float64, torch.float32, torch.bfloat16], ids=str)
+@pytest.mark.parametrize("transform", TRANSFORMS, ids=str)
+@pytest.mark.parametrize("reduction,weight_hard,chunk_size,teacher_grad", [
+    ("batchmean", 0.0, None, False), ("sum", 0.5, 3, False), ("mean", 0.5, None, True), ("batchmean", 1.0, 2, True)])
+def test_the_linear_form_transforms_each_chunk(dtype, transform, reduction, weight_hard, chunk_size, teacher_grad):
+    gen = torch.Generator().manual_seed(7)
+    n, hs, ht, v = 9, 12, 20, 53
+    xs, xt = torch.randn(n, hs, generator=gen, dtype=torch.float64), torch.randn(n, ht, generator=gen, dtype=torch.float64)
+    ws = torch.randn(v, hs, generator=gen, dtype=torch.float64) / hs ** 0.5 * 3
+    wt = torch.randn(v, ht, generator=gen, dtype=torch.float64) / ht ** 0.5 * 3
+    bs = torch.randn(v, generator=gen, dtype=torch.float64)
+    labels = torch.randint(0, v, (n,), generator=gen)
+    labels[[2, 5]] = -100
+    ours = [t.to(dtype).requires_grad_(i < 3 or teacher_grad) for i, t in enumerate((xs, ws, bs, xt, wt))]
+    loss = npu_loss_ops.fused_linear_jsd_loss(
+        ours[0], ours[1], ours[3], ours[4], labels, student_bias=ours[2], beta=0.3, temperature=1.5,
+        reduction=reduction, weight_hard_loss=weight_hard, chunk_size=chunk_size, **_keywords(transform))
+    loss.backward()
+    # The reference on the inputs as ours saw them (rounded to the dtype), in float64.
+    exact = [t.detach().double().requires_grad_() for t in ours]
+    want = linear_reference(exact[0], exact[1], exact[2], exact[3], exact[4], labels, 0.3, 1.5, reduction,
+                            weight_hard, transform)
+    want.backward()
+    label = f"{reduction} hard={weight_hard} chunk={chunk_size} {transform}"
+    _close(loss.detach(), want.detach(), dtype, f"loss, {label}")
+    for name, mine, theirs in zip(("xs", "ws", "bs", "xt", "wt"), ours, exact):
+        if mine.requires_grad:
+            _close(mine.grad, theirs.grad, dtype, f"{name}'s gradient, {label}", of_max=True)
+
+
+def test_every_combination_of_sides_is_distinct():
+    """Each side's scale and softcap reach that side only: swapping them changes the result."""
+    student, teacher, labels = _inputs(torch.float64)
+    results = [npu_loss_ops.generalized_jsd_loss(student, teacher, labels, 0.3, **_keywords(t))
+               for t in itertools.permutations((0.5, 1.0))]
+    assert not torch.allclose(results[0], results[1])
+
+
+@pytest.mark.parametrize("transform", TRANSFORMS[1:], ids=str)
+def test_on_the_device_as_on_the_cpu(transform, device):
+    """Every device runs the transform (the NPU through the composite, docs/npu_paths.md): its values and
+    gradients equal the CPU's within float32's tolerance."""
+    student, teacher, labels = _inputs(torch.float32, rows=4, vocab=129, seed=5)
+    results = []
+    for dev in ("cpu", device):
+        s = student.detach().to(dev).requires_grad_()
+        t = teacher.detach().to(dev).requires_grad_()
+        value = npu_loss_ops.generalized_jsd_loss(s, t, labels.to(dev), 0.3, 2.0, **_keywords(transform))
+        value.backward()
+        results.append([x.detach().cpu() for x in (value, s.grad, t.grad)])
+    for a, b in zip(*results):
+        torch.testing.assert_close(b, a, rtol=2e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize("transform", TRANSFORMS[1:], ids=str)
+def test_the_linear_form_on_the_device_as_on_the_cpu(transform, device):
+    """The linear form's chunks are transformed by its driver on every device (the NPU's step then runs its
+    aclnn path untransformed): values and gradients equal the CPU's within float32's tolerance."""
+    gen = torch.Generator().manual_seed(9)
+    tensors = [torch.randn(7, 16, generator=gen), torch.randn(61, 16, generator=gen) / 2,
+               torch.randn(7, 24, generator=gen), torch.randn(61, 24, generator=gen) / 2]
+    labels = torch.randint(0, 61, (7,), generator=gen)
+    labels[3] = -100
+    results = []
+    for dev in ("cpu", device):
+        xs, ws, xt, wt = (t.detach().to(dev).requires_grad_(i < 2) for i, t in enumerate(tensors))
+        loss = npu_loss_ops.fused_linear_jsd_loss(xs, ws, xt, wt, labels.to(dev), beta=0.3, temperature=2.0,
+                                                  weight_hard_loss=0.5, chunk_size=3, **_keywords(transform))
+        loss.backward()
+        results.append([x.detach().cpu() for x in (loss, xs.grad, ws.grad)])
+    for a, b in zip(*results):
+        torch.testing.assert_close(b, a, rtol=2e-5, atol=2e-6)

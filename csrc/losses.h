@@ -134,35 +134,29 @@ struct RowArgs {
   ScalarArg index = {};
 };
 
-// How many inputs without a gradient a row loss declares.
-constexpr int row_input_count(const RowArgs& r) {
+// How many of a declaration's list (RowArgs::inputs, RowArgs::scalars) are declared: those before the first
+// of kind None.
+template <typename Arg, size_t N>
+constexpr int declared_count(const Arg (&args)[N]) {
   int n = 0;
-  while (n < kMaxRowInputs && r.inputs[n].kind != InputKind::None) ++n;
+  while (n < static_cast<int>(N) && args[n].kind != decltype(args[0].kind)::None) ++n;
   return n;
 }
 
-// The position of a row loss's input by its name: a compile-time error when it declares none of that name.
-consteval int row_input(const RowArgs& r, std::string_view name) {
-  for (int i = 0; i < row_input_count(r); ++i) {
-    if (std::string_view(r.inputs[i].name) == name) return i;
+// The position of a declared one by its name: a compile-time error when the list has none of that name.
+template <typename Arg, size_t N>
+consteval int declared_position(const Arg (&args)[N], std::string_view name) {
+  for (int i = 0; i < declared_count(args); ++i) {
+    if (std::string_view(args[i].name) == name) return i;
   }
-  throw "row_input: the declaration has no input of this name";
+  throw "the declaration has no argument of this name";
 }
 
-// How many scalars a row loss declares.
-constexpr int row_scalar_count(const RowArgs& r) {
-  int n = 0;
-  while (n < kMaxRowScalars && r.scalars[n].kind != ScalarKind::None) ++n;
-  return n;
-}
-
-// The position of a row loss's scalar by its name: a compile-time error when it declares none of that name.
-consteval int row_scalar(const RowArgs& r, std::string_view name) {
-  for (int i = 0; i < row_scalar_count(r); ++i) {
-    if (std::string_view(r.scalars[i].name) == name) return i;
-  }
-  throw "row_scalar: the declaration has no scalar of this name";
-}
+// How many inputs without a gradient, and how many scalars, a row loss declares; the position of each by name.
+constexpr int row_input_count(const RowArgs& r) { return declared_count(r.inputs); }
+constexpr int row_scalar_count(const RowArgs& r) { return declared_count(r.scalars); }
+consteval int row_input(const RowArgs& r, std::string_view name) { return declared_position(r.inputs, name); }
+consteval int row_scalar(const RowArgs& r, std::string_view name) { return declared_position(r.scalars, name); }
 
 // The position of its scalar of a role, or -1.
 constexpr int row_scalar_of(const RowArgs& r, ScalarRole role) {

@@ -31,15 +31,43 @@ at::Tensor own_pages(c10::IntArrayRef sizes, const at::TensorOptions& options) {
   return at::from_blob(data, sizes, [bytes](void* p) { munmap(p, bytes); }, options);
 }
 
+}  // namespace
+}  // namespace npu_loss::cpu
+
+// MKL's per-thread thread count, its C entry (mkl_service.h's mkl_set_num_threads_local; the lower-case symbol
+// is the Fortran entry, which takes a pointer): libtorch_cpu exports it where torch's BLAS is MKL (weak: null
+// elsewhere).
+extern "C" int MKL_Set_Num_Threads_Local(int) __attribute__((weak));
+
+namespace npu_loss::cpu {
+namespace {
+
+// MKL held to the calling thread for a scope (torch sets MKL_DYNAMIC false, so MKL threads a product by itself
+// even inside the threads' parallel region): a product's sums then do not depend on the thread count. Nothing
+// where the BLAS is not MKL.
+class OneBlasThread {
+ public:
+  OneBlasThread() : previous_(MKL_Set_Num_Threads_Local != nullptr ? MKL_Set_Num_Threads_Local(1) : 0) {}
+  ~OneBlasThread() {
+    if (MKL_Set_Num_Threads_Local != nullptr) MKL_Set_Num_Threads_Local(previous_);
+  }
+  OneBlasThread(const OneBlasThread&) = delete;
+  OneBlasThread& operator=(const OneBlasThread&) = delete;
+
+ private:
+  int previous_;
+};
+
 // fn(first, count) over fixed blocks of `block` of [0, size), the blocks shared among the threads, each made by
-// one thread (in the caller's dispatch state, below autograd). The blocks do not depend on the thread count, so
-// neither do the bits of what each block makes.
+// one thread with the BLAS single-threaded (in the caller's dispatch state, below autograd). The blocks do not
+// depend on the thread count, so neither do the bits of what each block makes.
 template <typename Fn>
 void in_fixed_blocks(int64_t size, int64_t block, const Fn& fn) {
   const int64_t blocks = (size + block - 1) / block;
   const at::ThreadLocalState state;
   at::parallel_for(0, blocks, 1, [&](int64_t first, int64_t last) {
     at::ThreadLocalStateGuard guard(state);
+    const OneBlasThread one;
     for (int64_t i = first; i < last; ++i) fn(i * block, std::min(block, size - i * block));
   });
 }
@@ -161,9 +189,13 @@ class BlockedProducts {
   at::Tensor x_, dx_, rows_block_, weight_block_, product_block_;
 };
 
-// The BLAS's products over blocks of the vocabulary (above), and the input gradient's rows made as
-// (w.T @ g.T).T into a buffer of their own: the BLAS threads this form better at a chunk's rows (128 rows,
-// 2 threads: 1.2x its time per row unchunked, against 1.4x for g @ w).
+// The BLAS's products over fixed blocks, each made by one thread, so that no product's sums depend on the
+// thread count (MKL's own threading splits a GEMM's sums by it: on AVX-512 machines a 64 x 4,096 by 4,096 x 64
+// product differed in its last bits between 1 and 2 threads): the logits over blocks of the vocabulary (above);
+// the input gradient's columns over blocks of the hidden size, made as (w.T @ g.T).T into a buffer of their own
+// (the form the BLAS runs better at a chunk's rows); the weight gradient over blocks of the vocabulary.
+constexpr int64_t kHiddenBlock = 128;
+
 class VocabBlockProducts final : public SideProducts {
  public:
   VocabBlockProducts(const at::Tensor& w, const std::optional<at::Tensor>& b, int64_t rows, bool input_grad)
@@ -174,10 +206,17 @@ class VocabBlockProducts final : public SideProducts {
   void grads(const at::Tensor& g, const at::Tensor& xc, at::Tensor dx, at::Tensor dw, bool first) override {
     if (dx.defined()) {
       at::Tensor into = rows_transposed_.narrow(1, 0, g.size(0));
-      at::mm_out(into, w_.t(), g.t());
+      in_fixed_blocks(w_.size(1), kHiddenBlock, [&](int64_t h0, int64_t count) {
+        at::Tensor part = into.narrow(0, h0, count);
+        at::mm_out(part, w_.narrow(1, h0, count).t(), g.t());
+      });
       dx.copy_(into.t());
     }
-    if (dw.defined()) dw.addmm_(g.t(), xc, /*beta=*/first ? 0 : 1);
+    if (dw.defined()) {
+      in_fixed_blocks(w_.size(0), kVocabBlock, [&](int64_t v0, int64_t count) {
+        dw.narrow(0, v0, count).addmm_(g.narrow(1, v0, count).t(), xc, /*beta=*/first ? 0 : 1);
+      });
+    }
   }
 
  private:

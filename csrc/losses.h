@@ -184,13 +184,16 @@ using RowScalars = std::array<ScalarValue, kMaxRowScalars>;
 //             Tensor? <labels>=None, Tensor? <biases[0]>=None, Tensor? <biases[1]>=None,
 //             str reduction="batchmean", <the row loss's scalars>=..., int <index>=...,
 //             float <weights_of[0]>=..., float <weights_of[1]>=..., int? chunk_size=None,
-//             bool return_soft_hard_loss=False) -> (Tensor, Tensor, Tensor)
-//     (the loss, and the soft and hard parts unweighted; every argument positional, as DTensor's rules read
-//     them; the Python function makes all but the first five keyword-only)
+//             bool return_soft_hard_loss=False, bool return_entropy=False) -> (Tensor, Tensor, Tensor, Tensor)
+//     (the loss, the soft and hard parts unweighted, and the entropy of the first side's transformed, tempered
+//     distribution per row, float32 of the inputs' leading shape, 0 on dropped rows: empty unless asked for;
+//     every argument positional, as DTensor's rules read them; the Python function makes all but the first
+//     five keyword-only)
 //   <with_grads>(<the forward's arguments, positional, no defaults>, bool[6] output_mask)
-//     -> (Tensor x 10): the three results, the gradients of the loss w.r.t. the two inputs, weights and biases
-//     (in that order, per side; empty where the mask says no), and the scales they are stored at (float32, one
-//     per side: the gradient is the stored tensor times its side's; 1 but for float16, composite/linear.h).
+//     -> (Tensor x 11): the three results, the gradients of the loss w.r.t. the two inputs, weights and biases
+//     (in that order, per side; empty where the mask says no), the scales they are stored at (float32, one
+//     per side: the gradient is the stored tensor times its side's; 1 but for float16, composite/linear.h), and
+//     the entropy.
 struct LinearForm {
   const char* forward = nullptr;
   const char* with_grads = nullptr;

@@ -438,7 +438,7 @@ def register() -> None:
                                  RuntimeSchemaInfo(first_scalar))(_row_strategy(row_loss, which))
         if row_loss.linear is not None:
             # The labels, the biases and every argument after them are part of the cache key.
-            for name, outputs in ((row_loss.linear.forward, 3), (row_loss.linear.with_grads, 10)):
+            for name, outputs in ((row_loss.linear.forward, 4), (row_loss.linear.with_grads, 11)):
                 register_op_strategy(getattr(torch.ops.npu_loss, name).default,
                                      RuntimeSchemaInfo(4))(_linear_strategy(row_loss.linear, outputs))
 

@@ -26,7 +26,7 @@ says what is its own):
 """
 import numbers
 import warnings
-from typing import Any, Callable
+from typing import Any, Callable, cast
 
 import torch
 from torch import Tensor
@@ -142,11 +142,11 @@ def _prepare(
     return input, target, reduction, _reduction_enum(reduction if weight is None else "none")
 
 
-def _overridden(public_api: Callable[..., Tensor], relevant: tuple[Any, ...], *args: Any, **kwargs: Any) -> Tensor:
+def _overridden(public_api: Callable[..., object], relevant: tuple[Any, ...], *args: Any, **kwargs: Any) -> Tensor:
     """The result of a ``__torch_function__`` override of ``public_api`` (torch.overrides' protocol, as F's
     losses have it; TorchScript compiles the branch that calls this away)."""
-    result: Tensor = handle_torch_function(public_api, relevant, *args, **kwargs)  # Any in some releases
-    return result
+    result = handle_torch_function(public_api, relevant, *args, **kwargs)  # Any in some releases
+    return cast(Tensor, result)
 
 
 def smooth_l1_loss(input: Tensor, target: Tensor, size_average: bool | None = None, reduce: bool | None = None,
@@ -450,6 +450,40 @@ def _check_num_items(num_items_in_batch: int | float | Tensor, logits: Tensor) -
         raise ValueError(f"generalized_jsd_loss: num_items_in_batch must be > 0, got {value}")
 
 
+# The rows of float32 (float64) logits a pass of _student_entropy takes at once: about 2**24 elements.
+_ENTROPY_CHUNK_ELEMENTS = 1 << 24
+
+
+def _student_entropy(student_logits: Tensor, labels: Tensor | None, temperature: float, ignore_index: int,
+                     scale: float, softcap: float | None) -> Tensor:
+    """The student's entropy per row of (..., V) logits, -sum(p * log p) of p = softmax(transformed / T), float32
+    of the leading shape, 0 where labels drop the row: torch ops, without gradient, in chunks of rows (sharded
+    DTensor logits whole: their shards are the chunks)."""
+    x = student_logits.detach()
+    acc = torch.float64 if x.dtype == torch.float64 else torch.float32
+
+    def rows_entropy(z: Tensor) -> Tensor:
+        z = z.to(acc) * scale
+        if softcap is not None:
+            z = torch.tanh(z / softcap) * softcap
+        log_p = torch.log_softmax(z / temperature, dim=-1)
+        p = log_p.exp()
+        # p * log p is 0 where p is (a logit of -inf: 0 * -inf would be NaN).
+        return -torch.where(p > 0, p * log_p, 0.0).sum(-1)
+
+    with torch.no_grad():
+        if _dtensor.any_dtensor(x) or x.dim() < 2 or x.numel() <= _ENTROPY_CHUNK_ELEMENTS:
+            entropy = rows_entropy(x)
+        else:
+            flat = x.reshape(-1, x.size(-1))
+            step = max(1, _ENTROPY_CHUNK_ELEMENTS // max(x.size(-1), 1))
+            entropy = torch.cat([rows_entropy(part) for part in torch.split(flat, step)]).view(x.shape[:-1])
+        entropy = entropy.float()
+        if labels is not None:
+            entropy = entropy.masked_fill(labels == ignore_index, 0.0)
+    return entropy
+
+
 def generalized_jsd_loss(
     student_logits: Tensor,
     teacher_logits: Tensor,
@@ -464,7 +498,8 @@ def generalized_jsd_loss(
     teacher_logit_scale: float = 1.0,
     student_softcap: float | None = None,
     teacher_softcap: float | None = None,
-) -> Tensor:
+    return_entropy: bool = False,
+) -> Tensor | tuple[Tensor, Tensor]:
     """The generalized Jensen-Shannon divergence of the GKD paper between the student's and the teacher's
     distributions over a vocabulary, row by row: TRL's ``GKDTrainer.generalized_jsd_loss`` (trl 1.16), to the
     letter, with its signature plus the keyword ``ignore_index``. ``GKDTrainer.generalized_jsd_loss =
@@ -506,6 +541,13 @@ def generalized_jsd_loss(
         student_softcap, teacher_softcap (float, optional): ``> 0``; the scaled logits become
             ``softcap * tanh(x / softcap)`` (Gemma's ``final_logit_softcapping``), the gradients through the
             tanh. Default: ``None`` (no softcap)
+        return_entropy (bool): also return the student's entropy per row, ``-sum(p * log p)`` of
+            ``p = softmax(x_s / temperature)`` (TRL's ``log Z - sum(p * z)``): float32, of the leading shape
+            ``(...)``, 0 on the rows ``labels`` drops, with no gradient. Made in a pass of its own over the
+            student's logits, in row chunks. Default: ``False``
+
+    Returns:
+        The loss, or ``(loss, entropy)`` with ``return_entropy``.
 
     Raises:
         ValueError: ``beta``, ``temperature``, a scale, a softcap, ``reduction`` or ``num_items_in_batch`` as
@@ -519,7 +561,19 @@ def generalized_jsd_loss(
                            teacher_logits, labels, beta=beta, temperature=temperature, reduction=reduction,
                            num_items_in_batch=num_items_in_batch, ignore_index=ignore_index,
                            student_logit_scale=student_logit_scale, teacher_logit_scale=teacher_logit_scale,
-                           student_softcap=student_softcap, teacher_softcap=teacher_softcap)
+                           student_softcap=student_softcap, teacher_softcap=teacher_softcap,
+                           return_entropy=return_entropy)
+    if return_entropy is not False:
+        if not isinstance(return_entropy, bool):
+            raise TypeError(f"generalized_jsd_loss: return_entropy must be a bool, got {return_entropy!r} "
+                            f"({type(return_entropy).__name__})")
+        value = generalized_jsd_loss(student_logits, teacher_logits, labels, beta, temperature, reduction,
+                                     num_items_in_batch, ignore_index=ignore_index,
+                                     student_logit_scale=student_logit_scale, teacher_logit_scale=teacher_logit_scale,
+                                     student_softcap=student_softcap, teacher_softcap=teacher_softcap)
+        assert isinstance(value, Tensor)
+        return value, _student_entropy(student_logits, labels, temperature, ignore_index, student_logit_scale,
+                                      student_softcap)
     if not torch.compiler.is_compiling():
         if not isinstance(reduction, str):
             raise TypeError(f"generalized_jsd_loss: reduction must be a str, got {reduction!r} "
@@ -587,7 +641,8 @@ def fused_linear_jsd_loss(
     teacher_logit_scale: float = 1.0,
     student_softcap: float | None = None,
     teacher_softcap: float | None = None,
-) -> Tensor | tuple[Tensor, Tensor, Tensor]:
+    return_entropy: bool = False,
+) -> Tensor | tuple[Tensor, ...]:
     """The generalized JSD between a student's and a teacher's distributions, from their hidden states and
     ``lm_head`` weights, without making the N x V logits (docs/semantics.md, "The fused linear JSD")::
 
@@ -631,12 +686,17 @@ def fused_linear_jsd_loss(
             ``generalized_jsd_loss`` takes it. A softcap on a side whose gradient is made keeps one chunk of its
             slope, so its chunks take fewer rows.
             Without labels the hard part is 0.
+        return_entropy (bool): also return the student's entropy per row, as ``generalized_jsd_loss`` makes it
+            (float32, of the leading shape, 0 on dropped rows, no gradient), made from each chunk's logits (on
+            the CPU in the kernel's own passes). Default: ``False``
 
     Returns:
-        The 0-dim loss in the promoted dtype of the two inputs, or ``(loss, soft_loss, hard_loss)``.
+        The 0-dim loss in the promoted dtype of the two inputs; ``(loss, soft_loss, hard_loss)`` with
+        ``return_soft_hard_loss``; the entropy after them with ``return_entropy``: ``(loss, entropy)`` or
+        ``(loss, soft_loss, hard_loss, entropy)``.
 
     Gradients reach both inputs, weights and biases (the teacher's whenever they require grad); they are made
-    in the forward, so double backward is not supported. Logit softcapping is not supported.
+    in the forward, so double backward is not supported.
 
     Raises:
         ValueError: ``beta``, ``temperature``, the weights, ``reduction`` or ``chunk_size`` out of range; the
@@ -651,14 +711,15 @@ def fused_linear_jsd_loss(
                        weight_soft_loss=weight_soft_loss, chunk_size=chunk_size,
                        return_soft_hard_loss=return_soft_hard_loss, student_logit_scale=student_logit_scale,
                        teacher_logit_scale=teacher_logit_scale, student_softcap=student_softcap,
-                       teacher_softcap=teacher_softcap)
+                       teacher_softcap=teacher_softcap, return_entropy=return_entropy)
         _dtensor.check_vocabulary_split("fused_linear_jsd_loss", weights=(("student_weight", student_weight),
                                                                            ("teacher_weight", teacher_weight)))
-    results: tuple[Tensor, Tensor, Tensor] = torch.ops.npu_loss.fused_linear_jsd_loss(
+    results: tuple[Tensor, Tensor, Tensor, Tensor] = torch.ops.npu_loss.fused_linear_jsd_loss(
         student_input, student_weight, teacher_input, teacher_weight, labels, student_bias, teacher_bias, reduction,
         beta, temperature, student_logit_scale, teacher_logit_scale, student_softcap, teacher_softcap, ignore_index,
-        weight_hard_loss, weight_soft_loss, chunk_size, return_soft_hard_loss)
-    loss, soft, hard = results
-    if return_soft_hard_loss:
-        return loss, soft, hard
-    return loss
+        weight_hard_loss, weight_soft_loss, chunk_size, return_soft_hard_loss, return_entropy)
+    loss, soft, hard, entropy = results
+    parts = (soft, hard) if return_soft_hard_loss else ()
+    if return_entropy:
+        return (loss, *parts, entropy)
+    return (loss, *parts) if parts else loss

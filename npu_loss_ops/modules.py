@@ -283,6 +283,10 @@ def _transform_of(module: "JSDLoss | FusedLinearJSDLoss") -> _Transform:
                       student_softcap=module.student_softcap, teacher_softcap=module.teacher_softcap)
 
 
+def _entropy_repr(module: "JSDLoss | FusedLinearJSDLoss") -> str:
+    return ", return_entropy=True" if module.return_entropy else ""
+
+
 def _transform_repr(module: "JSDLoss | FusedLinearJSDLoss") -> str:
     """The transform's keywords that differ from their defaults, for extra_repr."""
     return "".join(f", {name}={getattr(module, name)}" for name, default in zip(_TRANSFORM, _IDENTITY)
@@ -302,6 +306,8 @@ class JSDLoss(Module):
         student_logit_scale, teacher_logit_scale (float): ``> 0``, each side's logits times it. Default: ``1.0``
         student_softcap, teacher_softcap (float, optional): ``> 0``, each side's softcap after its scale.
             Default: ``None``
+        return_entropy (bool): the call returns ``(loss, entropy)``, the student's entropy per row. Default:
+            ``False``
 
     Raises:
         TypeError, ValueError: at construction, as the function raises them for the same arguments (it checks them,
@@ -314,13 +320,15 @@ class JSDLoss(Module):
 
     def __init__(self, beta: float = 0.5, temperature: float = 1.0, ignore_index: int = -100,
                  reduction: str = "batchmean", *, student_logit_scale: float = 1.0, teacher_logit_scale: float = 1.0,
-                 student_softcap: float | None = None, teacher_softcap: float | None = None) -> None:
+                 student_softcap: float | None = None, teacher_softcap: float | None = None,
+                 return_entropy: bool = False) -> None:
         super().__init__()
         # The function's own checks (types, then the op's declared ranges), on meta tensors: nothing is computed.
         functional.generalized_jsd_loss(_meta(1, 1), _meta(1, 1), None, beta, temperature, reduction,
                                         ignore_index=ignore_index, student_logit_scale=student_logit_scale,
                                         teacher_logit_scale=teacher_logit_scale, student_softcap=student_softcap,
-                                        teacher_softcap=teacher_softcap)
+                                        teacher_softcap=teacher_softcap, return_entropy=return_entropy)
+        self.return_entropy = return_entropy
         self.beta = beta
         self.temperature = temperature
         self.ignore_index = ignore_index
@@ -331,15 +339,16 @@ class JSDLoss(Module):
         self.teacher_softcap = teacher_softcap
 
     def forward(self, student_logits: Tensor, teacher_logits: Tensor, labels: Tensor | None = None,
-                num_items_in_batch: int | float | Tensor | None = None) -> Tensor:
-        """The loss of the student's logits against the teacher's."""
+                num_items_in_batch: int | float | Tensor | None = None) -> Tensor | tuple[Tensor, Tensor]:
+        """The loss of the student's logits against the teacher's (and the student's entropy per row, with
+        ``return_entropy``)."""
         return functional.generalized_jsd_loss(
             student_logits, teacher_logits, labels, self.beta, self.temperature, self.reduction, num_items_in_batch,
-            ignore_index=self.ignore_index, **_transform_of(self))
+            ignore_index=self.ignore_index, **_transform_of(self), return_entropy=self.return_entropy)
 
     def extra_repr(self) -> str:
         return (f"beta={self.beta}, temperature={self.temperature}, ignore_index={self.ignore_index}, "
-                f"reduction={self.reduction!r}{_transform_repr(self)}")
+                f"reduction={self.reduction!r}{_transform_repr(self)}{_entropy_repr(self)}")
 
 
 
@@ -359,6 +368,8 @@ class FusedLinearJSDLoss(Module):
         chunk_size (int, optional): rows per chunk; ``None`` sizes it by bytes. Default: ``None``
         student_logit_scale, teacher_logit_scale, student_softcap, teacher_softcap: the logit transform, keyword
             only, as :class:`JSDLoss` takes it.
+        return_entropy (bool): the call returns ``(loss, entropy)``, the student's entropy per row. Default:
+            ``False``
 
     Raises:
         TypeError, ValueError: at construction, as the function raises them for the same arguments (it checks them,
@@ -373,14 +384,17 @@ class FusedLinearJSDLoss(Module):
     def __init__(self, beta: float = 0.5, temperature: float = 1.0, ignore_index: int = -100,
                  reduction: str = "batchmean", weight_hard_loss: float = 0.0, weight_soft_loss: float = 1.0,
                  chunk_size: int | None = None, *, student_logit_scale: float = 1.0, teacher_logit_scale: float = 1.0,
-                 student_softcap: float | None = None, teacher_softcap: float | None = None) -> None:
+                 student_softcap: float | None = None, teacher_softcap: float | None = None,
+                 return_entropy: bool = False) -> None:
         super().__init__()
         # The function's own checks, on meta tensors (labels given: a hard loss needs them).
         functional.fused_linear_jsd_loss(
             _meta(1, 1), _meta(1, 1), _meta(1, 1), _meta(1, 1), _meta(1, dtype=torch.long), beta=beta,
             temperature=temperature, ignore_index=ignore_index, reduction=reduction, weight_hard_loss=weight_hard_loss,
             weight_soft_loss=weight_soft_loss, chunk_size=chunk_size, student_logit_scale=student_logit_scale,
-            teacher_logit_scale=teacher_logit_scale, student_softcap=student_softcap, teacher_softcap=teacher_softcap)
+            teacher_logit_scale=teacher_logit_scale, student_softcap=student_softcap, teacher_softcap=teacher_softcap,
+            return_entropy=return_entropy)
+        self.return_entropy = return_entropy
         self.student_logit_scale = student_logit_scale
         self.teacher_logit_scale = teacher_logit_scale
         self.student_softcap = student_softcap
@@ -395,17 +409,22 @@ class FusedLinearJSDLoss(Module):
 
     def forward(self, student_input: Tensor, student_weight: Tensor, teacher_input: Tensor, teacher_weight: Tensor,
                 labels: Tensor | None = None, student_bias: Tensor | None = None,
-                teacher_bias: Tensor | None = None) -> Tensor:
-        """The loss of the student against the teacher."""
-        loss = functional.fused_linear_jsd_loss(
+                teacher_bias: Tensor | None = None) -> Tensor | tuple[Tensor, Tensor]:
+        """The loss of the student against the teacher (and the student's entropy per row, with
+        ``return_entropy``)."""
+        result = functional.fused_linear_jsd_loss(
             student_input, student_weight, teacher_input, teacher_weight, labels, student_bias=student_bias,
             teacher_bias=teacher_bias, beta=self.beta, temperature=self.temperature, ignore_index=self.ignore_index,
             reduction=self.reduction, weight_hard_loss=self.weight_hard_loss, weight_soft_loss=self.weight_soft_loss,
-            chunk_size=self.chunk_size, **_transform_of(self))
-        assert isinstance(loss, Tensor)
-        return loss
+            chunk_size=self.chunk_size, **_transform_of(self), return_entropy=self.return_entropy)
+        if self.return_entropy:
+            assert isinstance(result, tuple)
+            return result[0], result[1]
+        assert isinstance(result, Tensor)
+        return result
 
     def extra_repr(self) -> str:
         return (f"beta={self.beta}, temperature={self.temperature}, ignore_index={self.ignore_index}, "
                 f"reduction={self.reduction!r}, weight_hard_loss={self.weight_hard_loss}, "
-                f"weight_soft_loss={self.weight_soft_loss}, chunk_size={self.chunk_size}{_transform_repr(self)}")
+                f"weight_soft_loss={self.weight_soft_loss}, chunk_size={self.chunk_size}{_transform_repr(self)}"
+                f"{_entropy_repr(self)}")

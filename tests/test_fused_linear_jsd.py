@@ -278,7 +278,7 @@ def test_gradcheck(reduction, hard):
 def _op_args(mask=(True, True, False, False, True, False), hard=0.5):
     """The forward with gradients' arguments: (student_input, student_weight, teacher_input, teacher_weight,
     labels, student_bias, teacher_bias, reduction, beta, temperature, ignore_index, weight_hard_loss,
-    weight_soft_loss, chunk_size, return_soft_hard_loss, output_mask)."""
+    weight_soft_loss, chunk_size, return_soft_hard_loss, return_entropy, output_mask)."""
     gen = torch.Generator().manual_seed(2)
     n, v = 12, 70
     xs, ws, xt, wt = (torch.randn(*s, generator=gen) for s in ((n, 8), (v, 8), (n, 6), (v, 6)))
@@ -287,7 +287,7 @@ def _op_args(mask=(True, True, False, False, True, False), hard=0.5):
     labels[::4] = -100
     for t, want in zip((xs, ws, bs, xt, wt), mask):
         t.requires_grad_(want)
-    return (xs, ws, xt, wt, labels, bs, None, "batchmean", 0.5, 1.0, 1.0, 1.0, None, None, -100, hard, 1.0, 5, True, list(mask))
+    return (xs, ws, xt, wt, labels, bs, None, "batchmean", 0.5, 1.0, 1.0, 1.0, None, None, -100, hard, 1.0, 5, True, True, list(mask))
 
 
 @pytest.mark.parametrize("mask", [(True, True, False, False, True, False), (True, True, True, True, True, False),
@@ -311,12 +311,13 @@ def test_opcheck_non_contiguous_inputs():
 
 
 def test_the_forward_with_gradients_is_the_functional_s():
-    """The op's ten results: the three values, each gradient asked for (empty otherwise), the stored scale (1
-    but for float16), and the same gradients autograd gives."""
+    """The op's eleven results: the three values, each gradient asked for (empty otherwise), the stored scale (1
+    but for float16), the entropy (asked for), and the same gradients autograd gives."""
     xs, ws, xt, wt, labels, bs, _, *rest = _op_args((True, True, True, True, True, False))
     results = ops._fused_linear_jsd_loss_and_grads(xs, ws, xt, wt, labels, bs, None, *rest[:-1],
                                                    [True, True, True, False, True, False])
-    assert len(results) == 10 and results[9].tolist() == [1.0, 1.0] and results[9].dtype == torch.float32
+    assert len(results) == 11 and results[9].tolist() == [1.0, 1.0] and results[9].dtype == torch.float32
+    assert results[10].shape == labels.shape and results[10].dtype == torch.float32
     assert results[6].numel() == 0 and results[8].numel() == 0
     loss = npu_loss_ops.fused_linear_jsd_loss(xs, ws, xt, wt, labels, student_bias=bs, weight_hard_loss=0.5,
                                               chunk_size=5)
@@ -374,6 +375,20 @@ def test_same_bits_with_one_and_two_threads(n, h, v, chunk_size, dtype, teacher_
         torch.set_num_threads(threads)
     for a, b in zip(*results):
         assert torch.equal(a, b)
+
+
+def test_float64_gradients_keep_float64_factors():
+    """A grad_output that float32 cannot hold (1/3) scales float64 gradients in float64: the logits form's,
+    made from the same logits, to float64's rounding (the stored scales are float32 tensors)."""
+    xs, ws, xt, wt, labels, bs, *_ = _op_args((True, True, False, False, True, False))
+    xs, ws, bs = (t.detach().double().requires_grad_() for t in (xs, ws, bs))
+    xt, wt = xt.double(), wt.double()
+    loss = npu_loss_ops.fused_linear_jsd_loss(xs, ws, xt, wt, labels, student_bias=bs, reduction="sum") / 3
+    got = torch.autograd.grad(loss, (xs, ws, bs))
+    value = npu_loss_ops.generalized_jsd_loss(xs @ ws.T + bs, xt @ wt.T, labels, reduction="sum") / 3
+    want = torch.autograd.grad(value, (xs, ws, bs))
+    for a, b in zip(got, want):
+        torch.testing.assert_close(a, b, rtol=1e-13, atol=1e-13 * float(b.abs().max()))
 
 
 def test_retain_graph_gives_the_same_gradients_twice():

@@ -25,8 +25,8 @@ SCHEMAS = [
     "npu_loss::generalized_jsd_loss(Tensor student_logits, Tensor teacher_logits, Tensor? labels=None, int reduction=1, float beta=0.5, float temperature=1., float student_logit_scale=1., float teacher_logit_scale=1., float? student_softcap=None, float? teacher_softcap=None, int ignore_index=-100) -> Tensor",
     "npu_loss::generalized_jsd_loss_backward(Tensor grad_output, Tensor student_logits, Tensor teacher_logits, Tensor? labels, int reduction, float beta, float temperature, float student_logit_scale, float teacher_logit_scale, float? student_softcap, float? teacher_softcap, int ignore_index, bool[2] output_mask) -> (Tensor, Tensor)",
     "npu_loss::_generalized_jsd_loss_and_grads(Tensor student_logits, Tensor teacher_logits, Tensor? labels, int reduction, float beta, float temperature, float student_logit_scale, float teacher_logit_scale, float? student_softcap, float? teacher_softcap, int ignore_index, bool[2] output_mask) -> (Tensor, Tensor, Tensor, Tensor)",
-    "npu_loss::fused_linear_jsd_loss(Tensor student_input, Tensor student_weight, Tensor teacher_input, Tensor teacher_weight, Tensor? labels=None, Tensor? student_bias=None, Tensor? teacher_bias=None, str reduction=\"batchmean\", float beta=0.5, float temperature=1., float student_logit_scale=1., float teacher_logit_scale=1., float? student_softcap=None, float? teacher_softcap=None, int ignore_index=-100, float weight_hard_loss=0., float weight_soft_loss=1., int? chunk_size=None, bool return_soft_hard_loss=False) -> (Tensor, Tensor, Tensor)",
-    "npu_loss::_fused_linear_jsd_loss_and_grads(Tensor student_input, Tensor student_weight, Tensor teacher_input, Tensor teacher_weight, Tensor? labels, Tensor? student_bias, Tensor? teacher_bias, str reduction, float beta, float temperature, float student_logit_scale, float teacher_logit_scale, float? student_softcap, float? teacher_softcap, int ignore_index, float weight_hard_loss, float weight_soft_loss, int? chunk_size, bool return_soft_hard_loss, bool[6] output_mask) -> (Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor)",
+    "npu_loss::fused_linear_jsd_loss(Tensor student_input, Tensor student_weight, Tensor teacher_input, Tensor teacher_weight, Tensor? labels=None, Tensor? student_bias=None, Tensor? teacher_bias=None, str reduction=\"batchmean\", float beta=0.5, float temperature=1., float student_logit_scale=1., float teacher_logit_scale=1., float? student_softcap=None, float? teacher_softcap=None, int ignore_index=-100, float weight_hard_loss=0., float weight_soft_loss=1., int? chunk_size=None, bool return_soft_hard_loss=False, bool return_entropy=False) -> (Tensor, Tensor, Tensor, Tensor)",
+    "npu_loss::_fused_linear_jsd_loss_and_grads(Tensor student_input, Tensor student_weight, Tensor teacher_input, Tensor teacher_weight, Tensor? labels, Tensor? student_bias, Tensor? teacher_bias, str reduction, float beta, float temperature, float student_logit_scale, float teacher_logit_scale, float? student_softcap, float? teacher_softcap, int ignore_index, float weight_hard_loss, float weight_soft_loss, int? chunk_size, bool return_soft_hard_loss, bool return_entropy, bool[6] output_mask) -> (Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor)",
 ]
 
 
@@ -166,12 +166,17 @@ def test_fake_tensors_run_the_cpp_meta_kernels_on_symbolic_sizes():
             # the student's input gradient: (n, 4), as the input
             "_fused_linear_jsd_loss_and_grads": ops._fused_linear_jsd_loss_and_grads(
                 x, w, t, w, None, None, None, "sum", 0.5, 1.0, 1.0, 1.0, None, None, -100, 0.0, 1.0,
-                None, False, [True] * 6)[3],
+                None, False, False, [True] * 6)[3],
         }
         linear = ops.fused_linear_jsd_loss(x, w, t, w)
+        # with the entropy: one float32 per row, of the symbolic batch size
+        entropy = ops.fused_linear_jsd_loss(x, w, t, w, None, None, None, "sum", 0.5, 1.0, 1.0, 1.0, None, None,
+                                            -100, 0.0, 1.0, None, False, True)[3]
         mean = ops.l1_loss(x, t, 1)
     assert len(results) + 1 == len(SCHEMAS)
-    assert [r.shape for r in linear] == [()] * 3 and all(isinstance(r, FakeTensor) for r in linear)
+    assert [r.shape for r in linear[:3]] == [()] * 3 and all(isinstance(r, FakeTensor) for r in linear)
+    assert linear[3].shape == (0,)
+    assert entropy.dtype == torch.float32 and entropy.dim() == 1 and str(entropy.shape[0]) == str(n)
     for name, r in results.items():
         assert isinstance(r, FakeTensor) and r.dtype == torch.float32, name
         assert isinstance(r.shape[0], torch.SymInt) and str(r.shape[0]) == str(n) and r.shape[1] == 4, (name, r.shape)

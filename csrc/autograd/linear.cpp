@@ -3,7 +3,7 @@
 // Its forward op makes, chunk by chunk, the loss and the gradients of the loss w.r.t. every input that will
 // need one (composite/linear.h): the node keeps them, and its backward scales them by grad_output, in place,
 // handing each to autograd without a copy (with retain_graph=True it scales copies, so that a second backward
-// finds them intact). Only the loss is differentiable; the two parts it also returns are not. The node has no
+// finds them intact). Only the loss is differentiable; the two parts and the entropy it also returns are not. The node has no
 // formula of its own: double backward (create_graph=True) is refused, naming the op. Forward-mode AD: the
 // loss's tangent is the gradients' dot product with the inputs' tangents. Compiled autograd lifts the stored
 // gradients into its graph, as the row node does (node.h's SavedForm). docs/semantics.md, "The fused linear
@@ -97,7 +97,10 @@ struct LinearLossNode final : public torch::autograd::TraceableFunction {
     variable_list out(kInputs);
     const at::Tensor& g = incoming[0];
     if (!g.defined()) return out;
-    const at::Tensor factors = g * t[kInputs];  // one per side
+    // One per side, in float32 or grad_output's wider dtype (a 0-dim float64 grad_output times the float32
+    // scales would otherwise be a float32 product, rounding a float64 gradient's factor).
+    const at::ScalarType acc = at::promote_types(g.scalar_type(), at::kFloat);
+    const at::Tensor factors = g.to(acc) * t[kInputs].to(acc);
     for (size_t i = 0; i < kInputs; ++i) {
       if (!needs[i] || !t[i].defined()) continue;
       const at::Tensor factor = factors.select(0, static_cast<int64_t>(i / 3));
@@ -117,14 +120,14 @@ struct LinearAutograd;
 
 template <typename Loss, typename... S>
 struct LinearAutograd<Loss, std::tuple<S...>> {
-  using Results3 = std::tuple<at::Tensor, at::Tensor, at::Tensor>;
+  using Results4 = std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor>;
 
-  static Results3 forward(
+  static Results4 forward(
       c10::DispatchKeySet ks, const at::Tensor& student_input, const at::Tensor& student_weight,
       const at::Tensor& teacher_input, const at::Tensor& teacher_weight, const std::optional<at::Tensor>& labels,
       const std::optional<at::Tensor>& student_bias, const std::optional<at::Tensor>& teacher_bias,
       c10::string_view reduction, S... s, int64_t ignore_index, double weight_hard, double weight_soft,
-      std::optional<int64_t> chunk_size, bool return_parts) {
+      std::optional<int64_t> chunk_size, bool return_parts, bool return_entropy) {
     const c10::DispatchKeySet below = ks & c10::after_autograd_keyset;
     const at::Tensor none;
     const std::array<const at::Tensor*, kInputs> inputs{
@@ -150,7 +153,7 @@ struct LinearAutograd<Loss, std::tuple<S...>> {
       at::AutoDispatchBelowADInplaceOrView guard;
       r = ops::linear_with_grads<Loss>().redispatch(
           below, student_input, student_weight, teacher_input, teacher_weight, labels, student_bias, teacher_bias,
-          reduction, s..., ignore_index, weight_hard, weight_soft, chunk_size, return_parts, mask);
+          reduction, s..., ignore_index, weight_hard, weight_soft, chunk_size, return_parts, return_entropy, mask);
     }
     std::array<at::Tensor, kInputs> grads{std::get<3>(r), std::get<4>(r), std::get<5>(r),
                                           std::get<6>(r), std::get<7>(r), std::get<8>(r)};
@@ -177,7 +180,7 @@ struct LinearAutograd<Loss, std::tuple<S...>> {
       node->scale = SavedVariable(scale, false);
       torch::autograd::set_history(loss, node);
     }
-    return {loss, std::get<1>(r), std::get<2>(r)};
+    return {loss, std::get<1>(r), std::get<2>(r), std::get<10>(r)};
   }
 
   // The forward with gradients called directly: its results are values, not differentiable (the gradients
@@ -187,12 +190,12 @@ struct LinearAutograd<Loss, std::tuple<S...>> {
       const at::Tensor& teacher_input, const at::Tensor& teacher_weight, const std::optional<at::Tensor>& labels,
       const std::optional<at::Tensor>& student_bias, const std::optional<at::Tensor>& teacher_bias,
       c10::string_view reduction, S... s, int64_t ignore_index, double weight_hard, double weight_soft,
-      std::optional<int64_t> chunk_size, bool return_parts, std::array<bool, 6> mask) {
+      std::optional<int64_t> chunk_size, bool return_parts, bool return_entropy, std::array<bool, 6> mask) {
     at::AutoDispatchBelowADInplaceOrView guard;
     return ops::linear_with_grads<Loss>().redispatch(
         ks & c10::after_autograd_keyset, student_input, student_weight, teacher_input, teacher_weight, labels,
         student_bias, teacher_bias, reduction, s..., ignore_index, weight_hard, weight_soft, chunk_size, return_parts,
-        mask);
+        return_entropy, mask);
   }
 };
 

@@ -215,6 +215,21 @@ void transform_chunk(at::Tensor& z, const DeclaredScalars::Transform& tr, at::Te
   z.mul_(tr.softcap);
 }
 
+// The entropy of the student's tempered distribution, -sum(p * log p) with p = softmax(z / T), of each row of a
+// chunk's transformed logits z, where the step does not make it in its passes: into `out` (float32, the chunk's
+// rows), in row blocks (its temporaries are a block's), 0 on the rows `keep` drops (undefined: none dropped).
+void entropy_chunk(const at::Tensor& z, double temperature, const at::Tensor& keep, at::Tensor out,
+                   at::ScalarType acc) {
+  in_row_blocks(z.size(0), z.size(1), [&](int64_t first, int64_t count) {
+    const at::Tensor log_p = at::log_softmax(z.narrow(0, first, count).to(acc).div(temperature), -1);
+    const at::Tensor p = log_p.exp();
+    // p * log p is 0 where p is (a logit of -inf, whose log p is -inf: 0 * -inf would be NaN).
+    const at::Tensor terms = at::where(p > 0, p * log_p, at::zeros({}, p.options()));
+    out.narrow(0, first, count).copy_(terms.sum({-1}).neg());
+  });
+  if (keep.defined()) out.masked_fill_(keep.logical_not(), 0);
+}
+
 // A side's logits gradient g w.r.t. its transformed logits, made the gradient w.r.t. the logits themselves.
 void chain_transform(at::Tensor& g, const DeclaredScalars::Transform& tr, const at::Tensor& slope) {
   if (tr.identity()) return;
@@ -251,12 +266,13 @@ void scale_grad(at::Tensor& g, const at::Tensor& row_scale, bool row_scaled, dou
 }
 
 // What the chunks write: the gradients (the inputs' written chunk by chunk, the weights' summed over the
-// chunks in their dtype: at::addmm rounds once per chunk), the biases' sums in the accumulation dtype, and the
-// two losses' sums.
+// chunks in their dtype: at::addmm rounds once per chunk), the biases' sums in the accumulation dtype, the
+// two losses' sums, and the student's entropy per row where asked for (float32, zeros: a dropped row keeps 0).
 struct LinearSums {
   std::array<at::Tensor, 6> grads;
   at::Tensor bias_sum[2];
   at::Tensor soft, hard;
+  at::Tensor entropy;
 };
 
 LinearSums allocate_sums(const LinearCall& c, const LinearPlan& p, std::array<bool, 6> mask) {
@@ -278,6 +294,7 @@ LinearSums allocate_sums(const LinearCall& c, const LinearPlan& p, std::array<bo
   const auto sums = c.input[0]->options().dtype(c.input[0]->is_cpu() ? at::kDouble : p.acc);
   s.soft = at::zeros({}, sums);
   s.hard = at::zeros({}, sums);
+  s.entropy = at::zeros({c.return_entropy ? p.n : 0}, c.input[0]->options().dtype(at::kFloat));
   return s;
 }
 
@@ -325,7 +342,12 @@ void run_chunks(const LinearCall& c, const LinearPlan& p, std::array<bool, 6> ma
       h = probs.narrow(0, 0, m);
       hard_loss_chunk(z[0], h, p.keep.narrow(0, start, m), *lab, p.hard_grad, p.hard_factor * p.scales[0], s.hard);
     }
-    // Fused: the soft factor times the stored scales, and the hard loss, in the step's passes.
+    const bool entropy = c.return_entropy;
+    if (entropy && !p.fuse) {
+      entropy_chunk(z[0], c.scalars.temperature(), p.labels ? p.keep.narrow(0, start, m) : at::Tensor(),
+                    s.entropy.narrow(0, start, m), p.acc);
+    }
+    // Fused: the soft factor times the stored scales, the hard loss and the entropy, in the step's passes.
     RowExtras extras{p.soft_factor * p.scales[0], p.scales[1] / p.scales[0], p.hard,
                      p.hard_grad ? p.hard_factor * p.scales[0] : 0.0};
     at::Tensor g[2], row_scale;
@@ -336,6 +358,7 @@ void run_chunks(const LinearCall& c, const LinearPlan& p, std::array<bool, 6> ma
       transform_chunk(z[1], tr[1], slopes[1].defined() ? slopes[1].narrow(0, 0, k) : at::Tensor());
       const std::optional<at::Tensor> part_labels =
           lab ? std::optional<at::Tensor>(lab->narrow(0, first, k)) : std::nullopt;
+      extras.entropy = entropy && p.fuse ? s.entropy.mutable_data_ptr<float>() + start + first : nullptr;
       auto [value, gs, gt, scale] = step.run(z[0].narrow(0, first, k), z[1], part_labels, scalars, c.ignore_index,
                                              row_mask, p.fuse ? &extras : nullptr);
       s.soft.add_(value.to(s.soft.scalar_type()));
@@ -392,7 +415,8 @@ LinearResults linear_with_grads(
   return {loss.to(dtype), soft.to(dtype), hard_value.to(dtype), s.grads[0], s.grads[1], s.grads[2], s.grads[3],
           s.grads[4], s.grads[5],
           at::tensor({static_cast<float>(1.0 / p.scales[0]), static_cast<float>(1.0 / p.scales[1])}, at::kFloat)
-              .to(xs.device())};
+              .to(xs.device()),
+          c.return_entropy ? s.entropy.view(spec.leading) : s.entropy};
 }
 
 }  // namespace npu_loss::composite

@@ -29,13 +29,16 @@ namespace npu_loss::composite {
 // teacher_scale more (the ratio of the two sides' stored scales), and, with `hard`, the cross entropy of the
 // student's untempered logits at the labels: its sum over the kept rows (in row order, into hard_sum) and,
 // where the student's gradient is made, hard_weight * (softmax - one_hot) added to it. The gradients are then
-// stored as they are, without the row loss's own float16 row scales.
+// stored as they are, without the row loss's own float16 row scales. With `entropy` (host memory), each kept
+// row's entropy of the student's tempered distribution, -sum(p * log p), at entropy[row of the step's call]
+// (dropped rows untouched).
 struct RowExtras {
   double grad_scale = 1;
   double teacher_scale = 1;
   bool hard = false;
   double hard_weight = 0;
   double hard_sum = 0;  // out
+  float* entropy = nullptr;
 };
 
 // How a side's products are made: ATen's at::addmm / at::mm (every device; on the CPU where torch has kernels

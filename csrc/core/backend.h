@@ -143,7 +143,7 @@ void impl_row_loss(torch::Library& m) {
 // A backend's kernels of a row loss's linear form's two ops, from `Impl`, which takes their arguments as one
 // LinearCall (the op's name for its messages, and output_mask: none for the forward):
 //   static LinearResults run(const char* op, const LinearCall&, std::array<bool, 6> mask);
-// The forward returns its first three results.
+// The forward returns its first three results and the entropy (the last).
 template <typename Loss, typename Impl, typename Scalars = RowScalarTypes<Loss>>
 struct LinearBackendKernels;
 
@@ -156,12 +156,13 @@ struct LinearBackendKernels<Loss, Impl, std::tuple<S...>> {
       const at::Tensor& teacher_input, const at::Tensor& teacher_weight, const std::optional<at::Tensor>& labels,
       const std::optional<at::Tensor>& student_bias, const std::optional<at::Tensor>& teacher_bias,
       c10::string_view reduction, const RowScalars& scalars, int64_t ignore_index, double weight_hard,
-      double weight_soft, std::optional<int64_t> chunk_size, bool return_parts, std::array<bool, 6> mask) {
+      double weight_soft, std::optional<int64_t> chunk_size, bool return_parts, bool return_entropy,
+      std::array<bool, 6> mask) {
     return Impl::run(
         op,
         {{&student_input, &teacher_input}, {&student_weight, &teacher_weight}, {&student_bias, &teacher_bias},
          labels, reduction, {&Loss::decl.rows, scalars}, ignore_index, weight_hard, weight_soft, chunk_size,
-         return_parts},
+         return_parts, return_entropy},
         mask);
   }
 
@@ -170,22 +171,22 @@ struct LinearBackendKernels<Loss, Impl, std::tuple<S...>> {
       const at::Tensor& teacher_weight, const std::optional<at::Tensor>& labels,
       const std::optional<at::Tensor>& student_bias, const std::optional<at::Tensor>& teacher_bias,
       c10::string_view reduction, S... s, int64_t ignore_index, double weight_hard, double weight_soft,
-      std::optional<int64_t> chunk_size, bool return_parts, std::array<bool, 6> mask) {
+      std::optional<int64_t> chunk_size, bool return_parts, bool return_entropy, std::array<bool, 6> mask) {
     return run(f.with_grads, student_input, student_weight, teacher_input, teacher_weight, labels, student_bias,
                teacher_bias, reduction, row_scalars(s...), ignore_index, weight_hard, weight_soft, chunk_size,
-               return_parts, mask);
+               return_parts, return_entropy, mask);
   }
 
-  static std::tuple<at::Tensor, at::Tensor, at::Tensor> forward(
+  static std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> forward(
       const at::Tensor& student_input, const at::Tensor& student_weight, const at::Tensor& teacher_input,
       const at::Tensor& teacher_weight, const std::optional<at::Tensor>& labels,
       const std::optional<at::Tensor>& student_bias, const std::optional<at::Tensor>& teacher_bias,
       c10::string_view reduction, S... s, int64_t ignore_index, double weight_hard, double weight_soft,
-      std::optional<int64_t> chunk_size, bool return_parts) {
+      std::optional<int64_t> chunk_size, bool return_parts, bool return_entropy) {
     auto r = run(f.forward, student_input, student_weight, teacher_input, teacher_weight, labels, student_bias,
                  teacher_bias, reduction, row_scalars(s...), ignore_index, weight_hard, weight_soft, chunk_size,
-                 return_parts, {});
-    return {std::get<0>(r), std::get<1>(r), std::get<2>(r)};
+                 return_parts, return_entropy, {});
+    return {std::get<0>(r), std::get<1>(r), std::get<2>(r), std::get<10>(r)};
   }
 };
 

@@ -269,7 +269,8 @@ FamilyReduction family_reduction(const char* op, c10::string_view how, bool scal
 
 // Its arguments, as both ops take them (the forward with gradients adds its output_mask): the two sides' hidden
 // states, weights and biases; the labels; the reduction; the row loss's scalars and index; the hard and
-// soft losses' weights; the rows per chunk asked for (none: the default); whether the parts are returned.
+// soft losses' weights; the rows per chunk asked for (none: the default); whether the parts are returned, and
+// the student's entropy per row.
 struct LinearCall {
   const at::Tensor* input[2];
   const at::Tensor* weight[2];
@@ -281,6 +282,7 @@ struct LinearCall {
   double weight_hard, weight_soft;
   std::optional<int64_t> chunk_size;
   bool return_parts;
+  bool return_entropy;
 };
 
 // What its checks say of a call: the result's dtype (the promotion of the two inputs'), the inputs' leading

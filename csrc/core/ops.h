@@ -216,23 +216,23 @@ const c10::TypedOperatorHandle<typename RowSignatures<Loss>::Backward>& row_back
 }  // namespace ops
 
 // A row loss's linear form's two ops (losses.h's LinearForm; core/schema.h), with the row loss's scalars S...
-// after the reduction. The forward with gradients' ten results:
+// after the reduction. The forward with gradients' eleven results:
 using LinearResults = std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor,
-                                 at::Tensor, at::Tensor, at::Tensor, at::Tensor>;
+                                 at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor>;
 
 template <typename Scalars>
 struct LinearSignaturesWith;
 
 template <typename... S>
 struct LinearSignaturesWith<std::tuple<S...>> {
-  using Forward = std::tuple<at::Tensor, at::Tensor, at::Tensor>(
+  using Forward = std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor>(
       const at::Tensor&, const at::Tensor&, const at::Tensor&, const at::Tensor&, const std::optional<at::Tensor>&,
       const std::optional<at::Tensor>&, const std::optional<at::Tensor>&, c10::string_view, S..., int64_t, double,
-      double, std::optional<int64_t>, bool);
+      double, std::optional<int64_t>, bool, bool);
   using WithGrads = LinearResults(
       const at::Tensor&, const at::Tensor&, const at::Tensor&, const at::Tensor&, const std::optional<at::Tensor>&,
       const std::optional<at::Tensor>&, const std::optional<at::Tensor>&, c10::string_view, S..., int64_t, double,
-      double, std::optional<int64_t>, bool, std::array<bool, 6>);
+      double, std::optional<int64_t>, bool, bool, std::array<bool, 6>);
 };
 
 template <typename Loss>

@@ -103,18 +103,18 @@ inline std::string linear_params(const LossDecl& d, bool defaults) {
       tensor(f.biases[0], true) + ", " + tensor(f.biases[1], true) +
       (defaults ? ", str reduction=\"batchmean\"" : ", str reduction") + row_scalar_params(r, defaults);
   for (const ScalarArg& s : f.weights_of) params += declared_param(s, defaults);
-  return params + (defaults ? ", int? chunk_size=None, bool return_soft_hard_loss=False"
-                            : ", int? chunk_size, bool return_soft_hard_loss");
+  return params + (defaults ? ", int? chunk_size=None, bool return_soft_hard_loss=False, bool return_entropy=False"
+                            : ", int? chunk_size, bool return_soft_hard_loss, bool return_entropy");
 }
 }  // namespace detail
 
 inline std::string linear_forward_schema(const LossDecl& d) {
-  return std::string(d.linear.forward) + "(" + detail::linear_params(d, true) + ") -> (Tensor, Tensor, Tensor)";
+  return std::string(d.linear.forward) + "(" + detail::linear_params(d, true) + ") -> (Tensor, Tensor, Tensor, Tensor)";
 }
 
 inline std::string linear_with_grads_schema(const LossDecl& d) {
   std::string results = "Tensor";
-  for (int i = 1; i < 10; ++i) results += ", Tensor";
+  for (int i = 1; i < 11; ++i) results += ", Tensor";
   return std::string(d.linear.with_grads) + "(" + detail::linear_params(d, false) + ", bool[6] output_mask) -> (" +
       results + ")";
 }

@@ -109,6 +109,9 @@ struct RowBatch {
   const int64_t* hard_labels;
   double* hard_sums;
   double hard_weight;
+  // Non-null: row r's entropy of the student's distribution, -sum(p * log p) with p = softmax(student *
+  // logit_scale[0] / T), at entropy[r] for a kept row (composite/linear.h's RowExtras); a dropped row's untouched.
+  float* entropy;
 };
 
 // Whether a call's operands share one storage type and its rows are contiguous: the kernel then reads and

@@ -10,7 +10,8 @@
 //      (one log): the row's values f, summed or written ('none'), and a_s = g * df/ds and a_t = g * df/dt
 //      (g: each element's gradient weight), summed; p, q, a_s and a_t wait for pass 3 (RowScratch);
 //   3. the gradients w.r.t. the logits, (a_s - p * sum(a_s)) / T and (a_t - q * sum(a_t)) / T.
-// So 2 exp and 1 log per logit, with or without the gradients. The linear form's hard loss (cross entropy on
+// So 2 exp and 1 log per logit, with or without the gradients. The student's entropy, where asked for, is
+// -sum(p * s) over pass 2's p and s: one more product and sum per logit. The linear form's hard loss (cross entropy on
 // the student's untempered logits, isa.h's RowBatch) rides on them: pass 1's log-sum-exp where T == 1 (else
 // one more pass of its own), the label's logit read in pass 2, and its gradient added to a_s there.
 // Where the mixture is not a normal float in every lane of a vector (log-probabilities below -87), that
@@ -156,7 +157,7 @@ struct JsdRow {
   // their own where T != 1); pass 2 reads the label's logit, and adds weight * T * (softmax - one_hot) to
   // the a_s it keeps (not to sum(a_s)), which pass 3 divides by T.
   void run(const T* zs, const T* zt, const T* g, double g_scale, double* row_sum, T* values, T* grad_s,
-           T* grad_t, float* row_scale, const RowHard& hard, const RowScratch<A>& scratch) const {
+           T* grad_t, float* row_scale, const RowHard& hard, float* entropy, const RowScratch<A>& scratch) const {
     A* const prob_s = scratch.prob_s;
     A* const prob_t = scratch.prob_t;
     A* const cache_s = kCacheInGrad ? reinterpret_cast<A*>(grad_s) : scratch.a_s;
@@ -179,7 +180,7 @@ struct JsdRow {
     const auto log_p = [&](int64_t i) { return (load_at<IoT>(zs, i, n) * vinv_s - max_s) - log_sum_s; };
     const auto log_q = [&](int64_t i) { return (load_at<IoT>(zt, i, n) * vinv_q - max_t) - log_sum_t; };
     const auto weight = [&](int64_t i) { return g ? load_at<IoT>(g, i, n) * scale : scale; };
-    RowSum<V> sum_f, sum_as, sum_at;
+    RowSum<V> sum_f, sum_as, sum_at, sum_ps;
     // For row_scale: the largest |a_s|, |a_t|, p and q, whence a bound on every gradient of the row.
     V max_as = cst<V>(0), max_at = cst<V>(0), max_p = cst<V>(0), max_q = cst<V>(0);
     for (int64_t begin = 0, block = 0; begin < n; begin += kBlockVectors * W, ++block) {
@@ -187,7 +188,8 @@ struct JsdRow {
       const V factor_s = cst<V>(stats_s.factor(scratch.tops_s[block]));
       const V factor_t = cst<V>(stats_t.factor(scratch.tops_t[block]));
       for (int64_t i = begin; i < end; i += W) {
-        JsdTerms<V> e = math.terms(log_p(i), log_q(i), IoScratch::load(prob_s + i) * factor_s,
+        const V s = log_p(i);
+        JsdTerms<V> e = math.terms(s, log_q(i), IoScratch::load(prob_s + i) * factor_s,
                                    IoScratch::load(prob_t + i) * factor_t);
         if (i + W > n) {  // the tail's padding lanes add nothing
           const auto valid = first_lanes<IoT>(n - i);
@@ -199,6 +201,8 @@ struct JsdRow {
         }
         if (values) store_at<IoT>(values, i, n, e.f);
         sum_f.add(e.f);
+        // p * s is 0 where p is (the padding, a logit of -inf: 0 * -inf would be NaN).
+        if (entropy) sum_ps.add(select(e.p > cst<V>(0), e.p * s, cst<V>(0)));
         const bool at_label = has_hard && hard.label >= i && hard.label < i + W;
         if (at_label) {
           label_logit = reduce_add(select(one_lane<IoT>(hard.label - i), load_at<IoT>(zs, i, n), cst<V>(0)));
@@ -235,10 +239,12 @@ struct JsdRow {
         }
       }
       sum_f.end_block();
+      sum_ps.end_block();
       sum_as.end_block();
       sum_at.end_block();
     }
     if (row_sum) *row_sum = sum_f.total;
+    if (entropy) *entropy = static_cast<float>(-sum_ps.total);
     if (has_hard && hard.value) *hard.value = (raw.max - label_logit * raw_inv) + raw.log_sum;
     if (!grad_s && !grad_t) return;
     const V total_as = cst<V>(sum_as.total), total_at = cst<V>(sum_at.total);
@@ -291,7 +297,7 @@ void jsd_rows_direct(const RowBatch& c, int64_t begin, int64_t end, void* scratc
     row.run(zs + c.student_offsets[r], zt + c.teacher_offsets[r],
             c.grad_output ? static_cast<const T*>(c.grad_output) + k * v : nullptr, c.grad_scale,
             c.row_sums ? c.row_sums + k : nullptr, c.values ? static_cast<T*>(c.values) + k * v : nullptr, gs, gt,
-            c.row_scale ? c.row_scale + r : nullptr, hard_of(c, r, k), rows);
+            c.row_scale ? c.row_scale + r : nullptr, hard_of(c, r, k), c.entropy ? c.entropy + r : nullptr, rows);
   }
 }
 
@@ -324,7 +330,7 @@ void jsd_converted(const RowBatch& c, int64_t begin, int64_t end, void* scratch)
     if (c.grad_output) read_row<IoAcc>(c.result_dtype, at(c.grad_output, c.result_dtype, k), 1, gather, g, v);
     row.run(zs, zt, c.grad_output ? g : nullptr, c.grad_scale, c.row_sums ? c.row_sums + k : nullptr,
             c.values ? values : nullptr, c.grad_student ? gs : nullptr, c.grad_teacher ? gt : nullptr,
-            c.row_scale ? c.row_scale + r : nullptr, hard_of(c, r, k), kept);
+            c.row_scale ? c.row_scale + r : nullptr, hard_of(c, r, k), c.entropy ? c.entropy + r : nullptr, kept);
     if (c.values) write_row<IoAcc>(values, c.result_dtype, at(c.values, c.result_dtype, k), v);
     if (c.grad_student) write_row<IoAcc>(gs, c.student_dtype, at(c.grad_student, c.student_dtype, r), v);
     if (c.grad_teacher) write_row<IoAcc>(gt, c.teacher_dtype, at(c.grad_teacher, c.teacher_dtype, r), v);

@@ -163,6 +163,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> forward(
   if (extras) {
     r.grad_scale *= extras->grad_scale;
     r.teacher_scale = extras->teacher_scale;
+    r.entropy = extras->entropy;
   }
   auto [gs, gt] = gradients(c, mask, r, over_logits);
   const c10::IntArrayRef leading(c.spec.logits_shape.data(), c.spec.logits_shape.size() - 1);

@@ -41,7 +41,8 @@ struct MetaKernels {
 
 // A row loss's linear form: its checks on SymInt sizes, then the results (losses.h's LinearForm): three 0-dim
 // tensors of the result's dtype, each gradient asked for of its input's shape (an empty tensor otherwise), the
-// stored gradients' float32 scales, one per side.
+// stored gradients' float32 scales, one per side, and the student's entropy (float32, of the leading shape, where
+// asked for; else empty).
 template <typename Loss>
 struct LinearMeta {
   static LinearResults run(const char* op, const LinearCall& c, std::array<bool, 6> mask) {
@@ -62,8 +63,9 @@ struct LinearMeta {
     };
     const auto [gxs, gws, gbs] = side(0, 0);
     const auto [gxt, gwt, gbt] = side(1, 3);
-    return {scalar(), scalar(), scalar(), gxs, gws, gbs, gxt, gwt, gbt,
-            at::empty({2}, input.options().dtype(at::kFloat))};
+    const auto floats = input.options().dtype(at::kFloat);
+    return {scalar(), scalar(), scalar(), gxs, gws, gbs, gxt, gwt, gbt, at::empty({2}, floats),
+            c.return_entropy ? at::empty_symint(spec.leading, floats) : at::empty({0}, floats)};
   }
 };
 

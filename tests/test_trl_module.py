@@ -261,3 +261,45 @@ def test_module_imports_without_trl():
             "print(t.chunked_divergence_loss.__name__, 'trl' in sys.modules and sys.modules['trl'] is None)")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.split() == ["chunked_divergence_loss", "True"]
+
+
+FSDP2_HEADS = r"""
+import os, sys, torch, torch.distributed as dist
+from torch.distributed.device_mesh import init_device_mesh
+from torch.distributed.tensor import DTensor, Shard, distribute_tensor
+sys.path.insert(0, sys.argv[1])
+from test_trl_module import _inputs
+import npu_loss_ops.trl as ntrl
+
+dist.init_process_group("gloo", init_method="file://" + sys.argv[2], rank=0, world_size=1)
+mesh = init_device_mesh("cpu", (1,))
+x, mask = _inputs(torch.float32)
+calls = []
+full = DTensor.full_tensor
+DTensor.full_tensor = lambda self, *a, **k: calls.append(1) or full(self, *a, **k)
+ws = distribute_tensor(x["ws"], mesh, [Shard(0)]).requires_grad_()
+bs = distribute_tensor(x["bs"], mesh, [Shard(0)]).requires_grad_()
+wt = distribute_tensor(x["wt"], mesh, [Shard(0)])
+loss, entropy, n = ntrl.chunked_divergence_loss(x["hs"], x["ht"], ws, wt, mask, 0.5, student_lm_head_bias=bs,
+                                               teacher_lm_head_bias=x["bt"])
+loss.backward()
+plain_ws, plain_bs = x["ws"].clone().requires_grad_(), x["bs"].clone().requires_grad_()
+want = ntrl.chunked_divergence_loss(x["hs"], x["ht"], plain_ws, x["wt"], mask, 0.5, student_lm_head_bias=plain_bs,
+                                    teacher_lm_head_bias=x["bt"])
+want[0].backward()
+assert torch.equal(loss, want[0]) and torch.equal(entropy, want[1]), (loss, want)
+assert isinstance(ws.grad, DTensor) and torch.equal(ws.grad.full_tensor(), plain_ws.grad)
+assert torch.equal(bs.grad.full_tensor(), plain_bs.grad)
+print("full_tensor calls", len(calls) - 2)  # the two above, on the gradients
+dist.destroy_process_group()
+"""
+
+
+def test_fsdp2_heads_are_made_whole_once_per_head(tmp_path):
+    """DTensor heads (FSDP2's Shard(0), one process over gloo): full_tensor() once per weight and bias given as
+    a DTensor, as TRL does, the values and the DTensor weight's gradient those of plain tensors."""
+    import subprocess
+    out = subprocess.run([sys.executable, "-c", FSDP2_HEADS, str(__import__("pathlib").Path(__file__).parent),
+                          str(tmp_path / "store")], capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert out.stdout.split()[-1] == "3"  # the student's weight and bias, the teacher's weight

@@ -239,3 +239,31 @@ def test_return_entropy_must_be_a_bool():
         npu_loss_ops.fused_linear_jsd_loss(xs, ws, xt, wt, return_entropy="yes")
     with pytest.raises(TypeError, match="return_entropy must be a bool"):
         npu_loss_ops.FusedLinearJSDLoss(return_entropy=None)
+
+
+@pytest.mark.parametrize("fused", [False, True])
+def test_on_the_device_as_on_the_cpu(fused, device):
+    """Every device makes the entropy (the NPU: torch ops on each chunk, the logits form's pass), within
+    float32's tolerance of the CPU's; the loss and the gradients stay the device's own."""
+    results = []
+    if fused:
+        xs, ws, xt, wt, bs, bt, labels = _linear_inputs(torch.float32)
+        for dev in ("cpu", device):
+            a, b, c, d = (t.detach().to(dev).requires_grad_(i < 2) for i, t in enumerate((xs, ws, xt, wt)))
+            loss, entropy = npu_loss_ops.fused_linear_jsd_loss(a, b, c, d, labels.to(dev), beta=0.3,
+                                                               temperature=2.0, chunk_size=5, student_softcap=3.0,
+                                                               return_entropy=True)
+            loss.backward()
+            results.append([x.detach().cpu() for x in (loss, entropy, a.grad)])
+    else:
+        student, teacher = _logits((2, 5, 41), torch.float32), _logits((2, 5, 41), torch.float32, seed=1)
+        labels = torch.tensor([[1, -100, 2, 3, 4], [5, 6, 7, 8, -100]])
+        for dev in ("cpu", device):
+            s = student.detach().to(dev).requires_grad_()
+            loss, entropy = npu_loss_ops.generalized_jsd_loss(s, teacher.to(dev), labels.to(dev), 0.3, 2.0,
+                                                              student_logit_scale=0.5, return_entropy=True)
+            loss.backward()
+            results.append([x.detach().cpu() for x in (loss, entropy, s.grad)])
+    assert results[1][1].dtype == torch.float32 and results[1][1].shape == results[0][1].shape
+    for a, b in zip(*results):
+        torch.testing.assert_close(b, a, rtol=2e-5, atol=2e-6)

@@ -97,10 +97,9 @@ struct LinearLossNode final : public torch::autograd::TraceableFunction {
     variable_list out(kInputs);
     const at::Tensor& g = incoming[0];
     if (!g.defined()) return out;
-    // One per side, in float32 or grad_output's wider dtype (a 0-dim float64 grad_output times the float32
-    // scales would otherwise be a float32 product, rounding a float64 gradient's factor).
-    const at::ScalarType acc = at::promote_types(g.scalar_type(), at::kFloat);
-    const at::Tensor factors = g.to(acc) * t[kInputs].to(acc);
+    // One per side: a 0-dim grad_output times the float32 scales is a float32 product, and a float64 one's
+    // (whose gradients are float64) is made in float64 instead.
+    const at::Tensor factors = g * (g.scalar_type() == at::kDouble ? t[kInputs].to(at::kDouble) : t[kInputs]);
     for (size_t i = 0; i < kInputs; ++i) {
       if (!needs[i] || !t[i].defined()) continue;
       const at::Tensor factor = factors.select(0, static_cast<int64_t>(i / 3));

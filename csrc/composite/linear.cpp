@@ -294,7 +294,8 @@ LinearSums allocate_sums(const LinearCall& c, const LinearPlan& p, std::array<bo
   const auto sums = c.input[0]->options().dtype(c.input[0]->is_cpu() ? at::kDouble : p.acc);
   s.soft = at::zeros({}, sums);
   s.hard = at::zeros({}, sums);
-  s.entropy = at::zeros({c.return_entropy ? p.n : 0}, c.input[0]->options().dtype(at::kFloat));
+  const auto floats = c.input[0]->options().dtype(at::kFloat);
+  s.entropy = c.return_entropy ? at::zeros({p.n}, floats) : at::empty({0}, floats);
   return s;
 }
 

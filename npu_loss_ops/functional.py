@@ -468,8 +468,8 @@ def _student_entropy(student_logits: Tensor, labels: Tensor | None, temperature:
             z = torch.tanh(z / softcap) * softcap
         log_p = torch.log_softmax(z / temperature, dim=-1)
         p = log_p.exp()
-        # p * log p is 0 where p is (a logit of -inf: 0 * -inf would be NaN).
-        return -torch.where(p > 0, p * log_p, 0.0).sum(-1)
+        # p * log p is 0 where p is (a logit of -inf: 0 * -inf would be NaN); a NaN stays NaN.
+        return -torch.where(p == 0, 0.0, p * log_p).sum(-1)
 
     with torch.no_grad():
         if _dtensor.any_dtensor(x) or x.dim() < 2 or x.numel() <= _ENTROPY_CHUNK_ELEMENTS:

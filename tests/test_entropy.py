@@ -104,6 +104,23 @@ def test_entropy_of_minus_infinity_logits_is_finite():
            "-inf bias, fused")
 
 
+def test_a_nan_row_has_a_nan_entropy():
+    """A NaN logit makes its row's entropy NaN (not 0), on both forms; the other rows keep theirs."""
+    student, teacher = _logits((3, 17), torch.float32), _logits((3, 17), torch.float32, seed=1)
+    student[1, 4] = float("nan")
+    _, entropy = npu_loss_ops.generalized_jsd_loss(student, teacher, return_entropy=True)
+    assert entropy[1].isnan() and not entropy[[0, 2]].isnan().any()
+    x, w = _logits((3, 8), torch.float32), _logits((17, 8), torch.float32, seed=3)
+    x[1, 2] = float("nan")
+    for chunk_size in (None, 1):
+        _, entropy = npu_loss_ops.fused_linear_jsd_loss(x, w, x, w, chunk_size=chunk_size, return_entropy=True)
+        assert entropy[1].isnan() and not entropy[[0, 2]].isnan().any()
+    args = (x, w, x, w, None, None, None, "sum", 0.5, 1.0, 1.0, 1.0, None, None, -100, 0.0, 1.0, 1, False, True)
+    composite = torch.ops.npu_loss.fused_linear_jsd_loss.default.redispatch(
+        torch._C.DispatchKeySet(torch._C.DispatchKey.CompositeExplicitAutograd), *args)[3]
+    assert composite[1].isnan() and not composite[[0, 2]].isnan().any()
+
+
 # ---- from hidden states --------------------------------------------------------------------------------------
 
 

@@ -223,8 +223,8 @@ void entropy_chunk(const at::Tensor& z, double temperature, const at::Tensor& ke
   in_row_blocks(z.size(0), z.size(1), [&](int64_t first, int64_t count) {
     const at::Tensor log_p = at::log_softmax(z.narrow(0, first, count).to(acc).div(temperature), -1);
     const at::Tensor p = log_p.exp();
-    // p * log p is 0 where p is (a logit of -inf, whose log p is -inf: 0 * -inf would be NaN).
-    const at::Tensor terms = at::where(p > 0, p * log_p, at::zeros({}, p.options()));
+    // p * log p is 0 where p is (a logit of -inf, whose log p is -inf: 0 * -inf would be NaN); NaN stays NaN.
+    const at::Tensor terms = at::where(p == 0, at::zeros({}, p.options()), p * log_p);
     out.narrow(0, first, count).copy_(terms.sum({-1}).neg());
   });
   if (keep.defined()) out.masked_fill_(keep.logical_not(), 0);

@@ -201,8 +201,8 @@ struct JsdRow {
         }
         if (values) store_at<IoT>(values, i, n, e.f);
         sum_f.add(e.f);
-        // p * s is 0 where p is (the padding, a logit of -inf: 0 * -inf would be NaN).
-        if (entropy) sum_ps.add(select(e.p > cst<V>(0), e.p * s, cst<V>(0)));
+        // p * s is 0 where p is (the padding, a logit of -inf: 0 * -inf would be NaN); a NaN stays NaN.
+        if (entropy) sum_ps.add(select(e.p == cst<V>(0), cst<V>(0), e.p * s));
         const bool at_label = has_hard && hard.label >= i && hard.label < i + W;
         if (at_label) {
           label_logit = reduce_add(select(one_lane<IoT>(hard.label - i), load_at<IoT>(zs, i, n), cst<V>(0)));

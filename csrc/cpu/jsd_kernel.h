@@ -11,9 +11,9 @@
 //      (g: each element's gradient weight), summed; p, q, a_s and a_t wait for pass 3 (RowScratch);
 //   3. the gradients w.r.t. the logits, (a_s - p * sum(a_s)) / T and (a_t - q * sum(a_t)) / T.
 // So 2 exp and 1 log per logit, with or without the gradients. The student's entropy, where asked for, is
-// -sum(p * s) over pass 2's p and s: one more product and sum per logit. The linear form's hard loss (cross entropy on
-// the student's untempered logits, isa.h's RowBatch) rides on them: pass 1's log-sum-exp where T == 1 (else
-// one more pass of its own), the label's logit read in pass 2, and its gradient added to a_s there.
+// -sum(p * s) over pass 2's p and s: one more product and sum per logit. The linear form's hard loss (cross
+// entropy on the student's untempered logits, isa.h's RowBatch) rides on them: pass 1's log-sum-exp where
+// T == 1 (else one more pass of its own), the label's logit read in pass 2, and its gradient added to a_s there.
 // Where the mixture is not a normal float in every lane of a vector (log-probabilities below -87), that
 // vector's s - m and t - m come from d = s - t + log(1 - beta) - log(beta) instead:
 // s - m = -log(1 - beta) - softplus(-d) and t - m = -log(beta) - softplus(d), exact where p and q underflow.

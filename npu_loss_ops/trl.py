@@ -45,11 +45,9 @@ def _compute_dtype(hidden: Tensor) -> torch.dtype:
 
 def _gather_lm_head(*params: Tensor | None) -> contextlib.AbstractContextManager[Any]:
     """TRL's ``maybe_gather_lm_head_ctx`` (DeepSpeed ZeRO-3 gathers the partitioned heads for the call) where
-    ``trl`` provides it, else nothing to do."""
-    try:
-        utils = importlib.import_module("trl.trainer.utils")
-    except ImportError:
-        return contextlib.nullcontext()
+    ``trl`` has it imported (its trainers import it; a process without them has no ZeRO-3 heads of TRL's to
+    gather, and importing trl here would cost seconds), else nothing to do."""
+    utils = sys.modules.get("trl.trainer.utils")
     gather = getattr(utils, "maybe_gather_lm_head_ctx", None)
     if gather is None:
         return contextlib.nullcontext()

@@ -91,14 +91,15 @@ def chunked_divergence_loss(
 
     Returns:
         ``(loss, entropy_sum, n_valid)``: the sum divided by ``n_valid`` clamped to at least 1, or by
-        ``num_items_in_batch`` when given (float32, as TRL's; float64 for float64 inputs); the sum of the student's entropy over the kept positions
-        (float32, no gradient); and the number of kept positions (int64).
+        ``num_items_in_batch`` when given (float32, as TRL's; float64 for float64 inputs); the sum of the
+        student's entropy over the kept positions (float32, no gradient); and the number of kept positions
+        (int64).
 
     Only the student's side gets gradients (the teacher's is detached). Under autocast the projections run in
     autocast's dtype, as TRL's do. FSDP2 ``DTensor`` heads are gathered with one ``full_tensor()``; DeepSpeed
     ZeRO-3 heads inside TRL's ``maybe_gather_lm_head_ctx``. Where TRL projects in float32 tiles of bfloat16
     inputs, the package computes the logits in the inputs' dtype and the rest in float32: the loss agrees within
-    bfloat16's tolerance, and exactly in float32.
+    bfloat16's tolerance there, and within float32's rounding in float32.
     """
     student_lm_head_weight, student_lm_head_bias = _whole_head(
         student_lm_head_weight, student_lm_head_bias, student_hidden_states.dtype)

@@ -437,10 +437,12 @@ def register() -> None:
             register_op_strategy(getattr(torch.ops.npu_loss, name).default,
                                  RuntimeSchemaInfo(first_scalar))(_row_strategy(row_loss, which))
         if row_loss.linear is not None:
-            # The labels, the biases and every argument after them are part of the cache key.
-            for name, outputs in ((row_loss.linear.forward, 4), (row_loss.linear.with_grads, 11)):
-                register_op_strategy(getattr(torch.ops.npu_loss, name).default,
-                                     RuntimeSchemaInfo(4))(_linear_strategy(row_loss.linear, outputs))
+            # The labels, the biases and every argument after them are part of the cache key; each op's results
+            # are counted from its schema (csrc/core/schema.h).
+            for name in (row_loss.linear.forward, row_loss.linear.with_grads):
+                overload = getattr(torch.ops.npu_loss, name).default
+                outputs = len(overload._schema.returns)
+                register_op_strategy(overload, RuntimeSchemaInfo(4))(_linear_strategy(row_loss.linear, outputs))
 
 
 def _register_or_warn() -> None:

@@ -488,6 +488,20 @@ def trl_generalized_jsd_loss(student_logits, teacher_logits, labels=None, beta=0
     return jsd
 
 
+def transformed(z, scale=1.0, softcap=None):
+    """The logit transform in TRL's DistillationTrainer order: the scale, then the softcap (c * tanh(x / c))."""
+    x = z * scale
+    return x if softcap is None else softcap * torch.tanh(x / softcap)
+
+
+def student_entropy(logits, labels=None, temperature=1.0, scale=1.0, softcap=None, ignore_index=-100):
+    """TRL's entropy, log Z - sum(p * z) of z = transformed(logits) / T per row, in float64 from the logits' own
+    values; 0 on the rows labels drop."""
+    z = transformed(logits.detach().double(), scale, softcap) / temperature
+    entropy = torch.logsumexp(z, -1) - (torch.softmax(z, -1) * z).sum(-1)
+    return entropy if labels is None else entropy.masked_fill(labels == ignore_index, 0.0)
+
+
 def jsd_magnitudes(student_logits, teacher_logits, labels, beta, temperature, ignore_index=-100):
     """The scale of each element's float32 rounding errors in the generalized JSD, in float64, for
     assert_close's magnitude: each term of the value with |log-probability| + 1 factors in place of the

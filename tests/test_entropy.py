@@ -8,6 +8,7 @@ import pytest
 import torch
 
 import npu_loss_ops
+from reference import student_entropy as reference_entropy
 
 TRANSFORMS = [  # (student_logit_scale, student_softcap)
     (1.0, None),
@@ -18,21 +19,6 @@ TRANSFORMS = [  # (student_logit_scale, student_softcap)
 # The entropy is float32 whatever the logits' dtype; float64 logits are computed in float64 and rounded once.
 TOLERANCE = {torch.float64: (1e-6, 1e-6), torch.float32: (2e-5, 2e-5), torch.bfloat16: (2e-5, 2e-5),
              torch.float16: (2e-5, 2e-5)}
-
-
-def reference_entropy(logits: torch.Tensor, labels, temperature: float, scale: float, softcap,
-                      ignore_index: int = -100) -> torch.Tensor:
-    """TRL's: log Z - sum(p * z) of z = transform(logits) / T, in float64 from the logits' own values."""
-    z = logits.detach().double() * scale
-    if softcap is not None:
-        z = softcap * torch.tanh(z / softcap)
-    z = z / temperature
-    log_z = torch.logsumexp(z, -1)
-    p = torch.softmax(z, -1)
-    entropy = log_z - (p * z).sum(-1)
-    if labels is not None:
-        entropy = entropy.masked_fill(labels == ignore_index, 0.0)
-    return entropy
 
 
 def _check(actual: torch.Tensor, expected: torch.Tensor, logits_dtype: torch.dtype, what: str) -> None:

@@ -12,7 +12,7 @@ import pytest
 import torch
 
 import npu_loss_ops
-from reference import trl_generalized_jsd_loss
+from reference import transformed, trl_generalized_jsd_loss
 
 COMPOSITE = torch._C.DispatchKey.CompositeExplicitAutograd
 TRANSFORMS = [  # (student_logit_scale, teacher_logit_scale, student_softcap, teacher_softcap)
@@ -26,12 +26,6 @@ TOLERANCE = {torch.float64: (1e-9, 1e-11), torch.float32: (2e-5, 2e-6), torch.bf
 
 def _keywords(transform: tuple) -> dict:
     return dict(zip(("student_logit_scale", "teacher_logit_scale", "student_softcap", "teacher_softcap"), transform))
-
-
-def transformed(z: torch.Tensor, scale: float, softcap: float | None) -> torch.Tensor:
-    """TRL's order: the scale, then the softcap."""
-    x = z * scale
-    return x if softcap is None else softcap * torch.tanh(x / softcap)
 
 
 def reference(student, teacher, labels, beta, temperature, reduction, transform, grad_output=None):

@@ -15,6 +15,7 @@ import torch
 
 import npu_loss_ops
 import npu_loss_ops.trl as ntrl
+from reference import student_entropy, transformed, trl_generalized_jsd_loss
 
 SIGNATURE = ("(student_hidden_states, teacher_hidden_states, student_lm_head_weight, teacher_lm_head_weight, "
              "completion_mask, beta, num_items_in_batch=None, student_lm_head_bias=None, teacher_lm_head_bias=None, "
@@ -24,36 +25,23 @@ SIGNATURE = ("(student_hidden_states, teacher_hidden_states, student_lm_head_wei
 
 def reference(hs, ht, ws, wt, mask, beta, num_items=None, bs=None, bt=None, s_scale=1.0, t_scale=1.0,
               s_cap=None, t_cap=None, temperature=1.0):
-    """TRL 1.16's _chunked_divergence_loss restated on whole logits in float64: each side's logits times its
-    scale, softcapped, divided by T; the per-token divergence (forward KL, reverse KL or the generalized JSD)
-    summed over the kept tokens and divided by max(kept, 1) or num_items; the student's entropy log Z - sum(p z)
-    summed over the kept tokens; the kept count. Autograd gives the student's gradients."""
+    """TRL 1.16's _chunked_divergence_loss on whole logits in float64: each side's logits transformed
+    (reference.transformed), the per-token divergence of reference.trl_generalized_jsd_loss ('none', summed over
+    the vocabulary) summed over the kept tokens and divided by max(kept, 1) or num_items; the student's entropy
+    (reference.student_entropy) summed over the kept tokens; the kept count. Autograd gives the student's
+    gradients."""
     def side(h, w, b, scale, cap):
         z = h.reshape(-1, h.size(-1)) @ w.T
-        if b is not None:
-            z = z + b
-        z = z * scale
-        if cap is not None:
-            z = cap * torch.tanh(z / cap)
-        return z / temperature
+        return transformed(z if b is None else z + b, scale, cap)
     zs, zt = side(hs, ws, bs, s_scale, s_cap), side(ht.detach(), wt.detach(), None if bt is None else bt.detach(),
                                                      t_scale, t_cap)
-    log_ps, log_pt = torch.log_softmax(zs, -1), torch.log_softmax(zt, -1)
-    ps, pt = log_ps.exp(), log_pt.exp()
-    if beta == 0:
-        per_token = (pt * (log_pt - log_ps)).sum(-1)
-    elif beta == 1:
-        per_token = (ps * (log_ps - log_pt)).sum(-1)
-    else:
-        log_m = torch.logsumexp(torch.stack([log_ps + torch.log1p(torch.tensor(-beta, dtype=zs.dtype)),
-                                             log_pt + torch.log(torch.tensor(beta, dtype=zs.dtype))]), 0)
-        per_token = (beta * pt * (log_pt - log_m) + (1 - beta) * ps * (log_ps - log_m)).sum(-1)
-    entropy = torch.logsumexp(zs, -1) - (ps * zs).sum(-1)
+    per_token = trl_generalized_jsd_loss(zs, zt, None, beta, temperature, "none").sum(-1)
     valid = mask.reshape(-1) != 0
     n_valid = valid.sum()
     total = per_token.masked_fill(~valid, 0).sum()
     loss = total / n_valid.clamp(min=1) if num_items is None else total / num_items
-    return loss, entropy.masked_fill(~valid, 0).sum().detach(), n_valid
+    labels = torch.where(valid, 0, -100)
+    return loss, student_entropy(zs, labels, temperature).sum(), n_valid
 
 
 def _inputs(dtype, b=2, k=5, hs=12, ht=20, vocab=53, bias=True, seed=0):

@@ -5,6 +5,7 @@ states, weight and bias. (The same matrix in float64 runs against the project's 
 tests/test_trl_module.py: TRL's tiles are float32.)"""
 from __future__ import annotations
 
+import inspect
 import itertools
 
 import pytest
@@ -13,6 +14,7 @@ import torch
 import npu_loss_ops
 import npu_loss_ops.trl as ntrl
 from trl.experimental.gkd.gkd_trainer import GKDTrainer
+from test_trl_module import _inputs as _trl_module_inputs
 from trl.trainer import distillation_trainer
 
 # TRL's own, taken before any test may swap them (patch() restores them; this keeps the comparison honest even
@@ -23,15 +25,16 @@ TRL_GKD = GKDTrainer.__dict__["generalized_jsd_loss"].__func__
 TRANSFORMS = list(itertools.product([1.0, 0.5], [None, 5.0], [1.0, 2.0], [None, 4.0]))  # s scale/cap, t scale/cap
 
 
-def _inputs(bias: bool, seed: int, b=2, k=6, hs=16, ht=24, vocab=97):
-    gen = torch.Generator().manual_seed(seed)
-    x = dict(hs=torch.randn(b, k, hs, generator=gen) * 0.7, ht=torch.randn(b, k, ht, generator=gen) * 0.7,
-             ws=torch.randn(vocab, hs, generator=gen), wt=torch.randn(vocab, ht, generator=gen),
-             bs=torch.randn(vocab, generator=gen) if bias else None,
-             bt=torch.randn(vocab, generator=gen) if bias else None)
-    mask = torch.randint(0, 2, (b, k), generator=gen)
-    mask[0, 0] = 1
-    return x, mask
+def _inputs(bias: bool, seed: int):
+    """tests/test_trl_module.py's inputs, in float32, at a vocabulary of 97."""
+    return _trl_module_inputs(torch.float32, k=6, hs=16, ht=24, vocab=97, bias=bias, seed=seed)
+
+
+def test_signature_is_trls():
+    """The package's function has TRL's own parameters: names, kinds and defaults, in order."""
+    ours = inspect.signature(ntrl.chunked_divergence_loss).parameters.values()
+    theirs = inspect.signature(TRL_CHUNKED).parameters.values()
+    assert [(p.name, p.kind, p.default) for p in ours] == [(p.name, p.kind, p.default) for p in theirs]
 
 
 def _run(fn, x, mask, beta, num_items, transform, temperature):

@@ -326,7 +326,7 @@ void run_chunks(const LinearCall& c, const LinearPlan& p, std::array<bool, 6> ma
   std::unique_ptr<SideProducts> products[2];
   for (int side = 0; side < 2; ++side) {
     const ProductKind kind = kind_of(step, *x[side]);
-    products[side] = r.products ? r.products(kind, *c.weight[side], *c.bias[side], p.rows, mask[3 * side])
+    products[side] = r.products ? r.products(kind, *c.weight[side], *c.bias[side], p.rows)
                                 : aten_products(*c.weight[side], *c.bias[side]);
   }
   const std::array<bool, 2> row_mask{p.side_grads[0], p.side_grads[1]};

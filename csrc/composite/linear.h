@@ -67,12 +67,11 @@ void logits_into(at::Tensor& out, const at::Tensor& x, const at::Tensor& w, cons
 std::unique_ptr<SideProducts> aten_products(const at::Tensor& w, const std::optional<at::Tensor>& b);
 
 // What a backend changes in how the chunks are made: which products a side's hidden states get, those products
-// (for `rows` rows per chunk; `input_grad`: the input's gradient is made), and the chunk's buffers. By default
-// ATen's products and at::empty.
+// (for `rows` rows per chunk), and the chunk's buffers. By default ATen's products and at::empty.
 struct ChunkResources {
   std::function<ProductKind(const at::Tensor& x)> kind;
   std::function<std::unique_ptr<SideProducts>(ProductKind, const at::Tensor& w, const std::optional<at::Tensor>& b,
-                                              int64_t rows, bool input_grad)>
+                                              int64_t rows)>
       products;
   std::function<at::Tensor(c10::IntArrayRef, const at::TensorOptions&)> buffer;
 };

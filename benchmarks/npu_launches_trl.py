@@ -218,10 +218,13 @@ def markdown(results: dict) -> str:
         f"by {s} on N/{s} x V/{s} (the same token and vocabulary tiles, the last one partial as at V = 151,936), "
         f"the package at the real N (its chunk's rows are a fixed share of N; V cancels out) on V/{s} with H = "
         f"{DERIVED_HIDDEN}. Where a size was measured and derived, both are shown: they agree if the "
-        "derivation does.",
+        "derivation does. TRL tiles: token tiles x vocabulary tiles (each pass of TRL's visits them all); ours' chunks: "
+        "the package's chunks of rows (one `aclnnMm`, the student's logits, each), 33 to 46 launches apiece, by beta and dtype"
+        "; the run's JSON: [npu_launches_trl.json](npu_launches_trl.json).",
         "",
-        "| N | V | H | beta | dtype | how | TRL fwd | TRL bwd | TRL | ours fwd | ours bwd | ours | ours / TRL |",
-        "|---:|---:|---:|---:|---|---|---:|---:|---:|---:|---:|---:|---:|",
+        "| N | V | H | beta | dtype | how | TRL tiles | TRL fwd | TRL bwd | TRL | ours' chunks | ours fwd | ours bwd "
+        "| ours | ours / TRL |",
+        "|---:|---:|---:|---:|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
     ]
     for n, v, h, beta, dtype in cases():
         row = results["rows"].get(case_key(n, v, h, beta, dtype))
@@ -235,8 +238,10 @@ def markdown(results: dict) -> str:
                         else [side.get("note", "–"), "", ""])
 
             ratio = f"{total(ours) / total(trl):.2f}x" if total(trl) and total(ours) is not None else "–"
-            lines.append(f"| {n:,} | {v:,} | {h:,} | {beta:g} | {dtype} | {kind} | {' | '.join(cells(trl))} | "
-                         f"{' | '.join(cells(ours))} | {ratio} |")
+            tiles = -(-n // 4096) * -(-v // 32768)
+            chunks = ours.get("fwd_ops", {}).get("aclnnMm", "–")
+            lines.append(f"| {n:,} | {v:,} | {h:,} | {beta:g} | {dtype} | {kind} | {tiles} | {' | '.join(cells(trl))} "
+                         f"| {chunks} | {' | '.join(cells(ours))} | {ratio} |")
     checks = []
     for key, row in results["rows"].items():
         m = row.get("measured", {})

@@ -250,8 +250,12 @@ def main() -> int:
         with open(args.json, "w") as f:
             json.dump(results, f, indent=1, sort_keys=True)
         if args.markdown:
+            # npu_launches_trl.py's section (TRL's chunked divergence loss against ours) is its own run's: kept.
+            from npu_launches_trl import kept_section
+
+            kept = kept_section(args.markdown)
             with open(args.markdown, "w") as f:
-                f.write(markdown(results))
+                f.write(markdown(results) + ("\n" + kept if kept else ""))
         return 0
     measured = measure(baselines=args.baselines)
     with open(args.json, "w") as f:

@@ -95,9 +95,10 @@ int64_t linear_row_bytes(const LinearSpec& spec, const LinearCall& c, std::array
   const bool probs = spec.labels && (c.weight_hard != 0 || c.return_parts) && !step.fuses;
   int64_t bytes = s + (teacher_in_halves(c, mask, step) ? t / 2 : t) +
                   (probs ? itemsize(accumulate_dtype(spec.dtype)) : 0) + step.scratch_bytes;
-  // A softcapped side whose gradient is made keeps its logits' slope (transform_chunk).
-  if (wants_grads(mask, 0) && c.scalars.transform(0).softcap != 0) bytes += s;
-  if (wants_grads(mask, 1) && c.scalars.transform(1).softcap != 0) bytes += t;
+  // A softcapped side whose gradient is made keeps its logits' slope (transform_chunk), unless the step
+  // fuses the chain (RowExtras::chain).
+  if (!step.fuses && wants_grads(mask, 0) && c.scalars.transform(0).softcap != 0) bytes += s;
+  if (!step.fuses && wants_grads(mask, 1) && c.scalars.transform(1).softcap != 0) bytes += t;
   if (!step.in_place) bytes += (wants_grads(mask, 0) ? s : 0) + (wants_grads(mask, 1) ? t : 0);
   return bytes * std::max<int64_t>(spec.vocab, 1);
 }
@@ -208,9 +209,11 @@ void hard_loss_chunk(const at::Tensor& z, at::Tensor& h, const at::Tensor& chunk
 // and `slope` defined, slope = scale * (1 - tanh^2), the factor of the side's gradient (chain_transform).
 void transform_chunk(at::Tensor& z, const DeclaredScalars::Transform& tr, at::Tensor slope) {
   if (tr.identity()) return;
-  if (tr.scale != 1.0) z.mul_(tr.scale);
-  if (tr.softcap == 0.0) return;
-  z.div_(tr.softcap).tanh_();
+  if (tr.softcap == 0.0) {
+    z.mul_(tr.scale);
+    return;
+  }
+  z.mul_(tr.scale / tr.softcap).tanh_();  // one pass for scale / softcap
   if (slope.defined()) slope.copy_(z).mul_(z).neg_().add_(1.0).mul_(tr.scale);
   z.mul_(tr.softcap);
 }
@@ -317,9 +320,9 @@ void run_chunks(const LinearCall& c, const LinearPlan& p, std::array<bool, 6> ma
   // The logit transform runs here, on each chunk's logits; the step sees them transformed.
   const DeclaredScalars::Transform tr[2] = {c.scalars.transform(0), c.scalars.transform(1)};
   const DeclaredScalars scalars = c.scalars.without_transform();
-  at::Tensor slopes[2];
+  at::Tensor slopes[2];  // where the step does not chain the transform itself (RowExtras::chain)
   for (int side = 0; side < 2; ++side) {
-    if (tr[side].softcap != 0 && p.side_grads[side]) {
+    if (!p.fuse && tr[side].softcap != 0 && p.side_grads[side]) {
       slopes[side] = buffer({side == 0 ? p.rows : p.teacher_rows, p.vocab}, x[side]->options());
     }
   }
@@ -351,6 +354,8 @@ void run_chunks(const LinearCall& c, const LinearPlan& p, std::array<bool, 6> ma
     // Fused: the soft factor times the stored scales, the hard loss and the entropy, in the step's passes.
     RowExtras extras{p.soft_factor * p.scales[0], p.scales[1] / p.scales[0], p.hard,
                      p.hard_grad ? p.hard_factor * p.scales[0] : 0.0};
+    extras.chain[0] = tr[0];
+    extras.chain[1] = tr[1];
     at::Tensor g[2], row_scale;
     for (int64_t first = 0; first < m; first += p.teacher_rows) {
       const int64_t k = std::min(p.teacher_rows, m - first);
@@ -375,7 +380,9 @@ void run_chunks(const LinearCall& c, const LinearPlan& p, std::array<bool, 6> ma
         scale_grad(g[side], row_scale, row_scaled, p.soft_factor * p.scales[side],
                    side == 0 && p.hard_grad ? &h : nullptr, p.acc);
       }
-      chain_transform(g[side], tr[side], slopes[side].defined() ? slopes[side].narrow(0, 0, m) : at::Tensor());
+      if (!p.fuse) {
+        chain_transform(g[side], tr[side], slopes[side].defined() ? slopes[side].narrow(0, 0, m) : at::Tensor());
+      }
       products[side]->grads(g[side], xc[side],
                             mask[3 * side] ? s.grads[3 * side].narrow(0, start, m) : at::Tensor(),
                             mask[3 * side + 1] ? s.grads[3 * side + 1] : at::Tensor(), start == 0);

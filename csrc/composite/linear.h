@@ -31,7 +31,10 @@ namespace npu_loss::composite {
 // where the student's gradient is made, hard_weight * (softmax - one_hot) added to it. The gradients are then
 // stored as they are, without the row loss's own float16 row scales. With `entropy` (host memory), each kept
 // row's entropy of the student's tempered distribution, -sum(p * log p), at entropy[row of the step's call]
-// (dropped rows untouched).
+// (dropped rows untouched). With `chain`, each side's logits as the step sees them are its logits transformed
+// (the driver scaled and softcapped them: z = softcap * tanh(scale * x / softcap), or scale * x), and each
+// gradient is made w.r.t. x: times scale * (1 - (z / softcap)^2), or scale, at each logit, in the passes that
+// read z (no slope kept beside the logits).
 struct RowExtras {
   double grad_scale = 1;
   double teacher_scale = 1;
@@ -39,6 +42,7 @@ struct RowExtras {
   double hard_weight = 0;
   double hard_sum = 0;  // out
   float* entropy = nullptr;
+  DeclaredScalars::Transform chain[2] = {};
 };
 
 // How a side's products are made: ATen's at::addmm / at::mm (every device; on the CPU where torch has kernels

@@ -112,6 +112,11 @@ struct RowBatch {
   // Non-null: row r's entropy of the student's distribution, -sum(p * log p) with p = softmax(student *
   // logit_scale[0] / T), at entropy[r] for a kept row (composite/linear.h's RowExtras); a dropped row's untouched.
   float* entropy;
+  // Each side's gradient chained through a transform its caller applied to the logits before (the linear
+  // form's chunks, composite/linear.h's RowExtras): times chain_scale * (1 - (z * chain_inv_cap)^2) at the
+  // logit z the kernel read; none where chain_scale is 1 and chain_inv_cap 0 (rows_of's defaults).
+  double chain_scale[2];
+  double chain_inv_cap[2];
 };
 
 // Whether a call's operands share one storage type and its rows are contiguous: the kernel then reads and

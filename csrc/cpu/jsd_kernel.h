@@ -142,7 +142,9 @@ struct JsdRow {
   double inv_s, inv_q;  // each side's scale / T: the student's logits times inv_s, the teacher's times inv_q
   double raw_inv;       // the student's scale: the hard loss's logits, untempered
   int64_t n;
-  double teacher_scale;  // isa.h's RowBatch
+  double teacher_scale;                        // isa.h's RowBatch
+  double chain_scale[2], chain_inv_cap[2];     // isa.h's RowBatch
+  bool chain[2];                               // whether a side's gradient is chained through its transform
 
   JsdRow(const JsdMath<V>& m, const RowBatch& c)
       : math(m),
@@ -150,7 +152,17 @@ struct JsdRow {
         inv_q(c.logit_scale[1] / c.temperature),
         raw_inv(c.logit_scale[0]),
         n(c.vocab),
-        teacher_scale(c.teacher_scale) {}
+        teacher_scale(c.teacher_scale),
+        chain_scale{c.chain_scale[0], c.chain_scale[1]},
+        chain_inv_cap{c.chain_inv_cap[0], c.chain_inv_cap[1]},
+        chain{c.chain_scale[0] != 1.0 || c.chain_inv_cap[0] != 0.0,
+              c.chain_scale[1] != 1.0 || c.chain_inv_cap[1] != 0.0} {}
+
+  // The factor of a side's gradient at its transformed logits z (RowBatch's chain): scale * (1 - (z / cap)^2).
+  V chain_slope(V z, int side) const {
+    const V u = z * cst<V>(chain_inv_cap[side]), s = cst<V>(chain_scale[side]);
+    return s - s * (u * u);
+  }
 
   // Passes 1 to 3 of one row: fills what the pointers ask for, with `scratch` for what waits between them.
   // With a hard loss (hard.label >= 0): the untempered log-softmax's two parts come from pass 1 (a pass of
@@ -220,8 +232,16 @@ struct JsdRow {
             if (at_label) softmax = softmax - select(one_lane<IoT>(hard.label - i), cst<V>(1), cst<V>(0));
             kept_as = as + hard_weight * softmax;
           }
+          // Chained (RowBatch's chain): a_s and p both times the slope at the logit, which pass 3's
+          // (a_s - p * sum(a_s)) then carries whole; read before the store below, like the hard loss's.
+          V p_kept = e.p;
+          if (chain[0]) {
+            const V slope = chain_slope(load_at<IoT>(zs, i, n), 0);
+            kept_as = kept_as * slope;
+            p_kept = p_kept * slope;
+          }
           store_at<IoCache>(cache_s, i, n_cache, kept_as);
-          IoScratch::store(prob_s + i, e.p);
+          IoScratch::store(prob_s + i, p_kept);
           if (row_scale) {  // the padding lanes hold 0 (above)
             max_as = vmax(max_as, abs_of(as));
             max_p = vmax(max_p, e.p);
@@ -230,8 +250,14 @@ struct JsdRow {
         if (grad_t) {
           const V at = weight(i) * e.dt;
           sum_at.add(at);
-          store_at<IoCache>(cache_t, i, n_cache, at);
-          IoScratch::store(prob_t + i, e.q);
+          V q_kept = e.q, kept_at = at;
+          if (chain[1]) {
+            const V slope = chain_slope(load_at<IoT>(zt, i, n), 1);
+            kept_at = kept_at * slope;
+            q_kept = q_kept * slope;
+          }
+          store_at<IoCache>(cache_t, i, n_cache, kept_at);
+          IoScratch::store(prob_t + i, q_kept);
           if (row_scale) {
             max_at = vmax(max_at, abs_of(at));
             max_q = vmax(max_q, e.q);

@@ -104,6 +104,7 @@ RowBatch rows_of(const FrameCall& c, double* row_sums) {
   r.temperature = c.scalars.temperature();
   r.logit_scale[0] = c.scalars.transform(0).scale;
   r.logit_scale[1] = c.scalars.transform(1).scale;
+  r.chain_scale[0] = r.chain_scale[1] = 1.0;
   r.row_sums = row_sums;
   r.grad_scale = 1.0;
   r.teacher_scale = 1.0;
@@ -164,6 +165,10 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> forward(
     r.grad_scale *= extras->grad_scale;
     r.teacher_scale = extras->teacher_scale;
     r.entropy = extras->entropy;
+    for (int side = 0; side < 2; ++side) {
+      r.chain_scale[side] = extras->chain[side].scale;
+      r.chain_inv_cap[side] = extras->chain[side].softcap != 0 ? 1.0 / extras->chain[side].softcap : 0.0;
+    }
   }
   auto [gs, gt] = gradients(c, mask, r, over_logits);
   const c10::IntArrayRef leading(c.spec.logits_shape.data(), c.spec.logits_shape.size() - 1);

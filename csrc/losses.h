@@ -397,10 +397,14 @@ struct GeneralizedJsd {
   // references list them; the documents disagree, so it counts only where all of them list it (910B, 950), and
   // 910 runs the composite (whose exp is torch_npu's, through torch_npu's own path). 'none' with labels places
   // the kept rows' values and grad_output rows with torch_npu's index_select and index_put_, as the composite
-  // does.
+  // does. The logit transform: a scale is folded into the aclnnMuls of the logits over T (and into the
+  // gradients' weights); a softcap adds aclnnInplaceTanh (ops-math lists it on 910, 910B and 950 in every
+  // version from v8.5.0 on, never on 310P or 310B) and, for a side's gradient, its slope tanh^2 - 1 (aclnnMul,
+  // aclnnAdds) times the gradient's rows (aclnnInplaceMul).
   static constexpr chips::Set kListed = chips::k910 | chips::k310P | chips::k910B | chips::k950;
   static constexpr chips::Set kNot310P = chips::k910 | chips::k910B | chips::k950;
   static constexpr chips::Set kWithBf16 = chips::k910B | chips::k950;
+  static constexpr chips::Set kTanh = chips::k910 | chips::k910B | chips::k950;
   static constexpr chips::AclnnUse aclnn_apis[] = {
       {"aclnnCast", kListed, kWithBf16},
       {"aclnnMuls", kListed, kWithBf16},
@@ -417,6 +421,9 @@ struct GeneralizedJsd {
       {"aclnnLogAddExp", kListed, kWithBf16, chips::kMixture},
       {"aclnnLogSoftmaxBackward", kListed, kWithBf16, chips::kAll, true},
       {"aclnnKlDivTargetBackward", kWithBf16, kWithBf16, chips::kKlEnds, true},
+      {"aclnnInplaceTanh", kTanh, kWithBf16, chips::kAll, false, chips::kSoftcapped},
+      {"aclnnMul", kListed, kWithBf16, chips::kAll, true, chips::kSoftcapped},
+      {"aclnnAdds", kListed, kWithBf16, chips::kAll, true, chips::kSoftcapped},  // the slope's - 1
   };
   static constexpr const char* kWhy910 =
       "ops-math's aclnnExp document lists no Atlas training series (910) since 9d65d0d11 (2026-01-22); every beta "
@@ -424,17 +431,26 @@ struct GeneralizedJsd {
   static constexpr const char* kWhy310P =
       "ops-math does not list aclnnAdd, aclnnSub or aclnnDivs for Ascend 310P, nor aclnnExp since 9d65d0d11";
   static constexpr const char* kWhy310B = "Ascend 310B has none of the path's APIs (aclnnLogSoftmax, aclnnExp, ...)";
+  static constexpr const char* kWhySoftcap = "the softcap's tanh, then the calls of the call's beta class";
   static constexpr chips::PathRow forward_paths[] = {
-      {.chips = chips::k910B | chips::k950, .betas = chips::kKlEnds, .aclnn = "aclnnLogSoftmax"},
-      {.chips = chips::k910B | chips::k950, .betas = chips::kMixture, .aclnn = "aclnnLogAddExp"},
+      {.chips = chips::k910B | chips::k950, .betas = chips::kKlEnds, .transforms = chips::kUnsoftcapped,
+       .aclnn = "aclnnLogSoftmax"},
+      {.chips = chips::k910B | chips::k950, .betas = chips::kMixture, .transforms = chips::kUnsoftcapped,
+       .aclnn = "aclnnLogAddExp"},
+      {.chips = chips::k910B | chips::k950, .transforms = chips::kSoftcapped, .aclnn = "aclnnInplaceTanh",
+       .why = kWhySoftcap},
       {.chips = chips::k910, .why = kWhy910},
       {.chips = chips::k310P, .why = kWhy310P},
       {.chips = chips::k310B, .why = kWhy310B},
   };
   static constexpr chips::PathRow backward_paths[] = {
-      {.chips = chips::k910B | chips::k950, .betas = chips::kKlEnds, .aclnn = "aclnnKlDivTargetBackward",
+      {.chips = chips::k910B | chips::k950, .betas = chips::kKlEnds, .transforms = chips::kUnsoftcapped,
+       .aclnn = "aclnnKlDivTargetBackward",
        .why = "the teacher's gradient at beta 0 (the student's at beta 1) is the seed kernel's"},
-      {.chips = chips::k910B | chips::k950, .betas = chips::kMixture, .aclnn = "aclnnLogAddExp"},
+      {.chips = chips::k910B | chips::k950, .betas = chips::kMixture, .transforms = chips::kUnsoftcapped,
+       .aclnn = "aclnnLogAddExp"},
+      {.chips = chips::k910B | chips::k950, .transforms = chips::kSoftcapped, .aclnn = "aclnnInplaceTanh",
+       .why = kWhySoftcap},
       {.chips = chips::k910, .why = kWhy910},
       {.chips = chips::k310P, .why = kWhy310P},
       {.chips = chips::k310B, .why = kWhy310B},

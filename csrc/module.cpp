@@ -52,6 +52,7 @@ pybind11::list chip_paths() {
     d["dtypes"] = row.dtypes;
     d["beta"] = row.beta;
     d["log_target"] = row.log_target;
+    d["transform"] = row.transform;
     d["api"] = row.api;
     d["fixes"] = row.fixes;
     d["why"] = row.why;

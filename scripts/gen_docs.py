@@ -17,7 +17,7 @@ import sys
 from typing import Callable
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-COLUMNS = ("chip", "dtypes", "beta", "log_target", "api", "fixes", "why")
+COLUMNS = ("chip", "dtypes", "beta", "log_target", "transform", "api", "fixes", "why")
 
 
 def _use_in_place_build() -> None:
@@ -102,10 +102,11 @@ def path_tables() -> str:
         if row["op"] != op:
             op = row["op"]
             suffix = f" (+ {shared[op]})" if op in shared else ""
-            blocks.append(f"\n### `{op}`{suffix}\n| chip | dtypes | beta | log_target | runs | fixes | why |\n"
-                          "|---|---|---|---|---|---|---|\n")
+            blocks.append(f"\n### `{op}`{suffix}\n| chip | dtypes | beta | log_target | transform | runs | fixes | why |\n"
+                          "|---|---|---|---|---|---|---|---|\n")
         cells = [row[c] for c in COLUMNS]
-        cells[4] = cells[4] if cells[4] == "composite" else f"`{cells[4]}`"
+        runs = COLUMNS.index("api")
+        cells[runs] = cells[runs] if cells[runs] == "composite" else f"`{cells[runs]}`"
         blocks[-1] += "| " + " | ".join(cells).rstrip() + " |\n"
     return "".join(blocks).lstrip("\n")
 

@@ -66,13 +66,15 @@ def _elementwise(seed, forward, backward, *scalars, positive=False, log_target=N
     return run
 
 
-def _jsd(seed, beta, op, reduction, mask=(True, True), dtype=torch.float32, temperature=1.5):
-    """One of the generalized JSD's three ops, with labels that drop two of six rows."""
+def _jsd(seed, beta, op, reduction, mask=(True, True), dtype=torch.float32, temperature=1.5,
+         transform=(1.0, 1.0, None, None)):
+    """One of the generalized JSD's three ops, with labels that drop two of six rows; `transform`: the logit
+    transform's (student_logit_scale, teacher_logit_scale, student_softcap, teacher_softcap)."""
     s, t = _inputs(seed, (6, 37), (6, 37), dtype=dtype)
     labels = torch.tensor([1, -100, 2, 3, -100, 0])
 
     def run(dev):
-        args = (s.to(dev), t.to(dev), labels.to(dev), reduction, beta, temperature, 1.0, 1.0, None, None, -100)
+        args = (s.to(dev), t.to(dev), labels.to(dev), reduction, beta, temperature, *transform, -100)
         if op == "forward":
             return [ops.generalized_jsd_loss(*args)]
         if op == "backward":
@@ -116,6 +118,12 @@ CASES = [
     ("generalized_jsd_loss_backward beta=0.3 none", _jsd(12, 0.3, "backward", 0)),
     ("generalized_jsd_loss_backward beta=1 sum", _jsd(13, 1.0, "backward", 2, mask=(True, False))),
     ("_generalized_jsd_loss_and_grads beta=0.5 float16", _jsd(14, 0.5, "with_grads", 2, dtype=torch.float16)),
+    ("generalized_jsd_loss beta=1 scaled", _jsd(17, 1.0, "forward", 2, transform=(2.0, 0.5, None, None))),
+    ("generalized_jsd_loss beta=0.5 softcap", _jsd(18, 0.5, "forward", 1, transform=(1.0, 1.0, 3.0, None))),
+    ("_generalized_jsd_loss_and_grads beta=0 softcaps", _jsd(19, 0.0, "with_grads", 2,
+                                                             transform=(0.5, 2.0, 4.0, 2.5))),
+    ("generalized_jsd_loss_backward beta=0.3 softcap float16 none",
+     _jsd(20, 0.3, "backward", 0, dtype=torch.float16, transform=(1.5, 1.0, None, 3.0))),
     ("fused_linear_jsd_loss beta=0 student", _fused_linear(15, 0.0, False)),
     ("fused_linear_jsd_loss beta=0.5 both", _fused_linear(16, 0.5, True)),
 ]

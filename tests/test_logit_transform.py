@@ -2,7 +2,7 @@
 its scale, then softcapped as c * tanh(x / c), then divided by T): `generalized_jsd_loss`'s four keywords,
 against a float64 reference made of torch ops on the transformed logits (TRL 1.16's function restated in
 tests/reference.py), values and both gradients, on the CPU kernels (the scales), the composite (the softcaps,
-and every call on another device), gradcheck through the tanh, opcheck, compile, and the rejections."""
+and every call on a device without a path of its own), gradcheck through the tanh, opcheck, compile, and the rejections."""
 from __future__ import annotations
 
 import itertools
@@ -219,8 +219,8 @@ def test_every_combination_of_sides_is_distinct():
 
 @pytest.mark.parametrize("transform", TRANSFORMS[1:], ids=str)
 def test_on_the_device_as_on_the_cpu(transform, device):
-    """Every device runs the transform (the NPU through the composite, docs/npu_paths.md): its values and
-    gradients equal the CPU's within float32's tolerance."""
+    """Every device runs the transform (the NPU through its aclnn path where its chip's rows allow it, else the
+    composite: docs/npu_paths.md): its values and gradients equal the CPU's within float32's tolerance."""
     student, teacher, labels = _inputs(torch.float32, rows=4, vocab=129, seed=5)
     results = []
     for dev in ("cpu", device):

@@ -326,15 +326,30 @@ def test_older_cann_without_the_loss_apis_runs_the_composite(npu):
 
 JSD_PATH_APIS = {"aclnnLogAddExp", "aclnnKlDivTargetBackward", "aclnnLogSoftmaxBackward"}
 
+# The logit transform (student_logit_scale, teacher_logit_scale, student_softcap, teacher_softcap): none, the
+# scales alone (folded into the scaling of the logits over T), the student's softcap, and both sides' of each.
+TRANSFORMS = {"none": (1.0, 1.0, None, None), "scale": (2.0, 0.5, None, None), "softcap": (1.0, 1.0, 3.0, None),
+              "both": (0.5, 2.0, 4.0, 2.5)}
 
-def jsd_row_api(gradients, dtype, beta):
+
+def softcapped(transform):
+    return transform is not None and (transform[2] is not None or transform[3] is not None)
+
+
+def jsd_row_api(gradients, dtype, beta, transform=None):
     """The API the generalized JSD's row names for a call (docs/npu_paths.md), or None for the composite:
     Ascend 910B/910_93 and 950 in every dtype; never on 910 (the current aclnnExp document lists no Atlas
-    training series), 310P (nor aclnnAdd, aclnnSub, aclnnDivs there) and 310B."""
+    training series), 310P (nor aclnnAdd, aclnnSub, aclnnDivs there) and 310B. A softcapped call's row names
+    the softcap's aclnnInplaceTanh (ops-math lists it on 910, 910B/910_93 and 950); a scaled one's is the
+    untransformed call's."""
     fam = family()
     ends = beta in (0.0, 1.0)
     if fam not in ("910B", "950"):
         return None
+    if softcapped(transform):
+        if not have("aclnnInplaceTanh") or (ends and gradients and not have("aclnnKlDivTargetBackward")):
+            return None
+        return "aclnnInplaceTanh"
     if not ends:
         return "aclnnLogAddExp"
     if gradients:
@@ -355,13 +370,53 @@ def test_jsd_path_per_chip(npu, op, dtype, beta, mask):
     beta 0 and the student's at beta 1; on a composite row none of those three and the composite's aclnnDivs
     (its logits over T). No call of the aclnn path outside its API's documented chips and dtypes, no call
     rejected; the results within tolerance of the CPU kernels'."""
-    gen = torch.Generator().manual_seed(4)
+    want, got, trace = _cpu_and_traced_npu(_jsd_call(4, op, dtype, beta, mask, TRANSFORMS["none"]), npu)
+    _assert_jsd_path(trace, op != "forward", dtype, beta, mask, op)
+    assert "aclnnDivs" not in trace or jsd_row_api(op != "forward", dtype, beta) is None, trace
+    _assert_close_to_cpu(got, want, dtype)
+
+
+JSD_TRANSFORM_CASES = [(op, dt, beta, transform, mask) for op in ("forward", "backward", "with_grads")
+                       for dt in DTYPES for beta in (0.0, 0.5, 1.0) for transform in ("scale", "softcap", "both")
+                       for mask in {"forward": [(True, True)], "backward": [(True, True)],
+                                    "with_grads": [(True, True), (False, True)]}[op]]
+
+
+@pytest.mark.parametrize(
+    "op,dtype,beta,transform,mask", JSD_TRANSFORM_CASES,
+    ids=[f"{op}-{str(dt)[6:]}-beta{beta:g}-{tr}-{int(m[0])}{int(m[1])}" for op, dt, beta, tr, m in JSD_TRANSFORM_CASES])
+def test_jsd_transform_path_per_chip(npu, op, dtype, beta, transform, mask):
+    """A call that transforms its logits (the scales, a softcap), from the trace: on Ascend 910B/910_93 and 950 the
+    aclnn path, the softcap's aclnnInplaceTanh (and, for a softcapped side's gradient, its slope's aclnnMul and
+    aclnnAdds) before the calls of its beta class, and never the composite's tanh; on 910, 310P and 310B the
+    composite (torch_npu's tanh, and none of the package's calls). The results within tolerance of the CPU's."""
+    tr = TRANSFORMS[transform]
+    want, got, trace = _cpu_and_traced_npu(_jsd_call(6, op, dtype, beta, mask, tr), npu)
+    gradients = op != "forward"
+    _assert_jsd_path(trace, gradients, dtype, beta, mask, f"{op} ({transform})", tr)
+    api = jsd_row_api(gradients, dtype, beta, tr)
+    if api is None:
+        assert "aclnnInplaceTanh" not in trace, f"{family()}: the composite ran the package's tanh: {trace}"
+        assert ("aclnnTanh" in trace) == softcapped(tr), f"{family()}: the composite's tanh: {trace}"
+    else:
+        assert "aclnnTanh" not in trace, f"{family()}: the composite's tanh ran on an aclnn row: {trace}"
+        assert ("aclnnInplaceTanh" in trace) == softcapped(tr), trace
+        slopes = gradients and any(m and tr[2 + side] is not None for side, m in enumerate(mask))
+        assert not slopes or {"aclnnMul", "aclnnAdds"} <= set(trace), trace
+    _assert_close_to_cpu(got, want, dtype)
+
+
+def _jsd_call(seed, op, dtype, beta, mask, transform):
+    """run(device) for one of the generalized JSD's three ops ("forward", "backward", "with_grads") on 5 rows of 37
+    logits, two of them dropped, 'sum', T = 1.5 and the logit transform `transform`: its results, float16's
+    stored gradients times their row scales."""
+    gen = torch.Generator().manual_seed(seed)
     s, t = (torch.randn(5, 37, generator=gen).mul(3).to(dtype) for _ in range(2))
     labels = torch.tensor([1, -100, 2, 3, -100])
     ops = torch.ops.npu_loss
 
     def run(dev):
-        args = (s.to(dev), t.to(dev), labels.to(dev), 2, beta, 1.5, 1.0, 1.0, None, None, -100)
+        args = (s.to(dev), t.to(dev), labels.to(dev), 2, beta, 1.5, *transform, -100)
         if op == "forward":
             return [ops.generalized_jsd_loss(*args)]
         if op == "backward":
@@ -371,10 +426,7 @@ def test_jsd_path_per_chip(npu, op, dtype, beta, mask):
         scale = row_scale.unsqueeze(-1)  # float16's gradients are stored times a power of two per row
         return [value, gs.float() * scale if gs.numel() else gs, gt.float() * scale if gt.numel() else gt]
 
-    want, got, trace = _cpu_and_traced_npu(run, npu)
-    _assert_jsd_path(trace, op != "forward", dtype, beta, mask, op)
-    assert "aclnnDivs" not in trace or jsd_row_api(op != "forward", dtype, beta) is None, trace
-    _assert_close_to_cpu(got, want, dtype)
+    return run
 
 
 def _cpu_and_traced_npu(run, npu):
@@ -387,12 +439,12 @@ def _cpu_and_traced_npu(run, npu):
     return want, got, emulator.trace()
 
 
-def _assert_jsd_path(trace, gradients, dtype, beta, mask, what):
+def _assert_jsd_path(trace, gradients, dtype, beta, mask, what, transform=None):
     """The generalized JSD's row for this call, from the trace: on an aclnn row aclnnLogSoftmax, aclnnLogAddExp for
     the mixture, and with gradients aclnnLogSoftmaxBackward (aclnnKlDivTargetBackward for the teacher's at beta 0
     and the student's at beta 1); on a composite row none of the three and the composite's aclnnDivs. No call
     rejected or outside its API's documented chips and dtypes."""
-    api = jsd_row_api(gradients, dtype, beta)
+    api = jsd_row_api(gradients, dtype, beta, transform)
     assert not [k for k in trace if "GetWorkspaceSize:" in k or k.startswith("aclop:")], trace
     ran = set(trace) & JSD_PATH_APIS
     if api is None:
@@ -424,14 +476,16 @@ MATMUL_APIS = {"aclnnAddmm", "aclnnMm", "aclnnMatmul", "aclnnInplaceAddmm"}
 GRADS = {"none": (False, False), "student": (True, False), "both": (True, True)}
 
 
+@pytest.mark.parametrize("transform", ["none", "both"])
 @pytest.mark.parametrize("grads", list(GRADS))
 @pytest.mark.parametrize("dtype", DTYPES, ids=lambda dt: str(dt)[6:])
 @pytest.mark.parametrize("beta", [0.0, 0.5, 1.0])
-def test_fused_linear_jsd_path_per_chip(npu, dtype, beta, grads):
+def test_fused_linear_jsd_path_per_chip(npu, dtype, beta, grads, transform):
     """The fused linear JSD runs, per chunk, torch_npu's matmuls and then the generalized JSD's row (the same
     APIs test_jsd_path_per_chip expects): its forward's row without gradients, its backward's with them, as
     docs/npu_paths.md's "with gradients" and "without gradients" rows say; never a rejected call; its results
-    within tolerance of the CPU kernels'."""
+    within tolerance of the CPU kernels'. A transformed call's chunks are transformed before the row (by
+    torch_npu's ops: the hard loss reads them too), which is then the untransformed call's."""
     gen = torch.Generator().manual_seed(5)
     xs, xt = torch.randn(6, 8, generator=gen), torch.randn(6, 12, generator=gen)
     ws, wt = torch.randn(37, 8, generator=gen) / 3, torch.randn(37, 12, generator=gen) / 3
@@ -440,8 +494,10 @@ def test_fused_linear_jsd_path_per_chip(npu, dtype, beta, grads):
 
     def run(dev):
         x = [t.detach().to(dtype).to(dev).requires_grad_(mask[i >= 2]) for i, t in enumerate((xs, ws, xt, wt))]
+        keywords = dict(zip(("student_logit_scale", "teacher_logit_scale", "student_softcap", "teacher_softcap"),
+                            TRANSFORMS[transform]))
         loss = npu_loss_ops.fused_linear_jsd_loss(*x, labels.to(dev), beta=beta, temperature=1.5,
-                                                  weight_hard_loss=0.5, chunk_size=4)
+                                                  weight_hard_loss=0.5, chunk_size=4, **keywords)
         if not any(mask):
             return [loss]
         loss.backward()
@@ -449,7 +505,8 @@ def test_fused_linear_jsd_path_per_chip(npu, dtype, beta, grads):
 
     want, got, trace = _cpu_and_traced_npu(run, npu)
     assert set(trace) & MATMUL_APIS, f"no matmul in the trace: {trace}"
-    _assert_jsd_path(trace, any(mask), dtype, beta, mask, f"fused_linear_jsd_loss ({grads})")
+    _assert_jsd_path(trace, any(mask), dtype, beta, mask, f"fused_linear_jsd_loss ({grads}, {transform})")
+    assert bool({"aclnnTanh", "aclnnInplaceTanh"} & set(trace)) == softcapped(TRANSFORMS[transform]), trace
     _assert_close_to_cpu(got, want, dtype)
 
 

@@ -41,6 +41,7 @@ constexpr const char* kChipNames[] = {
 };
 constexpr const char* kDtypeClassNames[] = {"fp32/fp16", "bf16"};
 constexpr const char* kBetaClassNames[] = {"-", "0", "tiny", "small", "normal", "inf", "(0, 1)", "1"};
+constexpr const char* kTransformClassNames[] = {"none", "scale", "softcap"};
 
 template <typename E, size_t N>
 constexpr const char* name_of(const char* const (&names)[N], E value) {
@@ -92,6 +93,10 @@ const char* beta_class_name(BetaClass beta) {
   return name_of(kBetaClassNames, beta);
 }
 
+const char* transform_class_name(TransformClass transform) {
+  return name_of(kTransformClassNames, transform);
+}
+
 namespace {
 
 constexpr Chip kChips[] = {Chip::Tbe910, Chip::Tbe310P, Chip::Tbe910B, Chip::Regbase950, Chip::CompositeOnly};
@@ -99,6 +104,7 @@ constexpr DtypeClass kDtypeClasses[] = {DtypeClass::NoBFloat16, DtypeClass::BFlo
 constexpr BetaClass kBetas[] = {BetaClass::Zero,    BetaClass::Tiny,    BetaClass::Small, BetaClass::Normal,
                                 BetaClass::Inf,     BetaClass::Mixture, BetaClass::One};
 constexpr bool kBooleans[] = {false, true};
+constexpr TransformClass kTransforms[] = {TransformClass::None, TransformClass::Scale, TransformClass::Softcap};
 
 // The beta classes a loss can be called with (from its scalar's rule: Huber's delta > 0 is never 0), and
 // whether log_target tells its calls apart.
@@ -115,7 +121,20 @@ constexpr bool takes_log_target() {
   return Loss::decl.scalar.kind == ScalarKind::Bool;
 }
 
-// visit(chip, dtypes, beta, log_target) for every class of call of a loss's ops on every chip.
+// Whether a row loss transforms its logits (declares a scale or a softcap of a side), so that its calls tell the
+// transform classes apart.
+template <typename Loss>
+constexpr bool takes_transform() {
+  if constexpr (Loss::decl.kind == LossKind::Rows) {
+    for (ScalarRole role : {ScalarRole::StudentScale, ScalarRole::TeacherScale, ScalarRole::StudentSoftcap,
+                            ScalarRole::TeacherSoftcap}) {
+      if (row_scalar_of(Loss::decl.rows, role) >= 0) return true;
+    }
+  }
+  return false;
+}
+
+// visit(chip, dtypes, beta, log_target, transform) for every class of call of a loss's ops on every chip.
 template <typename Loss, typename Visit>
 constexpr void for_each_call(const Visit& visit) {
   constexpr Set betas = beta_domain<Loss>();
@@ -125,7 +144,12 @@ constexpr void for_each_call(const Visit& visit) {
         if (betas != 0 && !contains(betas, beta)) continue;
         if (betas == 0 && beta != kBetas[0]) continue;
         for (bool log_target : kBooleans) {
-          if (takes_log_target<Loss>() || !log_target) visit(chip, dtypes, betas != 0 ? beta : BetaClass::None, log_target);
+          if (!takes_log_target<Loss>() && log_target) continue;
+          for (TransformClass transform : kTransforms) {
+            if (takes_transform<Loss>() || transform == TransformClass::None) {
+              visit(chip, dtypes, betas != 0 ? beta : BetaClass::None, log_target, transform);
+            }
+          }
         }
       }
     }
@@ -138,18 +162,19 @@ template <typename Loss, bool Backward>
 constexpr bool rows_are_a_partition() {
   constexpr auto rows = rows_of<Loss, Backward>();
   bool ok = true;
-  for_each_call<Loss>([&](Chip chip, DtypeClass dtypes, BetaClass beta, bool log_target) {
+  for_each_call<Loss>([&](Chip chip, DtypeClass dtypes, BetaClass beta, bool log_target, TransformClass transform) {
     int n = 0;
-    for (const PathRow& row : rows) n += matches(row, chip, dtypes, beta, log_target);
+    for (const PathRow& row : rows) n += matches(row, chip, dtypes, beta, log_target, transform);
     ok = ok && n == 1;
   });
   for (const PathRow& row : rows) {
     bool reached = false;
-    for_each_call<Loss>([&](Chip chip, DtypeClass dtypes, BetaClass beta, bool log_target) {
-      reached = reached || matches(row, chip, dtypes, beta, log_target);
+    for_each_call<Loss>([&](Chip chip, DtypeClass dtypes, BetaClass beta, bool log_target, TransformClass transform) {
+      reached = reached || matches(row, chip, dtypes, beta, log_target, transform);
     });
     ok = ok && reached && (beta_domain<Loss>() != 0 || row.betas == kAll) &&
-        (takes_log_target<Loss>() || row.log_targets == kAll) && (row.aclnn != nullptr || row.fixes == 0);
+        (takes_log_target<Loss>() || row.log_targets == kAll) && (takes_transform<Loss>() || row.transforms == kAll) &&
+        (row.aclnn != nullptr || row.fixes == 0);
   }
   return ok;
 }
@@ -162,8 +187,8 @@ constexpr bool every_loss_is_partitioned() {
   return ok;
 }
 
-// An aclnn row of a loss with declared APIs (AclnnUse) serves only chips, dtypes and betas where every API its
-// calls use is listed.
+// An aclnn row of a loss with declared APIs (AclnnUse) serves only chips, dtypes, betas and transforms where every
+// API its calls use is listed.
 template <typename Loss, bool Backward>
 constexpr bool rows_use_listed_apis() {
   if constexpr (requires { Loss::aclnn_apis; }) {
@@ -171,7 +196,9 @@ constexpr bool rows_use_listed_apis() {
     for (const PathRow& row : rows_of<Loss, Backward>()) {
       if (row.aclnn == nullptr) continue;
       for (const AclnnUse& use : Loss::aclnn_apis) {
-        if ((use.gradients && !Backward) || (use.betas & row.betas) == 0) continue;
+        if ((use.gradients && !Backward) || (use.betas & row.betas) == 0 || (use.transforms & row.transforms) == 0) {
+          continue;
+        }
         ok = ok && (row.chips & ~use.chips) == 0;
         if (contains(row.dtypes, DtypeClass::BFloat16)) ok = ok && (row.chips & ~use.bf16_chips) == 0;
       }
@@ -227,15 +254,17 @@ std::string fixes_cell(uint8_t fixes) {
 }
 
 template <typename Loss, bool Backward>
-void append_rows(std::vector<PathTableRow>& table) {
+void append_rows(std::vector<PathTableRow>& table, bool untransformed_calls = false) {
   constexpr Set betas = beta_domain<Loss>();
   for (const PathRow& row : rows_of<Loss, Backward>()) {
+    if (untransformed_calls && !contains(row.transforms, TransformClass::None)) continue;
     table.push_back(PathTableRow{
         Backward ? Loss::decl.backward : Loss::decl.forward,
         cell(true, row.chips, kChips, [](Chip c) { return name_of(kChipKeys, c); }),
         cell(true, row.dtypes, kDtypeClasses, [](DtypeClass d) { return name_of(kDtypeClassNames, d); }),
         cell(betas != 0, row.betas, kBetas, beta_class_name, betas),
         cell(takes_log_target<Loss>(), row.log_targets, kBooleans, [](bool lt) { return lt ? "true" : "false"; }),
+        untransformed_calls ? "any" : cell(takes_transform<Loss>(), row.transforms, kTransforms, transform_class_name),
         row.aclnn ? row.aclnn : "composite",
         fixes_cell(row.fixes),
         row.why,
@@ -248,6 +277,8 @@ void append_rows(std::vector<PathTableRow>& table) {
 // A row loss's linear form runs, chunk by chunk, torch_npu's matmuls and then its forward with gradients,
 // whose path is the forward's rows when no gradient is wanted (an evaluation, or torch.no_grad) and the
 // backward's when one is (training): both sets, each under the linear form's name with its step written out.
+// The chunk's logits are transformed before the step (they are the hard loss's and the entropy's input too), by
+// torch_npu's ops, so whatever the call's transform the step's row is that of an untransformed call.
 template <typename Loss>
 void append_linear_rows(std::vector<PathTableRow>& table) {
   if constexpr (Loss::decl.kind == LossKind::Rows) {
@@ -256,15 +287,16 @@ void append_linear_rows(std::vector<PathTableRow>& table) {
       for (size_t i = first; i < table.size(); ++i) {
         PathTableRow& row = table[i];
         row.op = Loss::decl.linear.forward;
-        row.why = std::string(step) + ": each chunk's logits by torch_npu's matmul, then `" + rows_of_op +
+        row.why = std::string(step) + ": each chunk's logits by torch_npu's matmul" +
+            (takes_transform<Loss>() ? " (and their transform by torch_npu's ops)" : "") + ", then `" + rows_of_op +
             "`'s row" + (row.why.empty() ? "" : "; " + row.why);
       }
     };
     const size_t without = table.size();
-    append_rows<Loss, false>(table);
+    append_rows<Loss, false>(table, true);
     relabel(without, "without gradients", Loss::decl.forward);
     const size_t with = table.size();
-    append_rows<Loss, true>(table);
+    append_rows<Loss, true>(table, true);
     relabel(with, "with gradients", Loss::decl.backward);
   }
 }

@@ -65,6 +65,18 @@ constexpr BetaClass unit_beta_class(double beta) {
 // The table's name of a beta class: "0", "tiny", "small", "normal", "inf", "(0, 1)", "1" ("-" for None).
 const char* beta_class_name(BetaClass beta);
 
+// What a row loss's call does to its logits before the temperature (losses.h's ScalarRole::StudentScale ...
+// TeacherSoftcap), as the chips tell it apart: the softcap's tanh is an API of its own; a scale is folded into
+// the scaling every path already makes.
+enum class TransformClass : uint8_t {
+  None,     // neither side's logits are transformed
+  Scale,    // a side's logits are scaled, neither is softcapped
+  Softcap,  // a side's logits are softcapped (and maybe scaled)
+};
+
+// The table's name of a transform class: "none", "scale", "softcap".
+const char* transform_class_name(TransformClass transform);
+
 // What the kernels do around an aclnn call, as bits of a row's fixes.
 enum class Fix : uint8_t {
   // "mean" is passed as "sum" with grad_output pre-scaled in float32 by 1 / the op's "mean" count (where
@@ -115,6 +127,8 @@ inline constexpr Set kFinite = set_of({BetaClass::Zero, BetaClass::Tiny, BetaCla
 inline constexpr Set kUnitBetas = set_of({BetaClass::Zero, BetaClass::Mixture, BetaClass::One});
 inline constexpr Set kKlEnds = set_of({BetaClass::Zero, BetaClass::One});
 inline constexpr Set kMixture = set_of({BetaClass::Mixture});
+inline constexpr Set kUnsoftcapped = set_of({TransformClass::None, TransformClass::Scale});
+inline constexpr Set kSoftcapped = set_of({TransformClass::Softcap});
 inline constexpr Set kProbabilities = set_of({false});  // log_target=False
 inline constexpr Set kLogProbabilities = set_of({true});
 inline constexpr uint8_t kPrescaledMean = static_cast<uint8_t>(Fix::PrescaledMean);
@@ -122,13 +136,14 @@ inline constexpr uint8_t kZeroWhereTargetZero = static_cast<uint8_t>(Fix::ZeroWh
 inline constexpr uint8_t kFloat32Sum = static_cast<uint8_t>(Fix::Float32Sum);
 inline constexpr uint8_t kFloat32Scaled = static_cast<uint8_t>(Fix::Float32Scaled);
 
-// One row of an op's paths: the calls it serves (chips, dtype classes, beta classes, log_target values:
-// kAll for every value) and what serves them.
+// One row of an op's paths: the calls it serves (chips, dtype classes, beta classes, log_target values, a row
+// loss's transform classes: kAll for every value) and what serves them.
 struct PathRow {
   Set chips;
   Set dtypes = kAll;
   Set betas = kAll;
   Set log_targets = kAll;
+  Set transforms = kAll;
   const char* aclnn = nullptr;  // the aclnn API that serves the call (possibly another loss's); none: the composite
   uint8_t fixes = 0;
   const char* why = "";  // the reason, for docs/npu_paths.md (docs/aclnn_reference.md has the facts)
@@ -194,15 +209,17 @@ constexpr auto scaled_paths(const char* why_scaled, const char* why_inf) {
 }
 
 // An aclnn API a row loss's path calls, with the chip families whose CANN documents list it (`chips`), and
-// those that list it in bfloat16 too (`bf16_chips`); `betas`: the beta classes whose calls use it; `gradients`:
-// used only by the ops that make gradients. Checked against the loss's rows (paths.cpp): an aclnn row may serve
-// a chip, dtype class and beta class only where every API its calls use is listed.
+// those that list it in bfloat16 too (`bf16_chips`); `betas` and `transforms`: the beta and transform classes
+// whose calls use it; `gradients`: used only by the ops that make gradients. An API with two uses (two sets of
+// calls) has two entries. Checked against the loss's rows (paths.cpp): an aclnn row may serve a chip, dtype
+// class, beta class and transform class only where every API its calls use is listed.
 struct AclnnUse {
   const char* api;
   Set chips;
   Set bf16_chips;
   Set betas = kAll;
   bool gradients = false;
+  Set transforms = kAll;
 };
 
 // What serves one call: its row's API and fixes, and the row's index among its op's rows.
@@ -225,20 +242,28 @@ constexpr std::span<const PathRow> rows_of() {
   }
 }
 
-constexpr bool matches(const PathRow& row, Chip chip, DtypeClass dtypes, BetaClass beta, bool log_target) {
+constexpr bool matches(const PathRow& row, Chip chip, DtypeClass dtypes, BetaClass beta, bool log_target,
+                       TransformClass transform = TransformClass::None) {
   return contains(row.chips, chip) && contains(row.dtypes, dtypes) && contains(row.betas, beta) &&
-      contains(row.log_targets, log_target);
+      contains(row.log_targets, log_target) && contains(row.transforms, transform);
+}
+
+// Whether an API a loss declares (AclnnUse) serves a call of this beta and transform class on the op that makes
+// gradients (Backward) or the forward.
+constexpr bool used_by(const AclnnUse& use, bool backward, BetaClass beta, TransformClass transform) {
+  return (backward || !use.gradients) && contains(use.betas, beta) && contains(use.transforms, transform);
 }
 
 // The path of one call of a loss's op. `beta` is BetaClass::None for a loss without a float scalar;
-// `log_target` false for one without it. Exactly one row matches each call (checked at compile time in
-// paths.cpp). Whether the installed CANN has the API is the caller's question (an older one may lack it,
-// and then the call runs the composite).
+// `log_target` false for one without it; `transform` None for a loss without a logit transform. Exactly one
+// row matches each call (checked at compile time in paths.cpp). Whether the installed CANN has the API is the
+// caller's question (an older one may lack it, and then the call runs the composite).
 template <typename Loss, bool Backward>
-constexpr Path path(Chip chip, DtypeClass dtypes, BetaClass beta, bool log_target) {
+constexpr Path path(Chip chip, DtypeClass dtypes, BetaClass beta, bool log_target,
+                    TransformClass transform = TransformClass::None) {
   const auto rows = rows_of<Loss, Backward>();
   for (size_t i = 0; i < rows.size(); ++i) {
-    if (matches(rows[i], chip, dtypes, beta, log_target)) return {rows[i].aclnn, rows[i].fixes, i};
+    if (matches(rows[i], chip, dtypes, beta, log_target, transform)) return {rows[i].aclnn, rows[i].fixes, i};
   }
   return {nullptr, 0, rows.size()};  // unreachable for the calls the rows cover (paths.cpp)
 }
@@ -246,7 +271,7 @@ constexpr Path path(Chip chip, DtypeClass dtypes, BetaClass beta, bool log_targe
 // One row of the table, each cell as docs/npu_paths.md writes it: "any" for every value of a column, "-"
 // for an argument the op does not take, else the values joined by ", ".
 struct PathTableRow {
-  std::string op, chip, dtypes, beta, log_target, api, fixes, why;
+  std::string op, chip, dtypes, beta, log_target, transform, api, fixes, why;
 };
 
 // Every row of every loss's ops, in the declarations' order.

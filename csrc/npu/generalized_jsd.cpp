@@ -2,8 +2,9 @@
 // (rows.h): its log-softmaxes, values and gradients through aclnn calls (NPU_LOSS_EXEC_ACLNN). docs/npu_paths.md
 // has the calls of each beta class; docs/semantics.md, "Distillation", the formulas.
 //
-// Per chunk of n rows, in float32 (s and t the log-softmaxes of the logits over T, p = e^s, q = e^t, w the
-// weight of each element, 1 / T folded into it):
+// Per chunk of n rows, in float32 (s and t the log-softmaxes of the logits, transformed by the frame's
+// log_probabilities, over T; p = e^s, q = e^t; w the weight of each element, 1 / T folded into it; each gradient
+// then goes through its side's transform in the frame's gradient_rows):
 //   beta = 0, KL(teacher || student): f = q (t - s); the student's gradient is the log-softmax backward of -w q
 //     at s; the teacher's is aclnnKlDivTargetBackward(w, s, t, log_target) = w q (t - s + 1), then the
 //     log-softmax backward at t: w q (t - s - KL(t || s)).
@@ -62,18 +63,18 @@ void kl_target_gradient_into(at::Tensor& out, const at::Tensor& w, const at::Ten
 
 // KL(a || b) of log-probabilities a, b (beta 0: a = t, b = s; beta 1: a = s, b = t). ga, gb: the gradients'
 // rows of a's and b's logits (undefined where not wanted).
-void kl_chunk(const at::Tensor& a, const at::Tensor& b, ChunkOut& o, at::Tensor& ga, at::Tensor& gb, const Weight& w,
-              const at::Tensor& wrows, const at::Tensor& drop) {
-  at::Tensor ea = f32_like(a);
-  exp_into(ea, a);
+void kl_chunk(const LogProbabilities& a, const LogProbabilities& b, ChunkOut& o, at::Tensor& ga, at::Tensor& gb,
+              const Weight& w, const at::Tensor& wrows, const at::Tensor& drop) {
+  at::Tensor ea = f32_like(a.y);
+  exp_into(ea, a.y);
   if (o.part.defined() || o.values) {
-    if (!o.f.defined()) o.f = f32_like(a);
-    sub_into(o.f, a, b);
+    if (!o.f.defined()) o.f = f32_like(a.y);
+    sub_into(o.f, a.y, b.y);
     mul_(o.f, ea);
   }
   if (ga.defined()) {
-    at::Tensor d = f32_like(a);
-    kl_target_gradient_into(d, wrows.defined() ? wrows : w.scalar_tensor, b, a);
+    at::Tensor d = f32_like(a.y);
+    kl_target_gradient_into(d, wrows.defined() ? wrows : w.scalar_tensor, b.y, a.y);
     const Weight unit{};  // the weights are in d already
     gradient_rows(ga, d, a, unit, at::Tensor(), 1.0, drop);
   }
@@ -81,23 +82,23 @@ void kl_chunk(const at::Tensor& a, const at::Tensor& b, ChunkOut& o, at::Tensor&
 }
 
 // 0 < beta < 1.
-void mixture_chunk(const at::Tensor& s, const at::Tensor& t, double beta, ChunkOut& o, const Weight& w,
+void mixture_chunk(const LogProbabilities& s, const LogProbabilities& t, double beta, ChunkOut& o, const Weight& w,
                    const at::Tensor& wrows, const at::Tensor& drop) {
-  at::Tensor a = f32_like(s), b = f32_like(t), c = f32_like(s);
-  adds_into(a, s, std::log1p(-beta));
-  adds_into(b, t, std::log(beta));
+  at::Tensor a = f32_like(s.y), b = f32_like(t.y), c = f32_like(s.y);
+  adds_into(a, s.y, std::log1p(-beta));
+  adds_into(b, t.y, std::log(beta));
   log_add_exp_into(c, a, b);  // m
-  sub_into(a, s, c);          // s - m
-  sub_into(b, t, c);          // t - m
-  exp_into(c, s);
+  sub_into(a, s.y, c);        // s - m
+  sub_into(b, t.y, c);        // t - m
+  exp_into(c, s.y);
   mul_(a, c);  // p (s - m)
-  exp_into(c, t);
+  exp_into(c, t.y);
   mul_(b, c);  // q (t - m)
   c = at::Tensor();
   double student_factor = 1 - beta;
   if (o.part.defined() || o.values) {
     scale_(a, 1 - beta);
-    if (!o.f.defined()) o.f = f32_like(s);
+    if (!o.f.defined()) o.f = f32_like(s.y);
     add_into(o.f, a, b, beta);
     student_factor = 1;
   }
@@ -105,10 +106,11 @@ void mixture_chunk(const at::Tensor& s, const at::Tensor& t, double beta, ChunkO
   if (o.gt.defined()) gradient_rows(o.gt, b, t, w, wrows, beta, drop);
 }
 
-// One chunk (rows.h's NpuRowMath): the log-softmaxes of both sides, then the form of its beta class.
+// One chunk (rows.h's NpuRowMath): the log-softmaxes of both sides (their logits transformed), then the form of
+// its beta class.
 void chunk(const RowChunk& c, ChunkOut& o) {
-  const at::Tensor s = log_probabilities(c.student, c.inv_t);
-  const at::Tensor t = log_probabilities(c.teacher, c.inv_t);
+  const LogProbabilities s = log_probabilities(c, 0);
+  const LogProbabilities t = log_probabilities(c, 1);
   const auto beta_class = chips::unit_beta_class(c.call.scalars.real(kBeta));
   if (beta_class == chips::BetaClass::Zero) {
     kl_chunk(t, s, o, o.gt, o.gs, c.w, c.wrows, c.drop);

@@ -53,8 +53,8 @@ Dtype path_dtype(c10::ScalarType dtype);
 // chips/paths.h, and the composite when the installed CANN lacks the API the row names (asked once per row:
 // the answer is fixed for the process, so a call pays no lock or lookup for it).
 template <typename Loss, bool Backward>
-Path path_here(DtypeClass dtypes, BetaClass beta, bool log_target) {
-  const Path p = path<Loss, Backward>(current_chip(), dtypes, beta, log_target);
+Path path_here(DtypeClass dtypes, BetaClass beta, bool log_target, TransformClass transform = TransformClass::None) {
+  const Path p = path<Loss, Backward>(current_chip(), dtypes, beta, log_target, transform);
   static const std::vector<bool> present = [] {
     std::vector<bool> found;
     for (const PathRow& row : rows_of<Loss, Backward>()) found.push_back(row.aclnn && aclnn_api_available(row.aclnn));

@@ -1,12 +1,13 @@
 // The row losses' NPU frame (rows.h): every row member's three ops and its linear form's step, registered from
 // the declaration list, each running its member's chunk math (npu_row_math<Loss>) through aclnn calls
 // (NPU_LOSS_EXEC_ACLNN) where this chip's path row names an API, and the chunked composite of ATen ops
-// (composite/rows.h) elsewhere.
+// (composite/rows.h) elsewhere. The logit transform is the frame's (log_probabilities, gradient_rows): the members'
+// math sees each side's transformed log-probabilities and hands its gradients back through them.
 //
 // A rejected call: every aclnn call's first phase runs on the calling thread, and a non-zero status enqueues
 // nothing of that call (aclnn_api.h). The chunks already enqueued wrote only this call's own results and
 // temporaries, which are dropped: the whole call then runs the composite (on_aclnn then sends every later call
-// whose beta class uses the API there too, and the one warning names it: npu_common.h).
+// whose beta and transform class use the API there too, and the one warning names it: npu_common.h).
 #include "rows.h"
 
 #include <torch/library.h>
@@ -79,25 +80,57 @@ void zero_rows_(at::Tensor& x, const at::Tensor& drop) {
   NPU_LOSS_EXEC_ACLNN(aclnnInplaceMaskedFillScalar, x, drop, zero);
 }
 
-// The log-probabilities of a chunk's logits over T, in float32.
-at::Tensor log_probabilities(const at::Tensor& z, double inv_t) {
-  if (z.scalar_type() == at::kFloat && inv_t == 1) return log_softmax(z);
-  at::Tensor x;
-  if (z.scalar_type() == at::kFloat) {
-    x = f32_like(z);
-    const at::Scalar s(inv_t);
-    NPU_LOSS_EXEC_ACLNN(aclnnMuls, z, s, x);
-  } else {
-    x = cast_f32(z);
-    if (inv_t != 1) scale_(x, inv_t);
+namespace {
+
+// z times `factor` in a new float32 tensor: one aclnnMuls for float32 logits, a cast (and an aclnnInplaceMuls
+// unless the factor is 1) for 16-bit ones.
+at::Tensor scaled_f32(const at::Tensor& z, double factor) {
+  if (z.scalar_type() != at::kFloat) {
+    at::Tensor x = cast_f32(z);
+    if (factor != 1) scale_(x, factor);
+    return x;
   }
-  return log_softmax(x);
+  at::Tensor x = f32_like(z);
+  const at::Scalar s(factor);
+  NPU_LOSS_EXEC_ACLNN(aclnnMuls, z, s, x);
+  return x;
 }
 
-// a (scaled by the scalar weight, or times the chunk's weights, then by `factor`) as a gradient's rows: its
-// log-softmax backward at y, into `out` (float32 rows) or through a float32 row and a cast.
-void gradient_rows(at::Tensor& out, at::Tensor& a, const at::Tensor& y, const Weight& w, const at::Tensor& wrows,
-                   double factor, const at::Tensor& drop) {
+}  // namespace
+
+LogProbabilities log_probabilities(const RowChunk& c, int side) {
+  const at::Tensor& z = side == 0 ? c.student : c.teacher;
+  const DeclaredScalars::Transform tr = c.call.scalars.transform(side);
+  LogProbabilities r;
+  r.chain = tr.scale;
+  if (tr.softcap == 0) {  // the scale folded into the logits' scaling over T
+    const double factor = tr.scale * c.inv_t;
+    r.y = z.scalar_type() == at::kFloat && factor == 1 ? log_softmax(z) : log_softmax(scaled_f32(z, factor));
+    return r;
+  }
+  // u = tanh(z scale / c), the logits over T c u / T; where the side's gradient is made, its slope u^2 - 1 into
+  // x's rows once the log-softmax has read them (so the side holds one float32 row more, the slope).
+  at::Tensor x = scaled_f32(z, tr.scale / tr.softcap);
+  NPU_LOSS_EXEC_ACLNN(aclnnInplaceTanh, x);
+  at::Tensor square;
+  if (c.mask[side]) {
+    square = f32_like(x);
+    NPU_LOSS_EXEC_ACLNN(aclnnMul, x, x, square);
+  }
+  if (tr.softcap * c.inv_t != 1) scale_(x, tr.softcap * c.inv_t);
+  r.y = log_softmax(x);
+  if (square.defined()) {
+    const at::Scalar minus_one(-1.0), one(1.0);
+    NPU_LOSS_EXEC_ACLNN(aclnnAdds, square, minus_one, one, x);
+    r.slope = x;
+    r.chain = -tr.scale;  // scale (1 - u^2) = -scale (u^2 - 1)
+  }
+  return r;
+}
+
+void gradient_rows(at::Tensor& out, at::Tensor& a, const LogProbabilities& side, const Weight& w,
+                   const at::Tensor& wrows, double factor, const at::Tensor& drop) {
+  factor *= side.chain;
   if (wrows.defined()) {
     mul_(a, wrows);
     if (factor != 1) scale_(a, factor);
@@ -105,10 +138,12 @@ void gradient_rows(at::Tensor& out, at::Tensor& a, const at::Tensor& y, const We
     scale_(a, w.scalar * factor);
   }
   if (out.scalar_type() == at::kFloat) {
-    log_softmax_backward_into(out, a, y);
+    log_softmax_backward_into(out, a, side.y);
+    if (side.slope.defined()) mul_(out, side.slope);
   } else {
     at::Tensor g = f32_like(a);
-    log_softmax_backward_into(g, a, y);
+    log_softmax_backward_into(g, a, side.y);
+    if (side.slope.defined()) mul_(g, side.slope);
     cast_into(out, g);
   }
   if (drop.defined()) zero_rows_(out, drop);
@@ -167,6 +202,13 @@ struct Plan {
   at::ScalarType result;
 };
 
+// The softcap's slopes a chunk holds: one float32 row per softcapped side whose gradient is made.
+int64_t slope_rows(const RowCall& c, std::array<bool, 2> mask) {
+  int64_t n = 0;
+  for (int side = 0; side < 2; ++side) n += mask[side] && c.scalars.transform(side).softcap != 0;
+  return n;
+}
+
 Plan plan_call(const FrameCall& jc) {
   const RowCall& c = jc.c;
   Plan p;
@@ -182,7 +224,8 @@ Plan plan_call(const FrameCall& jc) {
   p.scaled = jc.with_values && scales_rows(c.student, c.teacher, jc.mask);
   p.result = composite::result_dtype(c);
   p.chunk = jc.chunk > 0 ? jc.chunk : composite::chunk_rows(
-      p.rows, p.vocab, std::max(c.student.element_size(), c.teacher.element_size()), jc.math.temporaries);
+      p.rows, p.vocab, std::max(c.student.element_size(), c.teacher.element_size()),
+      jc.math.temporaries + slope_rows(c, jc.mask));
   return p;
 }
 
@@ -287,7 +330,7 @@ Results run(const FrameCall& jc, Weight w) {
       // float16's row scales are taken on the float32 rows (composite/rows.cpp's with_grads).
       o.gs = p.scaled && gs_rows.defined() ? f32_like(gs_rows) : gs_rows;
       o.gt = p.scaled && gt_rows.defined() ? f32_like(gt_rows) : gt_rows;
-      jc.math.chunk({c, zs.narrow(0, start, n), zt.narrow(0, start, n), p.inv_t, w, wrows, d}, o);
+      jc.math.chunk({c, zs.narrow(0, start, n), zt.narrow(0, start, n), p.inv_t, w, wrows, d, jc.mask}, o);
       finish_chunk(p, o, gs_rows, gt_rows, r, row0, n, d);
     }
     first += zs.size(0);
@@ -296,31 +339,45 @@ Results run(const FrameCall& jc, Weight w) {
   return r;
 }
 
-// Every aclnn API a call of this beta class makes on the path (the forward's, or also the gradients'), present in
-// this CANN (asked once per class: an older toolkit may lack one, aclnnKlDivTargetBackward first).
+// The transform class of a call (chips/paths.h): whether a side is softcapped, else whether one is scaled.
+chips::TransformClass transform_class(const DeclaredScalars& scalars) {
+  const DeclaredScalars::Transform student = scalars.transform(0), teacher = scalars.transform(1);
+  if (student.softcap != 0 || teacher.softcap != 0) return chips::TransformClass::Softcap;
+  return student.identity() && teacher.identity() ? chips::TransformClass::None : chips::TransformClass::Scale;
+}
+
+// Every aclnn API a call of this beta and transform class makes on the path (the forward's, or also the
+// gradients'), present in this CANN (asked once per pair of classes: an older toolkit may lack one,
+// aclnnKlDivTargetBackward first).
 template <typename Loss, bool Backward>
-bool apis_present(chips::BetaClass beta) {
-  static const std::array<bool, 3> present = [] {
-    std::array<bool, 3> found{};
-    const chips::BetaClass classes[] = {chips::BetaClass::Zero, chips::BetaClass::Mixture, chips::BetaClass::One};
-    for (size_t i = 0; i < found.size(); ++i) {
-      found[i] = true;
-      for (const auto& use : Loss::aclnn_apis) {
-        if ((use.gradients && !Backward) || !chips::contains(use.betas, classes[i])) continue;
-        found[i] = found[i] && aclnn_api_available(use.api);
+bool apis_present(chips::BetaClass beta, chips::TransformClass transform) {
+  static constexpr chips::BetaClass kBetas[] = {chips::BetaClass::Zero, chips::BetaClass::Mixture,
+                                                chips::BetaClass::One};
+  static constexpr chips::TransformClass kTransforms[] = {
+      chips::TransformClass::None, chips::TransformClass::Scale, chips::TransformClass::Softcap};
+  static const std::array<std::array<bool, 3>, 3> present = [] {
+    std::array<std::array<bool, 3>, 3> found{};
+    for (size_t i = 0; i < 3; ++i) {
+      for (size_t j = 0; j < 3; ++j) {
+        found[i][j] = true;
+        for (const auto& use : Loss::aclnn_apis) {
+          if (!chips::used_by(use, Backward, kBetas[i], kTransforms[j])) continue;
+          found[i][j] = found[i][j] && aclnn_api_available(use.api);
+        }
       }
     }
     return found;
   }();
-  return present[beta == chips::BetaClass::Zero ? 0 : beta == chips::BetaClass::Mixture ? 1 : 2];
+  const size_t i = beta == chips::BetaClass::Zero ? 0 : beta == chips::BetaClass::Mixture ? 1 : 2;
+  return present[i][static_cast<size_t>(transform)];
 }
 
-// Whether this chip's CANN rejected, in this process, an API a call of this beta class makes on the path.
+// Whether this chip's CANN rejected, in this process, an API a call of this beta and transform class makes on
+// the path.
 template <typename Loss, bool Backward>
-bool apis_rejected(chips::BetaClass beta) {
+bool apis_rejected(chips::BetaClass beta, chips::TransformClass transform) {
   for (const auto& use : Loss::aclnn_apis) {
-    if ((use.gradients && !Backward) || !chips::contains(use.betas, beta)) continue;
-    if (api_rejected(use.api)) return true;
+    if (chips::used_by(use, Backward, beta, transform) && api_rejected(use.api)) return true;
   }
   return false;
 }
@@ -328,12 +385,11 @@ bool apis_rejected(chips::BetaClass beta) {
 // Whether a call of the forward (Backward false) or of an op that makes gradients runs the aclnn path here.
 template <typename Loss, bool Backward>
 bool on_aclnn(const RowCall& c) {
-  // A call that transforms a side's logits (a scale other than 1, a softcap) runs the composite: the chip paths
-  // declare no aclnn row for the transform yet (docs/npu_paths.md).
-  if (!c.scalars.untransformed()) return false;
   const chips::BetaClass beta = chips::unit_beta_class(c.scalars.beta());
-  const Path p = path_here<Loss, Backward>(dtype_class({&c.student, &c.teacher}), beta, false);
-  return p.aclnn != nullptr && apis_present<Loss, Backward>(beta) && !apis_rejected<Loss, Backward>(beta);
+  const chips::TransformClass transform = transform_class(c.scalars);
+  const Path p = path_here<Loss, Backward>(dtype_class({&c.student, &c.teacher}), beta, false, transform);
+  return p.aclnn != nullptr && apis_present<Loss, Backward>(beta, transform) &&
+      !apis_rejected<Loss, Backward>(beta, transform);
 }
 
 // run(), or nothing when the chip's CANN rejected one of its calls (noted: the caller runs the composite).

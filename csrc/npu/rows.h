@@ -9,6 +9,7 @@
 
 #include <ATen/ATen.h>
 
+#include <array>
 #include <cstdint>
 
 #include "../core/checks.h"
@@ -49,33 +50,47 @@ struct ChunkOut {
   at::Tensor gs, gt;
 };
 
-// One chunk as a member's math gets it: n rows of each side's logits (in their own dtype), 1 / T, every
-// element's weight of the gradients (w; and wrows, float32 (n, V) over T, for the backward of 'none'), and the
-// rows the labels drop (drop: (n, 1) bool; undefined when the chunk keeps every row).
+// One chunk as a member's math gets it: n rows of each side's logits (in their own dtype, untransformed), 1 / T,
+// every element's weight of the gradients (w; and wrows, float32 (n, V) over T, for the backward of 'none'), the
+// rows the labels drop (drop: (n, 1) bool; undefined when the chunk keeps every row) and the gradients wanted.
 struct RowChunk {
   const RowCall& call;
   at::Tensor student, teacher;
   double inv_t;
   const Weight& w;
   at::Tensor wrows, drop;
+  std::array<bool, 2> mask;
 };
 
 // A row member's NPU math. chunk() fills what `o` asks for: the values' float32 rows f (o.f, allocating it when
 // undefined) where o.part or o.values is set, and the gradients' rows o.gs and o.gt where defined (zero in
 // dropped rows); the frame then sums, places, scales and casts them. temporaries: the float32 (rows, V)
-// tensors a chunk holds alive at once, at most, with the frame's (whence the chunk's rows: composite::chunk_rows).
+// tensors a chunk holds alive at once, at most, with the frame's (whence the chunk's rows: composite::chunk_rows),
+// besides the softcap's slopes (the frame adds one per softcapped side whose gradient is made).
 struct NpuRowMath {
   void (*chunk)(const RowChunk& c, ChunkOut& o);
   int64_t temporaries;
 };
 
-// The log-probabilities of a chunk's logits over T, in float32.
-at::Tensor log_probabilities(const at::Tensor& z, double inv_t);
+// A side of a chunk as a member's math sees it: y, the float32 log-probabilities of its logits transformed (the
+// scale, then the softcap c tanh(. / c): losses.h's ScalarRole) and over T; and the chain of the transform, what
+// the side's gradient w.r.t. y (over T) is multiplied by to be the gradient w.r.t. its logits: `chain` and, with a
+// softcap, `slope` (float32 rows; defined where the side's gradient is made). The scale alone: chain = scale; a
+// softcap: slope = tanh^2 - 1 and chain = -scale.
+struct LogProbabilities {
+  at::Tensor y;
+  at::Tensor slope;
+  double chain = 1;
+};
 
-// a (scaled by the scalar weight, or times the chunk's weights, then by `factor`) as a gradient's rows: its
-// log-softmax backward at y, into `out` (float32 rows) or through a float32 row and a cast.
-void gradient_rows(at::Tensor& out, at::Tensor& a, const at::Tensor& y, const Weight& w, const at::Tensor& wrows,
-                   double factor, const at::Tensor& drop);
+// The log-probabilities of a side of a chunk (0 the student's, 1 the teacher's).
+LogProbabilities log_probabilities(const RowChunk& c, int side);
+
+// a (scaled by the scalar weight, or times the chunk's weights, then by `factor` and the side's chain) as a
+// gradient's rows of the side's logits: its log-softmax backward at the side's y, times its slope, into `out`
+// (float32 rows) or through a float32 row and a cast.
+void gradient_rows(at::Tensor& out, at::Tensor& a, const LogProbabilities& side, const Weight& w,
+                   const at::Tensor& wrows, double factor, const at::Tensor& drop);
 
 // Each row member's math, from its own file: one specialization per member of losses.h's list, declared here
 // from the list (a member without one fails to link).

@@ -4,7 +4,8 @@
 //     math/add/docs/aclnnAdds.md, math/sub/docs/aclnnSub&aclnnInplaceSub.md, math/mul/docs/aclnnMul&aclnnInplaceMul.md,
 //     math/mul/docs/aclnnMuls&aclnnInplaceMuls.md, math/div/docs/aclnnDivs&aclnnInplaceDivs.md,
 //     math/exp/docs/aclnnExp&aclnnInplaceExp.md, math/reduce_sum/docs/aclnnReduceSum.md,
-//     math/cast/docs/aclnnCast.md, conversion/masked_fill/docs/aclnnInplaceMaskedFillScalar.md;
+//     math/cast/docs/aclnnCast.md, conversion/masked_fill/docs/aclnnInplaceMaskedFillScalar.md,
+//     math/tanh/docs/aclnnTanh&aclnnInplaceTanh.md (the logit transform's softcap);
 //   ops-nn v9.1.0: activation/log_softmax_v2/docs/aclnnLogSoftmax.md,
 //     activation/log_softmax_grad/docs/aclnnLogSoftmaxBackward.md;
 //   aclnnExp as ops-math's current document lists it: not on the Atlas training (910) and inference (310P)
@@ -59,6 +60,8 @@ const std::map<std::string, Listing>& listings() {
       {"aclnnSub", {k910 | k910B | k950, kBf16}},   // as does aclnnSub's (which lists 310B, without bf16)
       {"aclnnDivs", {k910 | k910B | k950, kBf16}},  // and aclnnDivs'
       {"aclnnExp", {k910B | k950, kBf16}},  // the current document leaves out 910 and 310P (9d65d0d11)
+      {"aclnnTanh", {k910 | k910B | k950, kBf16}},  // the Atlas inference series (310P) is not supported
+      {"aclnnInplaceTanh", {k910 | k910B | k950, kBf16}},
       {"aclnnReduceSum", {kTrainingAndInference, kBf16}},
       {"aclnnInplaceMaskedFillScalar", {kTrainingAndInference, kBf16}},
       {"aclnnLogSoftmax", {kTrainingAndInference, kBf16}},

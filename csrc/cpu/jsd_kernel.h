@@ -158,10 +158,15 @@ struct JsdRow {
         chain{c.chain_scale[0] != 1.0 || c.chain_inv_cap[0] != 0.0,
               c.chain_scale[1] != 1.0 || c.chain_inv_cap[1] != 0.0} {}
 
-  // The factor of a side's gradient at its transformed logits z (RowBatch's chain): scale * (1 - (z / cap)^2).
-  V chain_slope(V z, int side) const {
-    const V u = z * cst<V>(chain_inv_cap[side]), s = cst<V>(chain_scale[side]);
-    return s - s * (u * u);
+  // A side's kept gradient term `a` and probability `p` at element i, both times the factor of its gradient at
+  // its transformed logit z[i] (RowBatch's chain): scale * (1 - (z / cap)^2); nothing where it is not chained.
+  // Pass 3's (a - p * sum(a)) then carries the factor whole. Read before pass 2 stores over the logits.
+  void chained(int side, const T* z, int64_t i, V& a, V& p) const {
+    if (!chain[side]) return;
+    const V u = load_at<IoT>(z, i, n) * cst<V>(chain_inv_cap[side]), s = cst<V>(chain_scale[side]);
+    const V slope = s - s * (u * u);
+    a = a * slope;
+    p = p * slope;
   }
 
   // Passes 1 to 3 of one row: fills what the pointers ask for, with `scratch` for what waits between them.
@@ -232,14 +237,8 @@ struct JsdRow {
             if (at_label) softmax = softmax - select(one_lane<IoT>(hard.label - i), cst<V>(1), cst<V>(0));
             kept_as = as + hard_weight * softmax;
           }
-          // Chained (RowBatch's chain): a_s and p both times the slope at the logit, which pass 3's
-          // (a_s - p * sum(a_s)) then carries whole; read before the store below, like the hard loss's.
           V p_kept = e.p;
-          if (chain[0]) {
-            const V slope = chain_slope(load_at<IoT>(zs, i, n), 0);
-            kept_as = kept_as * slope;
-            p_kept = p_kept * slope;
-          }
+          chained(0, zs, i, kept_as, p_kept);  // read before the store below, like the hard loss's
           store_at<IoCache>(cache_s, i, n_cache, kept_as);
           IoScratch::store(prob_s + i, p_kept);
           if (row_scale) {  // the padding lanes hold 0 (above)
@@ -251,11 +250,7 @@ struct JsdRow {
           const V at = weight(i) * e.dt;
           sum_at.add(at);
           V q_kept = e.q, kept_at = at;
-          if (chain[1]) {
-            const V slope = chain_slope(load_at<IoT>(zt, i, n), 1);
-            kept_at = kept_at * slope;
-            q_kept = q_kept * slope;
-          }
+          chained(1, zt, i, kept_at, q_kept);
           store_at<IoCache>(cache_t, i, n_cache, kept_at);
           IoScratch::store(prob_t + i, q_kept);
           if (row_scale) {

@@ -38,6 +38,16 @@
 
 namespace npu_loss::autograd {
 
+// Whether gradients made in the forward may be handed over as they are instead of times `factors`: they may
+// be consumed, and every factor is 1 (`loss.backward()` on an unscaled call). Asked of plain host tensors only,
+// whose values reading syncs nothing (not of a fake, functional or functorch-wrapped one, which tracing and
+// transforms hand over); it spares a pass over each gradient.
+inline bool unit_factors(const at::Tensor& factors, bool consume) {
+  const c10::DispatchKeySet plain =
+      factors.key_set() - (c10::autograd_dispatch_keyset_with_ADInplaceOrView | c10::autocast_dispatch_keyset);
+  return consume && plain.highestPriorityTypeId() == c10::DispatchKey::CPU && factors.eq(1).all().item<bool>();
+}
+
 using torch::autograd::variable_list;
 
 template <size_t N>

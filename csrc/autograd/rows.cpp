@@ -162,12 +162,15 @@ struct RowLossNode final : public torch::autograd::TraceableFunction {
       return out;
     }
     if (sc.made_in_forward) {
-      // grad_output times each row's scale (float16: checks.h, scales_rows), rounded once into the gradient.
+      // grad_output times each row's scale (float16: checks.h, scales_rows), rounded once into the gradient;
+      // a reduced loss's grad_output of 1 without row scales leaves the gradients as they are (node.h): a pass
+      // over each spared.
       const at::Tensor factor = v.row_scale.defined() ? g * v.row_scale.unsqueeze(-1) : g;
+      const bool unit = !v.row_scale.defined() && g.numel() == 1 && unit_factors(g, consume);
       for (size_t i = 0; i < 2; ++i) {
         if (!need[i]) continue;
         at::Tensor& gradient = i == 0 ? v.grad_student : v.grad_teacher;
-        out[i] = consume ? gradient.mul_(factor) : gradient * factor;
+        out[i] = unit ? gradient : consume ? gradient.mul_(factor) : gradient * factor;
       }
       return out;
     }

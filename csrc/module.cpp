@@ -24,19 +24,19 @@ std::vector<std::string> available_isas() {
   return names;
 }
 
-// The KL kernels' float log or exp of a float32 tensor, or their log of bfloat16 values ('log_bf16', x
-// holding bfloat16 values), computed by one instruction set's kernels: lets the tests check their accuracy
-// on every instruction set this CPU has.
+// The KL kernels' float log or exp of a float32 tensor, their log of bfloat16 values ('log_bf16', x
+// holding bfloat16 values), or the row kernels' tanh, computed by one instruction set's kernels: lets the
+// tests check their accuracy on every instruction set this CPU has.
 at::Tensor vec_math(const std::string& fn, const at::Tensor& x, const std::string& isa) {
-  TORCH_CHECK(fn == "log" || fn == "exp" || fn == "log_bf16",
-              "_vec_math: fn must be 'log', 'exp' or 'log_bf16', got '", fn, "'");
+  TORCH_CHECK(fn == "log" || fn == "exp" || fn == "log_bf16" || fn == "tanh",
+              "_vec_math: fn must be 'log', 'exp', 'log_bf16' or 'tanh', got '", fn, "'");
   TORCH_CHECK(x.scalar_type() == at::kFloat && x.device().is_cpu(), "_vec_math: x must be a float32 CPU tensor");
   const auto& kernels = npu_loss::cpu::kernels_for(npu_loss::cpu::parse_isa(isa.c_str(), "isa"));
   const at::Tensor in = x.contiguous();
   TORCH_CHECK(fn != "log_bf16" || in.view(at::kInt).bitwise_and(0xFFFF).eq(0).all().item<bool>(),
               "_vec_math: 'log_bf16' takes bfloat16 values (x's low 16 bits must be zero)");
   at::Tensor out = at::empty_like(in);
-  const auto f = fn == "log" ? kernels.log : fn == "exp" ? kernels.exp : kernels.log_bf16;
+  const auto f = fn == "log" ? kernels.log : fn == "exp" ? kernels.exp : fn == "tanh" ? kernels.tanh : kernels.log_bf16;
   f(in.const_data_ptr<float>(), out.mutable_data_ptr<float>(), in.numel());
   return out;
 }

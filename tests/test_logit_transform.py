@@ -1,12 +1,16 @@
 """The logit transform of the distillation family (TRL's DistillationTrainer order: each side's logits times
 its scale, then softcapped as c * tanh(x / c), then divided by T): `generalized_jsd_loss`'s four keywords,
 against a float64 reference made of torch ops on the transformed logits (TRL 1.16's function restated in
-tests/reference.py), values and both gradients, on the CPU kernels (the scales), the composite (the softcaps,
-and every call on a device without a path of its own), gradcheck through the tanh, opcheck, compile, and the rejections."""
+tests/reference.py), values and both gradients, on the CPU kernels of every instruction set (the scale folded
+into 1 / T, the softcap through the kernels' tanh), the composite (every call on a device without a path of its
+own), gradcheck through the tanh, opcheck, compile, and the rejections."""
 from __future__ import annotations
 
 import itertools
 import math
+import os
+import subprocess
+import sys
 
 import pytest
 import torch
@@ -87,8 +91,8 @@ def test_the_transform_changes_the_result(transform):
 @pytest.mark.parametrize("transform", TRANSFORMS[1:], ids=str)
 @pytest.mark.parametrize("reduction", [0, 1, 2])
 def test_the_kernel_and_the_composite_agree(transform, reduction):
-    """The CPU's kernels (the scales) and the composite (every transform) give the same values and gradients
-    within float32's tolerance, op by op."""
+    """The CPU's kernels and the composite give the same values and gradients within float32's tolerance, op by
+    op, for every transform."""
     student, teacher, labels = _inputs(torch.float32, rows=5, vocab=301, seed=3)
     scalars = dict(beta=0.4, temperature=1.5, ignore_index=-100, **_keywords(transform))
     ops = torch.ops.npu_loss
@@ -235,8 +239,9 @@ def test_on_the_device_as_on_the_cpu(transform, device):
 
 @pytest.mark.parametrize("transform", TRANSFORMS[1:], ids=str)
 def test_the_linear_form_on_the_device_as_on_the_cpu(transform, device):
-    """The linear form's chunks are transformed by its driver on every device (the NPU's step then runs its
-    aclnn path untransformed): values and gradients equal the CPU's within float32's tolerance."""
+    """The linear form's chunks are transformed by the CPU's step in its passes, and by the driver on every other
+    device (the NPU's step then runs its aclnn path untransformed): values and gradients equal the CPU's within
+    float32's tolerance."""
     gen = torch.Generator().manual_seed(9)
     tensors = [torch.randn(7, 16, generator=gen), torch.randn(61, 16, generator=gen) / 2,
                torch.randn(7, 24, generator=gen), torch.randn(61, 24, generator=gen) / 2]
@@ -251,3 +256,91 @@ def test_the_linear_form_on_the_device_as_on_the_cpu(transform, device):
         results.append([x.detach().cpu() for x in (loss, xs.grad, ws.grad)])
     for a, b in zip(*results):
         torch.testing.assert_close(b, a, rtol=2e-5, atol=2e-6)
+
+
+# The row kernels' forms, each with a softcap: bfloat16 and float16 direct (float16's row scales), rows of
+# several blocks with a tail, strided rows and mixed dtypes (the converted form; float64 on the baseline's
+# double lanes), 'none' with weights. (shape, dtypes, transform, beta, T, reduction, labels, strided)
+ISA_CASES = [
+    ((3, 4101), (torch.bfloat16, torch.bfloat16), (0.5, 2.0, 3.0, 6.0), 0.5, 2.0, "batchmean", True, False),
+    ((3, 4101), (torch.float16, torch.float16), (1.0, 1.0, 4.0, None), 0.9, 0.5, "sum", True, False),
+    ((2, 3, 257), (torch.float64, torch.float32), (1.0, 1.5, None, 5.0), 0.1, 1.0, "batchmean", True, True),
+    ((2, 3, 257), (torch.float32, torch.float32), (0.25, 1.5, 3.0, 6.0), 1.0, 1.0, "mean", False, True),
+    ((2, 32001), (torch.float32, torch.float32), (2.0, 1.0, 30.0, None), 0.0, 1.0, "none", False, False),
+]
+
+
+def _isa_inputs(case):
+    shape, dtypes, _, _, _, _, with_labels, strided = case
+    gen = torch.Generator().manual_seed(11)
+    wide = (*shape[:-1], shape[-1] + 3) if strided else shape
+    student = (torch.randn(wide, generator=gen, dtype=torch.float64) * 6).to(dtypes[0])[..., :shape[-1]]
+    teacher = (torch.randn(wide, generator=gen, dtype=torch.float64) * 6).to(dtypes[1])[..., :shape[-1]]
+    labels = None
+    if with_labels:
+        labels = torch.randint(0, shape[-1], shape[:-1], generator=gen)
+        labels.view(-1)[1] = -100
+    return student, teacher, labels
+
+
+ISA_SCRIPT = r"""
+import sys, torch
+sys.path.insert(0, sys.argv[2])
+import npu_loss_ops, test_logit_transform as tl
+results = []
+for case in tl.ISA_CASES:
+    student, teacher, labels = tl._isa_inputs(case)
+    a, b = student.clone().requires_grad_(), teacher.clone().requires_grad_()
+    value = npu_loss_ops.generalized_jsd_loss(a, b, labels, case[3], case[4], case[5], **tl._keywords(case[2]))
+    g = torch.rand(value.shape, generator=torch.Generator().manual_seed(2), dtype=torch.float64)
+    value.backward(g.to(value.dtype))
+    results.append((value.detach(), a.grad, b.grad))
+torch.save({"isa": npu_loss_ops.build_info()["cpu_isa"], "results": results}, sys.argv[1])
+"""
+
+
+@pytest.mark.parametrize("isa", npu_loss_ops.build_info()["cpu_isas_available"])
+def test_the_softcap_in_the_kernels_of_every_instruction_set(isa, tmp_path):
+    """The row kernels of every instruction set this CPU runs (AVX-512, AVX2, the baseline: the one aarch64
+    runs) against the float64 reference, values and both gradients, in each of the kernels' forms."""
+    path = str(tmp_path / "results.pt")
+    env = {**os.environ, "NPU_LOSS_OPS_CPU_ISA": isa}
+    proc = subprocess.run([sys.executable, "-c", ISA_SCRIPT, path, os.path.dirname(os.path.abspath(__file__))],
+                          env=env, capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    out = torch.load(path)
+    assert out["isa"] == isa and len(out["results"]) == len(ISA_CASES)
+    tolerance = {**TOLERANCE, torch.float16: (4e-3, 4e-4)}
+    for case, (value, gs, gt) in zip(ISA_CASES, out["results"]):
+        student, teacher, labels = _isa_inputs(case)
+        g = torch.rand(value.shape, generator=torch.Generator().manual_seed(2), dtype=torch.float64)
+        want = reference(student, teacher, labels, case[3], case[4], case[5], case[2], g)
+        for what, mine, theirs, dtype in (("value", value, want[0], torch.promote_types(*case[1])),
+                                          ("student's gradient", gs, want[1], case[1][0]),
+                                          ("teacher's gradient", gt, want[2], case[1][1])):
+            rtol, atol = tolerance[dtype]
+            scale = max(float(theirs.detach().abs().max()), 1.0)
+            torch.testing.assert_close(mine.double(), theirs, rtol=rtol, atol=atol * scale,
+                                       msg=f"{isa} {case[:2]} {case[2]}: {what}")
+
+
+@pytest.mark.parametrize("reduction", [0, 2])
+@pytest.mark.parametrize("special", [math.inf, math.nan])
+def test_the_softcap_in_the_kernels_keeps_nan_and_inf_as_the_composite(reduction, special):
+    """Logits of +-inf and NaN through the kernels' tanh (+-inf to +-c: finite; NaN to NaN) as through the
+    composite's, values and both gradients."""
+    student, teacher, labels = _inputs(torch.float32, rows=4, vocab=70, seed=6)
+    student[0, 3], student[2, 5], teacher[3, 7] = special, -special, special
+    scalars = dict(beta=0.4, temperature=1.5, ignore_index=-100, student_logit_scale=0.5, student_softcap=3.0,
+                   teacher_logit_scale=1.0, teacher_softcap=2.0)
+    ops = torch.ops.npu_loss
+    args = (student, teacher, labels, reduction)
+    kernel = ops.generalized_jsd_loss.default(*args, **scalars)
+    composite = ops.generalized_jsd_loss.default._op_dk(COMPOSITE, *args, **scalars)
+    torch.testing.assert_close(kernel, composite, rtol=2e-5, atol=1e-6, equal_nan=True)
+    assert kernel.isnan().any() == math.isnan(special)
+    g = torch.ones_like(kernel)
+    mine = ops.generalized_jsd_loss_backward.default(g, *args, **scalars, output_mask=[True, True])
+    theirs = ops.generalized_jsd_loss_backward.default._op_dk(COMPOSITE, g, *args, **scalars, output_mask=[True, True])
+    for a, b in zip(mine, theirs):
+        torch.testing.assert_close(a, b, rtol=2e-5, atol=1e-6, equal_nan=True)

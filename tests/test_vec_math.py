@@ -1,6 +1,6 @@
-"""The KL kernels' float log and exp (csrc/cpu/vec_math.h) against float64, on every instruction set this
-CPU runs: within 2 ulp of the exact value over the whole float range, IEEE special cases, and results that
-do not depend on the other lanes of a vector (docs/cpu_kernels.md). The exhaustive sweep of every float is
+"""The KL kernels' float log and exp, and the row kernels' tanh (the softcap), (csrc/cpu/vec_math.h) against
+float64, on every instruction set this CPU runs: within 2 ulp of the exact value over the whole float range,
+IEEE special cases, and results that do not depend on the other lanes of a vector (docs/cpu_kernels.md). The exhaustive sweep of every float is
 opt-in (NPU_LOSS_OPS_LARGE_TESTS=1); the default sweep takes every 251st bit pattern. The log of bfloat16
 values ('log_bf16', a table lookup on AVX-512) is checked on every bfloat16."""
 import math
@@ -42,10 +42,12 @@ def floats_from_bits(lo, hi, step):
 # which it is 0 or inf, its denormal results included.
 LOG_RANGE = (0x00000001, 0x7F800000)
 EXP_RANGES = [(0x00000000, 0x42B20000), (0x80000000, 0xC2D00000)]  # [0, 89) and (-104, -0]
+# tanh over every finite float of both signs (past 9.01 it is +-1).
+TANH_RANGES = [(0x00000000, 0x7F800000), (0x80000000, 0xFF800000)]
 
 
 def sweep(fn, isa, step, chunk=1 << 24):
-    ranges = [LOG_RANGE] if fn == "log" else EXP_RANGES
+    ranges = {"log": [LOG_RANGE], "exp": EXP_RANGES, "tanh": TANH_RANGES}[fn]
     worst, worst_x = 0.0, None
     for lo, hi in ranges:
         for start in range(lo, hi, chunk * step):
@@ -59,7 +61,7 @@ def sweep(fn, isa, step, chunk=1 << 24):
 
 
 @pytest.mark.parametrize("isa", ISAS)
-@pytest.mark.parametrize("fn", ["log", "exp"])
+@pytest.mark.parametrize("fn", ["log", "exp", "tanh"])
 def test_within_2_ulp_of_float64(fn, isa):
     worst, at = sweep(fn, isa, step=251)
     assert worst <= MAX_ULP, f"{fn} on {isa}: {worst:.3f} ulp at x = {at!r}"
@@ -70,7 +72,7 @@ def test_within_2_ulp_of_float64(fn, isa):
 @pytest.mark.skipif(os.environ.get("NPU_LOSS_OPS_LARGE_TESTS") != "1",
                     reason="opt-in: set NPU_LOSS_OPS_LARGE_TESTS=1 (every float: about a minute per case)")
 @pytest.mark.parametrize("isa", ISAS)
-@pytest.mark.parametrize("fn", ["log", "exp"])
+@pytest.mark.parametrize("fn", ["log", "exp", "tanh"])
 def test_every_float_within_2_ulp(fn, isa):
     worst, at = sweep(fn, isa, step=1)
     assert worst <= MAX_ULP, f"{fn} on {isa}: {worst:.3f} ulp at x = {at!r}"
@@ -101,11 +103,19 @@ SPECIAL = {
             (math.nan, math.nan), (1.0, 0.0)],
     "exp": [(INF, INF), (-INF, 0.0), (math.nan, math.nan), (89.0, INF), (-104.0, 0.0), (0.0, 1.0),
             (-0.0, 1.0), (3.4e38, INF), (-3.4e38, 0.0)],
+    "tanh": [(INF, 1.0), (-INF, -1.0), (math.nan, math.nan), (0.0, 0.0), (9.1, 1.0), (-9.1, -1.0),
+             (3.4e38, 1.0), (-3.4e38, -1.0), (1e-40, 1e-40), (-1e-40, -1e-40)],
 }
 
 
 @pytest.mark.parametrize("isa", ISAS)
-@pytest.mark.parametrize("fn", ["log", "exp", "log_bf16"])
+def test_tanh_keeps_the_sign_of_zero(isa):
+    out = vec("tanh", torch.tensor([0.0, -0.0]), isa)
+    assert out.tolist() == [0.0, 0.0] and out.signbit().tolist() == [False, True]
+
+
+@pytest.mark.parametrize("isa", ISAS)
+@pytest.mark.parametrize("fn", ["log", "exp", "log_bf16", "tanh"])
 def test_special_values(fn, isa):
     table = SPECIAL["log" if fn == "log_bf16" else fn]
     x = torch.tensor([v for v, _ in table], dtype=torch.float32)
@@ -116,12 +126,12 @@ def test_special_values(fn, isa):
 
 
 @pytest.mark.parametrize("isa", ISAS)
-@pytest.mark.parametrize("fn", ["log", "exp", "log_bf16"])
+@pytest.mark.parametrize("fn", ["log", "exp", "log_bf16", "tanh"])
 def test_a_lane_does_not_depend_on_its_neighbours(fn, isa):
     """A vector with one special lane takes the slow path: its ordinary lanes keep the fast path's bits,
-    at every position and for every tail length."""
+    at every position and for every tail length. (tanh's lanes straddle its two forms, at 0.625.)"""
     torch.manual_seed(0)
-    x = torch.rand(100) * 4 + 0.01 if fn != "exp" else torch.randn(100) * 10
+    x = {"exp": torch.randn(100) * 10, "tanh": torch.randn(100) * 1.5}.get(fn, torch.rand(100) * 4 + 0.01)
     if fn == "log_bf16":
         x = x.bfloat16().float()
     alone = vec(fn, x, isa)
@@ -145,7 +155,7 @@ def test_denormal_inputs_and_results(isa):
 
 
 def test_rejects_bad_arguments():
-    with pytest.raises(RuntimeError, match="fn must be 'log', 'exp' or 'log_bf16'"):
+    with pytest.raises(RuntimeError, match="fn must be 'log', 'exp', 'log_bf16' or 'tanh'"):
         vec("sin", torch.ones(3), "baseline")
     with pytest.raises(RuntimeError, match="'log_bf16' takes bfloat16 values"):
         vec("log_bf16", torch.tensor([1.0, 1.0 + 2.0 ** -20]), "baseline")

@@ -96,7 +96,7 @@ int64_t linear_row_bytes(const LinearSpec& spec, const LinearCall& c, std::array
   int64_t bytes = s + (teacher_in_halves(c, mask, step) ? t / 2 : t) +
                   (probs ? itemsize(accumulate_dtype(spec.dtype)) : 0) + step.scratch_bytes;
   // A softcapped side whose gradient is made keeps its logits' slope (transform_chunk), unless the step
-  // fuses the chain (RowExtras::chain).
+  // fuses the transform.
   if (!step.fuses && wants_grads(mask, 0) && c.scalars.transform(0).softcap != 0) bytes += s;
   if (!step.fuses && wants_grads(mask, 1) && c.scalars.transform(1).softcap != 0) bytes += t;
   if (!step.in_place) bytes += (wants_grads(mask, 0) ? s : 0) + (wants_grads(mask, 1) ? t : 0);
@@ -317,10 +317,12 @@ void run_chunks(const LinearCall& c, const LinearPlan& p, std::array<bool, 6> ma
   at::Tensor logits[2] = {buffer({p.rows, p.vocab}, x[0]->options()),
                           buffer({p.teacher_rows, p.vocab}, x[1]->options())};
   at::Tensor probs = p.hard && !p.fuse ? buffer({p.rows, p.vocab}, x[0]->options().dtype(p.acc)) : at::Tensor();
-  // The logit transform runs here, on each chunk's logits; the step sees them transformed.
-  const DeclaredScalars::Transform tr[2] = {c.scalars.transform(0), c.scalars.transform(1)};
-  const DeclaredScalars scalars = c.scalars.without_transform();
-  at::Tensor slopes[2];  // where the step does not chain the transform itself (RowExtras::chain)
+  // The logit transform: made by a step that fuses it in its passes (the CPU's: the call's scalars passed on
+  // whole), else here, on each chunk's logits, which the step then sees transformed.
+  const DeclaredScalars::Transform tr[2] = {p.fuse ? DeclaredScalars::Transform{} : c.scalars.transform(0),
+                                            p.fuse ? DeclaredScalars::Transform{} : c.scalars.transform(1)};
+  const DeclaredScalars scalars = p.fuse ? c.scalars : c.scalars.without_transform();
+  at::Tensor slopes[2];  // a softcapped side's, where the driver transforms
   for (int side = 0; side < 2; ++side) {
     if (!p.fuse && tr[side].softcap != 0 && p.side_grads[side]) {
       slopes[side] = buffer({side == 0 ? p.rows : p.teacher_rows, p.vocab}, x[side]->options());
@@ -354,8 +356,6 @@ void run_chunks(const LinearCall& c, const LinearPlan& p, std::array<bool, 6> ma
     // Fused: the soft factor times the stored scales, the hard loss and the entropy, in the step's passes.
     RowExtras extras{p.soft_factor * p.scales[0], p.scales[1] / p.scales[0], p.hard,
                      p.hard_grad ? p.hard_factor * p.scales[0] : 0.0};
-    extras.chain[0] = tr[0];
-    extras.chain[1] = tr[1];
     at::Tensor g[2], row_scale;
     for (int64_t first = 0; first < m; first += p.teacher_rows) {
       const int64_t k = std::min(p.teacher_rows, m - first);

@@ -31,10 +31,9 @@ namespace npu_loss::composite {
 // where the student's gradient is made, hard_weight * (softmax - one_hot) added to it. The gradients are then
 // stored as they are, without the row loss's own float16 row scales. With `entropy` (host memory), each kept
 // row's entropy of the student's tempered distribution, -sum(p * log p), at entropy[row of the step's call]
-// (dropped rows untouched). With `chain`, each side's logits as the step sees them are its logits transformed
-// (the driver scaled and softcapped them: z = softcap * tanh(scale * x / softcap), or scale * x), and each
-// gradient is made w.r.t. x: times scale * (1 - (z / softcap)^2), or scale, at each logit, in the passes that
-// read z (no slope kept beside the logits).
+// (dropped rows untouched). Such a step also takes the logit transform from the call's scalars (the driver
+// passes the chunk's logits untransformed): the hard loss and the entropy see the transformed logits, and each
+// gradient is made w.r.t. the logits themselves, in the passes that read them (no slope kept beside them).
 struct RowExtras {
   double grad_scale = 1;
   double teacher_scale = 1;
@@ -42,7 +41,6 @@ struct RowExtras {
   double hard_weight = 0;
   double hard_sum = 0;  // out
   float* entropy = nullptr;
-  DeclaredScalars::Transform chain[2] = {};
 };
 
 // How a side's products are made: ATen's at::addmm / at::mm (every device; on the CPU where torch has kernels
@@ -83,8 +81,9 @@ struct ChunkResources {
 // One chunk of the row loss with the gradients of its sum ("sum" reduction): the row loss's four results
 // (the chunk's value, 0-dim; the two gradients, empty where the mask says no; the row scales, float32). A step
 // that writes the gradients over the logits (`in_place`) lets a chunk hold two rows of V instead of four; one
-// that `fuses` takes RowExtras, else `extras` is null and the driver scales the gradients (times the row
-// scales) and makes the hard loss with ATen ops.
+// that `fuses` takes RowExtras and the logit transform (the call's scalars), else `extras` is null, the scalars
+// have no transform, and the driver transforms the logits, scales the gradients (times the row scales) and
+// makes the hard loss with ATen ops.
 struct RowStep {
   std::function<std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor>(
       const at::Tensor& student, const at::Tensor& teacher, const std::optional<at::Tensor>& labels,

@@ -498,9 +498,13 @@ void log_bf16_buffer(const float* x, float* out, int64_t n) {
   map_float(x, out, n, [](F v) { return log_bf16(v); });
 }
 
+void tanh_buffer(const float* x, float* out, int64_t n) {
+  map_float(x, out, n, [](F v) { return tanh(v); });
+}
+
 }  // namespace
 }  // namespace npu_loss::cpu::NPU_LOSS_ISA
 
 namespace npu_loss::cpu::NPU_LOSS_ISA {
-const DenseKernels kKernels = {&backward, &forward, &sum, &log_buffer, &exp_buffer, &log_bf16_buffer};
+const DenseKernels kKernels = {&backward, &forward, &sum, &log_buffer, &exp_buffer, &log_bf16_buffer, &tanh_buffer};
 }  // namespace npu_loss::cpu::NPU_LOSS_ISA

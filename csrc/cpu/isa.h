@@ -63,11 +63,12 @@ struct DenseKernels {
   void (*forward)(const LossParams& loss, DType dtype, const void* x, const void* t, void* out, int64_t n);
   // The sum of loss(x, t), accumulated in the opmath type, lanes in a fixed order.
   double (*sum)(const LossParams& loss, DType dtype, const void* x, const void* t, int64_t n);
-  // The float log and exp the KL kernels use, and their log of bfloat16 values (x must hold bfloat16
-  // values), exposed for tests.
+  // The float log and exp the KL kernels use, their log of bfloat16 values (x must hold bfloat16 values),
+  // and the tanh of the row kernels' softcap, exposed for tests.
   void (*log)(const float* x, float* out, int64_t n);
   void (*exp)(const float* x, float* out, int64_t n);
   void (*log_bf16)(const float* x, float* out, int64_t n);
+  void (*tanh)(const float* x, float* out, int64_t n);
 };
 
 // The bytes of one element of a storage type.
@@ -89,8 +90,8 @@ struct RowBatch {
   const int64_t* kept;                   // row r's index among the rows kept, -1 where its label drops it (null: all)
   RowScalars scalars;                   // the member's declared scalars (losses.h's RowArgs), read by name
   double temperature;                    // the one of them every logit is divided by (ScalarRole::Temperature)
-  double logit_scale[2];                 // each side's logits times it first (StudentScale, TeacherScale); a
-                                         // softcap never reaches the kernels (cpu/rows.cpp)
+  double logit_scale[2];                 // each side's logits times it first (StudentScale, TeacherScale),
+  double logit_softcap[2];               // then c * tanh(x / c) where c != 0 (StudentSoftcap, TeacherSoftcap)
   double* row_sums;                      // kept row k's sum of values at row_sums[k]
   void* values;                          // kept row k's values at values + k * vocab
   void* grad_student;                    // row r's gradient at + r * vocab, in the logits' dtype; 0 for a dropped row
@@ -102,21 +103,16 @@ struct RowBatch {
   // within 2^-14 .. 2^14 (float16's range for gradients made before the loss scale reaches them), and
   // row_scale[r] = 2^-j; null: stored as they are.
   float* row_scale;
-  // The hard loss (the linear form's cross entropy on the student's untempered logits, composite/linear.h's
+  // The hard loss (the linear form's cross entropy on the student's transformed, untempered logits, composite/linear.h's
   // RowExtras), where hard_labels is non-null: row r's label at hard_labels[r] (within [0, V) for a kept row);
   // kept row k's -log softmax(student)[label] at hard_sums[k]; and, where the student's gradient is made,
   // hard_weight * (softmax(student) - one_hot(label)) added to it. Only with row_scale null.
   const int64_t* hard_labels;
   double* hard_sums;
   double hard_weight;
-  // Non-null: row r's entropy of the student's distribution, -sum(p * log p) with p = softmax(student *
-  // logit_scale[0] / T), at entropy[r] for a kept row (composite/linear.h's RowExtras); a dropped row's untouched.
+  // Non-null: row r's entropy of the student's distribution, -sum(p * log p) with p = softmax of its
+  // transformed logits / T, at entropy[r] for a kept row (composite/linear.h's RowExtras); a dropped row's untouched.
   float* entropy;
-  // Each side's gradient chained through a transform its caller applied to the logits before (the linear
-  // form's chunks, composite/linear.h's RowExtras): times chain_scale * (1 - (z * chain_inv_cap)^2) at the
-  // logit z the kernel read; none where chain_scale is 1 and chain_inv_cap 0 (rows_of's defaults).
-  double chain_scale[2];
-  double chain_inv_cap[2];
 };
 
 // Whether a call's operands share one storage type and its rows are contiguous: the kernel then reads and

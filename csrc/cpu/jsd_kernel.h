@@ -2,7 +2,10 @@
 // instruction set through row_table.h.
 //
 // Per row, over its logits (docs/semantics.md, "Distillation", has the formulas), three passes:
-// (z: a side's logits times its scale, losses.h's ScalarRole::StudentScale and TeacherScale.)
+// (z: a side's logits transformed, losses.h's ScalarRole::StudentScale ... TeacherSoftcap: times its scale,
+// which folds into the 1 / T below; where softcapped, c * tanh(scale * x / c), made first in a pass of its own
+// into a scratch row that the three passes read instead of the logits, and each side's gradient then times
+// scale * (1 - (z / c)^2), the factor applied where pass 2 keeps a and p, so pass 3 carries it whole.)
 //   1. per side, in one pass a block at a time, the maximum of z / T and the sum of exp(z / T - maximum): the
 //      log-softmax's two parts. Each exp is kept in a scratch row, against its block's running maximum;
 //   2. s = log_softmax(student / T), t = log_softmax(teacher / T), p = exp(s) and q = exp(t) from the kept
@@ -87,13 +90,17 @@ struct JsdMath {
   }
 };
 
-// The scratch rows a thread's call needs: the exps of the statistics pass, which become p and q; and a_s's
-// and a_t's where the gradients are wanted but are not of the compute type (the direct form of float16 and
-// bfloat16; float32 and float64 gradients, and the converted form's compute-type gradient rows, keep their own).
-inline int64_t jsd_scratch_rows(const RowBatch& c) {
+// The scratch rows a thread's call needs: the exps of the statistics pass, which become p and q; a_s's and
+// a_t's where the gradients are wanted but are not of the compute type (the direct form of float16 and
+// bfloat16; float32 and float64 gradients, and the converted form's compute-type gradient rows, keep their own);
+// and each softcapped side's transformed logits.
+inline int64_t jsd_kept_rows(const RowBatch& c) {
   const bool grads = c.grad_student || c.grad_teacher;
   const bool wide = c.student_dtype == DType::Float || c.student_dtype == DType::Double;
   return grads && rows_direct(c) && !wide ? 4 : 2;
+}
+inline int64_t jsd_scratch_rows(const RowBatch& c) {
+  return jsd_kept_rows(c) + (c.logit_softcap[0] != 0) + (c.logit_softcap[1] != 0);
 }
 
 // The scratch bytes a thread's call needs: each side's block maxima (doubles), the rows above, then, in the
@@ -106,20 +113,22 @@ int64_t jsd_scratch_bytes(const RowBatch& c) {
 
 // Where a row's intermediate results wait between its passes: a thread's scratch memory (isa.h's
 // jsd_scratch_bytes), carved as block maxima (tops), then rows of the compute type A: the exps of the statistics
-// pass, which become p and q in place, then a_s and a_t where the gradients cannot hold them, then the
-// converted form's rows (`rest`).
+// pass, which become p and q in place, then a_s and a_t where the gradients cannot hold them, then each
+// softcapped side's transformed logits, then the converted form's rows (`rest`).
 template <class A>
 struct RowScratch {
   double *tops_s, *tops_t;
-  A *prob_s, *prob_t, *a_s, *a_t, *rest;
+  A *prob_s, *prob_t, *a_s, *a_t, *capped_s, *capped_t, *rest;
   RowScratch(void* scratch, const RowBatch& c) {
     const int64_t blocks = row_block_count(c.vocab), w = row_cache_floats(c.vocab);
     tops_s = static_cast<double*>(scratch);
     tops_t = tops_s + blocks;
     prob_s = reinterpret_cast<A*>(tops_t + blocks);
     prob_t = prob_s + w;
-    a_s = prob_t + w;  // within the scratch only where jsd_scratch_rows counts them
+    a_s = prob_t + w;  // within the scratch only where jsd_kept_rows counts them
     a_t = a_s + w;
+    capped_s = c.logit_softcap[0] != 0 ? prob_s + jsd_kept_rows(c) * w : nullptr;
+    capped_t = c.logit_softcap[1] != 0 ? prob_s + (jsd_kept_rows(c) + (capped_s != nullptr)) * w : nullptr;
     rest = prob_s + jsd_scratch_rows(c) * w;
   }
 };
@@ -139,32 +148,46 @@ struct JsdRow {
   using IoCache = std::conditional_t<kCacheInGrad, IoT, IoScratch>;
 
   const JsdMath<V>& math;
-  double inv_s, inv_q;  // each side's scale / T: the student's logits times inv_s, the teacher's times inv_q
-  double raw_inv;       // the student's scale: the hard loss's logits, untempered
+  // Each side's logits (or, softcapped, its scratch row of z) times inv_s (inv_q): its scale / T, or 1 / T.
+  double inv_s, inv_q;
+  double raw_inv;       // the student's, untempered: the hard loss's logits are its z, or its logits times it
   int64_t n;
-  double teacher_scale;                        // isa.h's RowBatch
-  double chain_scale[2], chain_inv_cap[2];     // isa.h's RowBatch
-  bool chain[2];                               // whether a side's gradient is chained through its transform
+  double teacher_scale;  // isa.h's RowBatch
+  // A softcapped side's transform, z = cap * tanh(x * cap_in), cap_in = scale / cap, and its gradient's factor
+  // slope_scale * (1 - (z / cap)^2) = slope_scale - z^2 * slope_curve; cap 0 where the side is not softcapped.
+  double cap[2], cap_in[2], slope_curve[2], slope_scale[2];
 
   JsdRow(const JsdMath<V>& m, const RowBatch& c)
       : math(m),
-        inv_s(c.logit_scale[0] / c.temperature),
-        inv_q(c.logit_scale[1] / c.temperature),
-        raw_inv(c.logit_scale[0]),
+        inv_s((c.logit_softcap[0] != 0 ? 1.0 : c.logit_scale[0]) / c.temperature),
+        inv_q((c.logit_softcap[1] != 0 ? 1.0 : c.logit_scale[1]) / c.temperature),
+        raw_inv(c.logit_softcap[0] != 0 ? 1.0 : c.logit_scale[0]),
         n(c.vocab),
-        teacher_scale(c.teacher_scale),
-        chain_scale{c.chain_scale[0], c.chain_scale[1]},
-        chain_inv_cap{c.chain_inv_cap[0], c.chain_inv_cap[1]},
-        chain{c.chain_scale[0] != 1.0 || c.chain_inv_cap[0] != 0.0,
-              c.chain_scale[1] != 1.0 || c.chain_inv_cap[1] != 0.0} {}
+        teacher_scale(c.teacher_scale) {
+    for (int side = 0; side < 2; ++side) {
+      const double c_side = c.logit_softcap[side];
+      cap[side] = c_side;
+      cap_in[side] = c_side != 0 ? c.logit_scale[side] / c_side : 0.0;
+      slope_curve[side] = c_side != 0 ? c.logit_scale[side] / (c_side * c_side) : 0.0;
+      slope_scale[side] = c_side != 0 ? c.logit_scale[side] : 1.0;
+    }
+  }
 
-  // A side's kept gradient term `a` and probability `p` at element i, both times the factor of its gradient at
-  // its transformed logit z[i] (RowBatch's chain): scale * (1 - (z / cap)^2); nothing where it is not chained.
-  // Pass 3's (a - p * sum(a)) then carries the factor whole. Read before pass 2 stores over the logits.
-  void chained(int side, const T* z, int64_t i, V& a, V& p) const {
-    if (!chain[side]) return;
-    const V u = load_at<IoT>(z, i, n) * cst<V>(chain_inv_cap[side]), s = cst<V>(chain_scale[side]);
-    const V slope = s - s * (u * u);
+  // A side's z at element i, from its logits x: x itself, or, softcapped, made and kept in its scratch row z
+  // (whole vectors; the padding lanes 0).
+  NPU_LOSS_SIMD_INLINE V made(int side, const T* x, A* z, int64_t i) const {
+    const V v = load_at<IoT>(x, i, n);
+    if (!z) return v;
+    const V c = vtanh(v * cst<V>(cap_in[side])) * cst<V>(cap[side]);
+    IoScratch::store(z + i, c);
+    return c;
+  }
+
+  // A side's kept gradient term `a` and probability `p`, both times the factor of its gradient at its z
+  // (softcapped sides only): scale * (1 - (z / cap)^2). Pass 3's (a - p * sum(a)) then carries it whole.
+  NPU_LOSS_SIMD_INLINE void chained(int side, V z, V& a, V& p) const {
+    if (cap[side] == 0) return;
+    const V slope = cst<V>(slope_scale[side]) - (z * z) * cst<V>(slope_curve[side]);
     a = a * slope;
     p = p * slope;
   }
@@ -180,22 +203,34 @@ struct JsdRow {
     A* const cache_s = kCacheInGrad ? reinterpret_cast<A*>(grad_s) : scratch.a_s;
     A* const cache_t = kCacheInGrad ? reinterpret_cast<A*>(grad_t) : scratch.a_t;
     const bool has_hard = hard.label >= 0, untempered = inv_s == raw_inv;
-    RowStats raw{0, 0};
-    if (has_hard && !untempered) raw = row_logsumexp<IoT>(zs, n, raw_inv, prob_s, scratch.tops_s);
-    const RowStats stats_s = row_logsumexp<IoT>(zs, n, inv_s, prob_s, scratch.tops_s);
+    // A side's z at element i: its logits, or, softcapped, its scratch row, which pass 1 makes as it reads the
+    // logits (its first statistics pass: the tanh overlaps the row's stream from memory).
+    A* const capped_s = scratch.capped_s;
+    A* const capped_t = scratch.capped_t;
+    const auto z_s = [&](int64_t i) { return capped_s ? IoScratch::load(capped_s + i) : load_at<IoT>(zs, i, n); };
+    const auto z_t = [&](int64_t i) { return capped_t ? IoScratch::load(capped_t + i) : load_at<IoT>(zt, i, n); };
+    const auto make_s = [&](int64_t i) { return made(0, zs, capped_s, i); };
+    const auto make_t = [&](int64_t i) { return made(1, zt, capped_t, i); };
+    RowStats raw{0, 0}, stats_s;
+    if (has_hard && !untempered) {
+      raw = row_logsumexp<IoT>(make_s, z_s, zs, n, raw_inv, prob_s, scratch.tops_s);
+      stats_s = row_logsumexp<IoT>(z_s, z_s, zs, n, inv_s, prob_s, scratch.tops_s);
+    } else {
+      stats_s = row_logsumexp<IoT>(make_s, z_s, zs, n, inv_s, prob_s, scratch.tops_s);
+    }
     if (has_hard && untempered) raw = stats_s;
     const bool hard_grad = has_hard && grad_s && hard.weight != 0;
     // The hard loss's gradient raw_inv * (softmax - one_hot), kept in a_s, which pass 3 multiplies by inv_s.
     const V hard_weight = cst<V>(hard_grad ? hard.weight * raw_inv / inv_s : 0.0);
     const V raw_max = cst<V>(raw.max), raw_log_sum = cst<V>(raw.log_sum), vraw_inv = cst<V>(raw_inv);
     double label_logit = 0;
-    const RowStats stats_t = row_logsumexp<IoT>(zt, n, inv_q, prob_t, scratch.tops_t);
+    const RowStats stats_t = row_logsumexp<IoT>(make_t, z_t, zt, n, inv_q, prob_t, scratch.tops_t);
     const V vinv_s = cst<V>(inv_s), vinv_q = cst<V>(inv_q), scale = cst<V>(g_scale);
     const V max_s = cst<V>(stats_s.max), log_sum_s = cst<V>(stats_s.log_sum);
     const V max_t = cst<V>(stats_t.max), log_sum_t = cst<V>(stats_t.log_sum);
     const int64_t n_cache = kCacheInGrad ? n : row_cache_floats(n);
-    const auto log_p = [&](int64_t i) { return (load_at<IoT>(zs, i, n) * vinv_s - max_s) - log_sum_s; };
-    const auto log_q = [&](int64_t i) { return (load_at<IoT>(zt, i, n) * vinv_q - max_t) - log_sum_t; };
+    const auto log_p = [&](V z) { return (z * vinv_s - max_s) - log_sum_s; };
+    const auto log_q = [&](V z) { return (z * vinv_q - max_t) - log_sum_t; };
     const auto weight = [&](int64_t i) { return g ? load_at<IoT>(g, i, n) * scale : scale; };
     RowSum<V> sum_f, sum_as, sum_at, sum_ps;
     // For row_scale: the largest |a_s|, |a_t|, p and q, whence a bound on every gradient of the row.
@@ -205,8 +240,9 @@ struct JsdRow {
       const V factor_s = cst<V>(stats_s.factor(scratch.tops_s[block]));
       const V factor_t = cst<V>(stats_t.factor(scratch.tops_t[block]));
       for (int64_t i = begin; i < end; i += W) {
-        const V s = log_p(i);
-        JsdTerms<V> e = math.terms(s, log_q(i), IoScratch::load(prob_s + i) * factor_s,
+        const V zsi = z_s(i), zti = z_t(i);  // read once: the stores below may write over the logits
+        const V s = log_p(zsi);
+        JsdTerms<V> e = math.terms(s, log_q(zti), IoScratch::load(prob_s + i) * factor_s,
                                    IoScratch::load(prob_t + i) * factor_t);
         if (i + W > n) {  // the tail's padding lanes add nothing
           const auto valid = first_lanes<IoT>(n - i);
@@ -222,23 +258,23 @@ struct JsdRow {
         if (entropy) sum_ps.add(select(e.p == cst<V>(0), cst<V>(0), e.p * s));
         const bool at_label = has_hard && hard.label >= i && hard.label < i + W;
         if (at_label) {
-          label_logit = reduce_add(select(one_lane<IoT>(hard.label - i), load_at<IoT>(zs, i, n), cst<V>(0)));
+          label_logit = reduce_add(select(one_lane<IoT>(hard.label - i), zsi, cst<V>(0)));
         }
         if (grad_s) {
           const V as = weight(i) * e.ds;
           sum_as.add(as);
           V kept_as = as;
-          if (hard_grad) {  // read before the store below, which may write over the logits
+          if (hard_grad) {
             V softmax = e.p;
             if (!untempered) {
-              softmax = exp((load_at<IoT>(zs, i, n) * vraw_inv - raw_max) - raw_log_sum);
+              softmax = exp((zsi * vraw_inv - raw_max) - raw_log_sum);
               if (i + W > n) softmax = select(first_lanes<IoT>(n - i), softmax, cst<V>(0));
             }
             if (at_label) softmax = softmax - select(one_lane<IoT>(hard.label - i), cst<V>(1), cst<V>(0));
             kept_as = as + hard_weight * softmax;
           }
           V p_kept = e.p;
-          chained(0, zs, i, kept_as, p_kept);  // read before the store below, like the hard loss's
+          if (capped_s) chained(0, zsi, kept_as, p_kept);
           store_at<IoCache>(cache_s, i, n_cache, kept_as);
           IoScratch::store(prob_s + i, p_kept);
           if (row_scale) {  // the padding lanes hold 0 (above)
@@ -250,7 +286,7 @@ struct JsdRow {
           const V at = weight(i) * e.dt;
           sum_at.add(at);
           V q_kept = e.q, kept_at = at;
-          chained(1, zt, i, kept_at, q_kept);
+          if (capped_t) chained(1, zti, kept_at, q_kept);
           store_at<IoCache>(cache_t, i, n_cache, kept_at);
           IoScratch::store(prob_t + i, q_kept);
           if (row_scale) {
@@ -273,8 +309,11 @@ struct JsdRow {
     if (row_scale) {
       // |gradient| <= (max |a| + max p * |sum a|) * scale / T on each side; the bound, rounded up, sets the
       // power.
-      const double bound_s = (lane_max(max_as, 0) + lane_max(max_p, 0) * std::fabs(sum_as.total)) * inv_s;
-      const double bound_t = (lane_max(max_at, 0) + lane_max(max_q, 0) * std::fabs(sum_at.total)) * inv_q;
+      // (A softcapped side's factor is at most its scale.)
+      const double bound_s =
+          (lane_max(max_as, 0) + lane_max(max_p, 0) * std::fabs(sum_as.total)) * inv_s * slope_scale[0];
+      const double bound_t =
+          (lane_max(max_at, 0) + lane_max(max_q, 0) * std::fabs(sum_at.total)) * inv_q * slope_scale[1];
       const int power = row_power(bound_s > bound_t ? bound_s : bound_t);
       *row_scale = std::ldexp(1.0f, -power);
       out_scale = cst<V>(std::ldexp(inv_s, power));

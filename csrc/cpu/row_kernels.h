@@ -32,10 +32,12 @@ NPU_LOSS_SIMD_INLINE V vmax(V a, V b) {
 NPU_LOSS_SIMD_INLINE double reduce_add(D a) { return a.v; }
 NPU_LOSS_SIMD_INLINE D vlog(D x) { return {std::log(x.v)}; }
 NPU_LOSS_SIMD_INLINE D abs_of(D x) { return {std::fabs(x.v)}; }
+NPU_LOSS_SIMD_INLINE D vtanh(D x) { return {std::tanh(x.v)}; }
 NPU_LOSS_SIMD_INLINE bool all(DM m) { return m.v; }
 #endif
 NPU_LOSS_SIMD_INLINE F vlog(F x) { return log(x); }
 NPU_LOSS_SIMD_INLINE F abs_of(F x) { return abs(x); }
+NPU_LOSS_SIMD_INLINE F vtanh(F x) { return tanh(x); }
 
 // A vector whose lanes holding a row's elements k < n are true (a row's tail). Made through the storage
 // type, as the tail's elements are: bfloat16 vectors keep their lanes in load_bf16's order (simd.h).
@@ -140,13 +142,17 @@ struct RowStats {
   double factor(double top) const { return std::exp(top - max - log_sum); }
 };
 
-template <class IoT, class A>
-RowStats row_logsumexp(const typename IoT::T* p, int64_t n, double inv_t_d, A* kept, double* tops) {
+// The row's z comes from `first` (z at element i, as load_at<IoT> gives it, its padding lanes anything
+// finite), called once per vector in order, then from `again` (the same z, from a block still in cache); `p`
+// is the row in memory, prefetched ahead.
+template <class IoT, class A, class First, class Again>
+RowStats row_logsumexp(const First& first, const Again& again, const typename IoT::T* p, int64_t n,
+                       double inv_t_d, A* kept, double* tops) {
   using V = typename IoT::V;
   constexpr int W = IoT::kLanes;
   const V inv_t = cst<V>(inv_t_d), neg_inf = cst<V>(-kInfinity), zero = cst<V>(0);
-  const auto element = [&](int64_t i) {
-    const V x = load_at<IoT>(p, i, n) * inv_t;
+  const auto padded = [&](int64_t i, V z) {
+    const V x = z * inv_t;
     return i + W <= n ? x : select(first_lanes<IoT>(n - i), x, neg_inf);
   };
   V nan = zero;
@@ -155,7 +161,7 @@ RowStats row_logsumexp(const typename IoT::T* p, int64_t n, double inv_t_d, A* k
     const int64_t end = block_end<IoT>(begin, n);
     V m = neg_inf;
     for (int64_t i = begin; i < end; i += W) {
-      const V x = element(i);
+      const V x = padded(i, first(i));
       m = vmax(m, x);
       nan = nan + select(x == x, zero, cst<V>(1));
     }
@@ -173,7 +179,7 @@ RowStats row_logsumexp(const typename IoT::T* p, int64_t n, double inv_t_d, A* k
     RowSum<V> sum;
     for (int64_t i = begin; i < end; i += W) {
       prefetch_vector<IoT>(p, i, kPrefetchBlocks * kBlockVectors * W);
-      const V e = exp(element(i) - vtop);  // exp(-inf) = 0: padding
+      const V e = exp(padded(i, again(i)) - vtop);  // exp(-inf) = 0: padding
       IoRow<A>::store(kept + i, e);
       sum.add(e);
     }

@@ -104,7 +104,8 @@ RowBatch rows_of(const FrameCall& c, double* row_sums) {
   r.temperature = c.scalars.temperature();
   r.logit_scale[0] = c.scalars.transform(0).scale;
   r.logit_scale[1] = c.scalars.transform(1).scale;
-  r.chain_scale[0] = r.chain_scale[1] = 1.0;
+  r.logit_softcap[0] = c.scalars.transform(0).softcap;
+  r.logit_softcap[1] = c.scalars.transform(1).softcap;
   r.row_sums = row_sums;
   r.grad_scale = 1.0;
   r.teacher_scale = 1.0;
@@ -165,10 +166,6 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> forward(
     r.grad_scale *= extras->grad_scale;
     r.teacher_scale = extras->teacher_scale;
     r.entropy = extras->entropy;
-    for (int side = 0; side < 2; ++side) {
-      r.chain_scale[side] = extras->chain[side].scale;
-      r.chain_inv_cap[side] = extras->chain[side].softcap != 0 ? 1.0 / extras->chain[side].softcap : 0.0;
-    }
   }
   auto [gs, gt] = gradients(c, mask, r, over_logits);
   const c10::IntArrayRef leading(c.spec.logits_shape.data(), c.spec.logits_shape.size() - 1);
@@ -206,29 +203,20 @@ std::tuple<at::Tensor, at::Tensor> backward(
   return {or_empty(gs, c.student), or_empty(gt, c.teacher)};
 }
 
-// Whether a call softcaps a side's logits: the kernels take the scales (isa.h's RowBatch) but not yet a
-// softcap, whose calls run the composite (composite/rows.h) on the CPU.
-bool softcapped(const RowCall& c) {
-  return c.scalars.transform(0).softcap != 0.0 || c.scalars.transform(1).softcap != 0.0;
-}
-
 // The frame's three ops for a member `Loss` (core/backend.h's RowBackendKernels runs the checks first).
 struct CpuRows {
   template <typename Loss>
   static at::Tensor forward(Loss, const RowSpec& spec, const RowCall& c) {
-    if (softcapped(c)) return composite::forward(Loss{}, c);
     return std::get<0>(cpu::forward({c, spec, row_index<Loss>()}, {false, false}));
   }
   template <typename Loss>
   static std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> with_grads(
       Loss, const RowSpec& spec, const RowCall& c, std::array<bool, 2> mask) {
-    if (softcapped(c)) return composite::with_grads(Loss{}, c, mask);
     return cpu::forward({c, spec, row_index<Loss>()}, mask);
   }
   template <typename Loss>
   static std::tuple<at::Tensor, at::Tensor> backward(
       Loss, const RowSpec& spec, const RowCall& c, const at::Tensor& grad_output, std::array<bool, 2> mask) {
-    if (softcapped(c)) return composite::backward(Loss{}, c, grad_output, mask);
     return cpu::backward(Loss::decl.backward, {c, spec, row_index<Loss>()}, grad_output, mask);
   }
 };

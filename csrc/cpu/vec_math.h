@@ -167,5 +167,27 @@ NPU_LOSS_SIMD_INLINE F exp(F x) {
   return select(is_nan(x), x, result);
 }
 
+// tanh(x): x (1 + x^2 P(x^2)) below 0.625 in magnitude (Cephes' tanhf polynomial, degree 4), else
+// 1 - 2 / (exp(2|x|) + 1) with x's sign, |x| clamped to 10 first (tanh rounds to 1 past 9.01, and exp stays
+// on its fast path). A vector whose lanes are all small takes the polynomial alone; any other computes both
+// and selects per lane, so a lane's bits never depend on its neighbours: +-inf give +-1, NaN gives NaN (exp's
+// slow path, for that vector only), -0 gives -0. The logit transform's softcap (jsd_kernel.h), where logits
+// over their softcap are mostly small; within 2 ulp like log and exp (tests/test_vec_math.py).
+NPU_LOSS_SIMD_INLINE F tanh(F x) {
+  const F x2 = x * x;
+  const F p01 = fma(splat(-5.70498872745e-3f), x2, splat(2.06390887954e-2f));
+  const F p23 = fma(splat(1.33314422036e-1f), x2, splat(-3.33332819422e-1f));
+  const F x4 = x2 * x2;
+  const F poly = fma(fma(p01, x2, splat(-5.37397155531e-2f)), x4, p23);
+  const F small = fma(x2, poly, splat(1.0f)) * x;  // -0 stays -0
+  const M is_small = x2 < splat(0.390625f);  // |x| < 0.625 (0.625^2 exactly; false on NaN)
+  if (all(is_small)) return small;
+  const F ax = abs(x);
+  const F e = exp(select(ax > splat(10.0f), splat(20.0f), ax + ax));
+  const F big = splat(1.0f) - splat(2.0f) / (e + splat(1.0f));
+  const F large = select(x < splat(0.0f), splat(0.0f) - big, big);
+  return select(is_small, small, large);
+}
+
 }  // namespace
 }  // namespace npu_loss::cpu::NPU_LOSS_ISA

@@ -3,8 +3,8 @@
 //
 // Per row, over its logits (docs/semantics.md, "Distillation", has the formulas), three passes:
 // (z: a side's logits transformed, losses.h's ScalarRole::StudentScale ... TeacherSoftcap: times its scale,
-// which folds into the 1 / T below; where softcapped, c * tanh(scale * x / c), made first in a pass of its own
-// into a scratch row that the three passes read instead of the logits, and each side's gradient then times
+// which folds into the 1 / T below; where softcapped, c * tanh(scale * x / c), made as pass 1 first reads the
+// side's logits and kept in a scratch row that the passes read after, and each side's gradient then times
 // scale * (1 - (z / c)^2), the factor applied where pass 2 keeps a and p, so pass 3 carries it whole.)
 //   1. per side, in one pass a block at a time, the maximum of z / T and the sum of exp(z / T - maximum): the
 //      log-softmax's two parts. Each exp is kept in a scratch row, against its block's running maximum;

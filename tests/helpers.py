@@ -1,5 +1,6 @@
 """Small helpers several test modules share that are neither samples (samples.py) nor references
-(reference.py): a free TCP port for torch.distributed, a dispatch mode that records the ops a call runs,
+(reference.py): a free TCP port for torch.distributed, a dispatch mode that records the ops a call runs, a
+script's results at one CPU instruction set,
 the repository's build_config.py, the package under test's folder, temporary venvs with this torch and an
 installed copy of the package, and every bfloat16 value."""
 from __future__ import annotations
@@ -9,6 +10,7 @@ import os
 import shutil
 import socket
 import subprocess
+import sys
 import venv
 from types import ModuleType
 from typing import Callable
@@ -150,6 +152,20 @@ def backward_eager_and_compiled(
             torch._dynamo.reset()
         results.append([t.grad for t in leaves])
     return results[0], results[1], captured
+
+
+def results_at_isa(script: str, isa: str, out_dir: str) -> list:
+    """The results a script computes with the CPU kernels of one instruction set (NPU_LOSS_OPS_CPU_ISA), in a
+    fresh interpreter: the script gets the output path and the tests' folder as sys.argv[1:3], and saves
+    {"isa": build_info()["cpu_isa"], "results": [...]} there."""
+    path = os.path.join(out_dir, f"results-{isa}.pt")
+    proc = subprocess.run([sys.executable, "-c", script, path, os.path.dirname(os.path.abspath(__file__))],
+                          env={**os.environ, "NPU_LOSS_OPS_CPU_ISA": isa}, capture_output=True, text=True,
+                          timeout=600)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    out = torch.load(path)
+    assert out["isa"] == isa, f"ran at {out['isa']}, not {isa}"
+    return out["results"]
 
 
 def every_bfloat16() -> torch.Tensor:

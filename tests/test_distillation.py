@@ -19,7 +19,7 @@ import pytest
 import torch
 
 import npu_loss_ops
-from helpers import backward_eager_and_compiled, package_parent
+from helpers import backward_eager_and_compiled, package_parent, results_at_isa
 from reference import RTOL, assert_close, assert_close_on_device, jsd_magnitudes, trl_generalized_jsd_loss
 
 # The ops this file exercises (tests/test_registration.py checks that every registered op is some test's).
@@ -300,24 +300,17 @@ torch.save({"isa": npu_loss_ops.build_info()["cpu_isa"], "results": results}, sy
 
 @pytest.fixture(scope="module")
 def isa_results(tmp_path_factory):
-    out = {}
-    for isa in npu_loss_ops.build_info()["cpu_isas_available"]:
-        path = str(tmp_path_factory.mktemp(isa) / "results.pt")
-        env = {**os.environ, "NPU_LOSS_OPS_CPU_ISA": isa}
-        proc = subprocess.run([sys.executable, "-c", ISA_SCRIPT, path, os.path.dirname(os.path.abspath(__file__))],
-                              env=env, capture_output=True, text=True, timeout=600)
-        assert proc.returncode == 0, proc.stderr[-3000:]
-        out[isa] = torch.load(path)
-    return out
+    return {isa: results_at_isa(ISA_SCRIPT, isa, str(tmp_path_factory.mktemp(isa)))
+            for isa in npu_loss_ops.build_info()["cpu_isas_available"]}
 
 
 @pytest.mark.parametrize("isa", npu_loss_ops.build_info()["cpu_isas_available"])
 def test_every_instruction_set_matches_trl(isa_results, isa):
     """The row kernels of every instruction set this CPU runs (AVX-512, AVX2, the baseline: the one aarch64
     runs), values and both gradients, against TRL's formula in float64."""
-    r = isa_results[isa]
-    assert r["isa"] == isa and len(r["results"]) == len(ISA_CASES)
-    for case, (value, gs, gt) in zip(ISA_CASES, r["results"]):
+    results = isa_results[isa]
+    assert len(results) == len(ISA_CASES)
+    for case, (value, gs, gt) in zip(ISA_CASES, results):
         student, teacher, labels = _inputs(case)
         (rv, rs, rt), (mv, ms, mt) = _reference(case, student, teacher, labels)
         assert_close(value, rv, mv, dtype=torch.promote_types(*case.dtypes), msg=f"{isa} {case.id}: value")

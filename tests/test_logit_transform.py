@@ -8,14 +8,12 @@ from __future__ import annotations
 
 import itertools
 import math
-import os
-import subprocess
-import sys
 
 import pytest
 import torch
 
 import npu_loss_ops
+from helpers import results_at_isa
 from reference import transformed, trl_generalized_jsd_loss
 
 COMPOSITE = torch._C.DispatchKey.CompositeExplicitAutograd
@@ -303,15 +301,10 @@ torch.save({"isa": npu_loss_ops.build_info()["cpu_isa"], "results": results}, sy
 def test_the_softcap_in_the_kernels_of_every_instruction_set(isa, tmp_path):
     """The row kernels of every instruction set this CPU runs (AVX-512, AVX2, the baseline: the one aarch64
     runs) against the float64 reference, values and both gradients, in each of the kernels' forms."""
-    path = str(tmp_path / "results.pt")
-    env = {**os.environ, "NPU_LOSS_OPS_CPU_ISA": isa}
-    proc = subprocess.run([sys.executable, "-c", ISA_SCRIPT, path, os.path.dirname(os.path.abspath(__file__))],
-                          env=env, capture_output=True, text=True, timeout=600)
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    out = torch.load(path)
-    assert out["isa"] == isa and len(out["results"]) == len(ISA_CASES)
+    results = results_at_isa(ISA_SCRIPT, isa, str(tmp_path))
+    assert len(results) == len(ISA_CASES)
     tolerance = {**TOLERANCE, torch.float16: (4e-3, 4e-4)}
-    for case, (value, gs, gt) in zip(ISA_CASES, out["results"]):
+    for case, (value, gs, gt) in zip(ISA_CASES, results):
         student, teacher, labels = _isa_inputs(case)
         g = torch.rand(value.shape, generator=torch.Generator().manual_seed(2), dtype=torch.float64)
         want = reference(student, teacher, labels, case[3], case[4], case[5], case[2], g)

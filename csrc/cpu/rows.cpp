@@ -12,7 +12,6 @@
 #include <vector>
 
 #include "../composite/linear.h"
-#include "../composite/rows.h"
 #include "../core/backend.h"
 #include "../core/checks.h"
 #include "../core/reduction.h"

@@ -470,6 +470,14 @@ def trl_generalized_jsd_loss(student_logits, teacher_logits, labels=None, beta=0
         kl_teacher = F.kl_div(mixture_log_probs, teacher_log_probs, reduction="none", log_target=True)
         kl_student = F.kl_div(mixture_log_probs, student_log_probs, reduction="none", log_target=True)
         jsd = beta_t * kl_teacher + (1 - beta_t) * kl_student
+    return trl_reduce(jsd, labels, reduction, num_items_in_batch, ignore_index)
+
+
+def trl_reduce(jsd, labels=None, reduction="batchmean", num_items_in_batch=None, ignore_index=-100):
+    """TRL 1.16's reduction of per-entry divergences (`_reduce_divergence_loss`, the same in GKDTrainer and the
+    served teacher's trainer), restated with `ignore_index`: the rows labels keep, then sum / num_items_in_batch
+    when given, else "batchmean" (sum / max(kept rows, 1)), "sum", "mean" (over the kept rows' entries) or
+    "none" ((kept, entries) with labels)."""
     if labels is not None:
         mask = labels != ignore_index
         jsd = jsd[mask]
@@ -525,3 +533,49 @@ def jsd_magnitudes(student_logits, teacher_logits, labels, beta, temperature, ig
     grad_s = (ds + p * ds.sum(-1, keepdim=True)) / temperature
     grad_t = (dt + q * dt.sum(-1, keepdim=True)) / temperature
     return value, grad_s, grad_t
+
+
+# ---------------------------------------------------------------------------------------------------
+# The sparse divergence of a served teacher, from TRL 1.16's ServerDistillationTrainer
+
+
+def sparse_jsd_reference(student_logits, teacher_logprobs, teacher_token_ids, labels=None, support_mask=None,
+                         beta=0.0, temperature=1.0, add_tail=True, reduction="batchmean", num_items_in_batch=None,
+                         ignore_index=-100, student_logit_scale=1.0, student_softcap=None):
+    """The generalized JSD over a sparse support (docs/semantics.md), written from the served teacher's trainer
+    in TRL 1.16 (trl/experimental/server_distillation): the student's full log_softmax of its transformed logits
+    over T, gathered at the support's ids; masked entries -inf on both sides (they add nothing to any sum and
+    contribute 0); then either the tail bucket log(1 - sum p), its log-sum clamped to at most -1e-7, appended to
+    both sides and never masked, or each side renormalized over its support; then the divergence per entry in
+    probability space (beta 0: forward KL, 1: reverse KL, else the mixture clamped at the dtype's tiny before
+    its log), NaN made 0; then TRL's reduction. Run in float64 it is the reference; in another dtype, TRL's
+    numbers."""
+    z = transformed(student_logits, student_logit_scale, student_softcap) / temperature
+    log_p = F.log_softmax(z, dim=-1)
+    mask = (torch.ones(teacher_token_ids.shape, dtype=torch.bool, device=z.device) if support_mask is None
+            else support_mask.to(torch.bool))
+    ids = torch.where(mask, teacher_token_ids.long(), 0)
+    neg_inf = torch.full((), float("-inf"), dtype=log_p.dtype, device=log_p.device)
+    s = torch.where(mask, log_p.gather(-1, ids), neg_inf)
+    t = torch.where(mask, teacher_logprobs.to(log_p.dtype), neg_inf)
+    if add_tail:
+        def with_tail(x):
+            log_sum = torch.logsumexp(x, dim=-1, keepdim=True).clamp(max=-1e-7)
+            return torch.cat([x, torch.log(-torch.expm1(log_sum))], dim=-1)
+
+        s, t = with_tail(s), with_tail(t)
+        mask = torch.cat([mask, torch.ones_like(mask[..., :1])], dim=-1)
+    else:
+        s = s - torch.logsumexp(s, dim=-1, keepdim=True)
+        t = t - torch.logsumexp(t, dim=-1, keepdim=True)
+    zero = torch.zeros((), dtype=s.dtype, device=s.device)
+    s0, t0 = torch.where(mask, s, zero), torch.where(mask, t, zero)
+    p, q = torch.where(mask, s.exp(), zero), torch.where(mask, t.exp(), zero)
+    if beta == 0:
+        jsd = torch.nan_to_num(q * (t0 - s0), nan=0.0)
+    elif beta == 1:
+        jsd = torch.nan_to_num(p * (s0 - t0), nan=0.0)
+    else:
+        m = torch.where(mask, torch.log(((1 - beta) * p + beta * q).clamp_min(torch.finfo(p.dtype).tiny)), zero)
+        jsd = beta * torch.nan_to_num(q * (t0 - m), nan=0.0) + (1 - beta) * torch.nan_to_num(p * (s0 - m), nan=0.0)
+    return trl_reduce(jsd, labels, reduction, num_items_in_batch, ignore_index)

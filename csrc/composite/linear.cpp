@@ -95,10 +95,11 @@ int64_t linear_row_bytes(const LinearSpec& spec, const LinearCall& c, std::array
   const bool probs = spec.labels && (c.weight_hard != 0 || c.return_parts) && !step.fuses;
   int64_t bytes = s + (teacher_in_halves(c, mask, step) ? t / 2 : t) +
                   (probs ? itemsize(accumulate_dtype(spec.dtype)) : 0) + step.scratch_bytes;
-  // A softcapped side whose gradient is made keeps its logits' slope (transform_chunk), unless the step
-  // fuses the transform.
-  if (!step.fuses && wants_grads(mask, 0) && c.scalars.transform(0).softcap != 0) bytes += s;
-  if (!step.fuses && wants_grads(mask, 1) && c.scalars.transform(1).softcap != 0) bytes += t;
+  // A softcapped side whose gradient is made keeps its logits' slope in the accumulate dtype (transform_chunk),
+  // unless the step fuses the transform.
+  const int64_t slope = itemsize(accumulate_dtype(spec.dtype));
+  if (!step.fuses && wants_grads(mask, 0) && c.scalars.transform(0).softcap != 0) bytes += slope;
+  if (!step.fuses && wants_grads(mask, 1) && c.scalars.transform(1).softcap != 0) bytes += slope;
   if (!step.in_place) bytes += (wants_grads(mask, 0) ? s : 0) + (wants_grads(mask, 1) ? t : 0);
   return bytes * std::max<int64_t>(spec.vocab, 1);
 }
@@ -206,16 +207,26 @@ void hard_loss_chunk(const at::Tensor& z, at::Tensor& h, const at::Tensor& chunk
 // The logit transform of a chunk's side (losses.h's ScalarRole::StudentScale ... TeacherSoftcap), in place on
 // its logits z, before the hard loss and the step see them (the step then runs with the transform at its
 // identity: DeclaredScalars::without_transform): z * scale, then softcap * tanh(z / softcap). With a softcap
-// and `slope` defined, slope = scale * (1 - tanh^2), the factor of the side's gradient (chain_transform).
-void transform_chunk(at::Tensor& z, const DeclaredScalars::Transform& tr, at::Tensor slope) {
+// and `slope` defined (of `acc`, the accumulate dtype), slope = scale * (1 - tanh^2), the factor of the side's
+// gradient (chain_transform). The tanh runs in `acc` whatever the logits' dtype, as the CPU's kernels and the
+// NPU's row path run it: 16-bit logits are converted a row block at a time, and z is rounded once.
+void transform_chunk(at::Tensor& z, const DeclaredScalars::Transform& tr, at::Tensor slope, at::ScalarType acc) {
   if (tr.identity()) return;
   if (tr.softcap == 0.0) {
-    z.mul_(tr.scale);
+    z.mul_(tr.scale);  // one rounding in any dtype
     return;
   }
-  z.mul_(tr.scale / tr.softcap).tanh_();  // one pass for scale / softcap
-  if (slope.defined()) slope.copy_(z).mul_(z).neg_().add_(1.0).mul_(tr.scale);
-  z.mul_(tr.softcap);
+  const auto softcap = [&](at::Tensor rows, at::Tensor slope_rows) {
+    at::Tensor u = rows.scalar_type() == acc ? rows : rows.to(acc);
+    u.mul_(tr.scale / tr.softcap).tanh_();  // one pass for scale / softcap
+    if (slope_rows.defined()) slope_rows.copy_(u).mul_(u).neg_().add_(1.0).mul_(tr.scale);
+    u.mul_(tr.softcap);
+    if (!u.is_same(rows)) rows.copy_(u);
+  };
+  if (z.scalar_type() == acc) return softcap(z, slope);
+  in_row_blocks(z.size(0), z.size(1), [&](int64_t first, int64_t count) {
+    softcap(z.narrow(0, first, count), slope.defined() ? slope.narrow(0, first, count) : at::Tensor());
+  });
 }
 
 // The entropy of the student's tempered distribution, -sum(p * log p) with p = softmax(z / T), of each row of a
@@ -325,7 +336,7 @@ void run_chunks(const LinearCall& c, const LinearPlan& p, std::array<bool, 6> ma
   at::Tensor slopes[2];  // a softcapped side's, where the driver transforms
   for (int side = 0; side < 2; ++side) {
     if (!p.fuse && tr[side].softcap != 0 && p.side_grads[side]) {
-      slopes[side] = buffer({side == 0 ? p.rows : p.teacher_rows, p.vocab}, x[side]->options());
+      slopes[side] = buffer({side == 0 ? p.rows : p.teacher_rows, p.vocab}, x[side]->options().dtype(p.acc));
     }
   }
   std::unique_ptr<SideProducts> products[2];
@@ -340,7 +351,7 @@ void run_chunks(const LinearCall& c, const LinearPlan& p, std::array<bool, 6> ma
     at::Tensor z[2], xc[2] = {x[0]->narrow(0, start, m), x[1]->narrow(0, start, m)};
     z[0] = logits[0].narrow(0, 0, m);
     products[0]->logits(z[0], xc[0]);
-    transform_chunk(z[0], tr[0], slopes[0].defined() ? slopes[0].narrow(0, 0, m) : at::Tensor());
+    transform_chunk(z[0], tr[0], slopes[0].defined() ? slopes[0].narrow(0, 0, m) : at::Tensor(), p.acc);
     const std::optional<at::Tensor> lab =
         p.labels ? std::optional<at::Tensor>(p.labels->narrow(0, start, m)) : std::nullopt;
     at::Tensor h;
@@ -361,7 +372,7 @@ void run_chunks(const LinearCall& c, const LinearPlan& p, std::array<bool, 6> ma
       const int64_t k = std::min(p.teacher_rows, m - first);
       z[1] = logits[1].narrow(0, 0, k);
       products[1]->logits(z[1], xc[1].narrow(0, first, k));
-      transform_chunk(z[1], tr[1], slopes[1].defined() ? slopes[1].narrow(0, 0, k) : at::Tensor());
+      transform_chunk(z[1], tr[1], slopes[1].defined() ? slopes[1].narrow(0, 0, k) : at::Tensor(), p.acc);
       const std::optional<at::Tensor> part_labels =
           lab ? std::optional<at::Tensor>(lab->narrow(0, first, k)) : std::nullopt;
       extras.entropy = entropy && p.fuse ? s.entropy.mutable_data_ptr<float>() + start + first : nullptr;

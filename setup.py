@@ -229,6 +229,7 @@ def extensions():
 # What both extensions link, compiled once per build: the checks (every rule once), the composite math and the
 # chip paths (plain C++: in it, _C shows them on any machine and _C_npu takes each call's path from them).
 STATIC_SOURCES = ["csrc/core/checks.cpp", "csrc/composite/math.cpp", "csrc/composite/rows.cpp", "csrc/composite/linear.cpp",
+                  "csrc/composite/sparse_jsd.cpp",
                   "csrc/chips/paths.cpp"]
 
 

@@ -48,6 +48,8 @@ enum class ScalarRole : uint8_t {
   TeacherScale,    //   student's or the teacher's logits times it
   StudentSoftcap,  //   an optional float: c * tanh(z / c) of the scaled logits, where given
   TeacherSoftcap,
+  SupportTail,     // a bool of a teacher given over a support (TeacherForm::Support): where true, each row has one
+                   //   more entry, the tail bucket (its values' last dimension, and what "mean" counts, are K + 1)
 };
 
 struct ScalarArg {
@@ -457,10 +459,49 @@ struct GeneralizedJsd {
   };
 };
 
+// The generalized JSD over a sparse support: a served teacher's top-k log-probabilities and their token ids, as
+// TRL 1.16's ServerDistillationTrainer computes it (docs/semantics.md, "Distillation from a served teacher"): the
+// student's full log_softmax of its transformed logits over T gathered at the support, masked entries left out,
+// the tail bucket log(1 - sum p) appended to both sides (or each side renormalized over the support), then the
+// divergence per entry (beta 0 forward KL, 1 reverse KL, the mixture between). 'none' has K + 1 entries per row
+// with the tail, K without, and "mean" divides by them. The student's gradient is dense (through the normalizer),
+// the teacher's of its (..., K) shape; the ids and the mask get none.
+struct SparseJsd {
+  static constexpr LossDecl decl{
+      .forward = "sparse_jsd_loss", .backward = "sparse_jsd_loss_backward", .out_overload = nullptr,
+      .out_arg = nullptr, .aten_twin = AtenTwin::None, .autocast_float32 = false, .kind = LossKind::Rows,
+      .rows = {.logits = {"student_logits", "teacher_logprobs"},
+               .teacher = TeacherForm::Support,
+               .inputs = {{InputKind::Ids, "teacher_token_ids"}, {InputKind::Mask, "support_mask", true}},
+               .labels = "labels",
+               .scalars = {{ScalarKind::Float, "beta", "0.0", false, ScalarRule::UnitInterval, ScalarRole::Beta},
+                           {ScalarKind::Float, "temperature", "1.0", false, ScalarRule::Positive,
+                            ScalarRole::Temperature},
+                           {ScalarKind::Bool, "add_tail", "True", false, ScalarRule::Any, ScalarRole::SupportTail},
+                           {ScalarKind::Float, "student_logit_scale", "1.0", false, ScalarRule::Positive,
+                            ScalarRole::StudentScale},
+                           {ScalarKind::OptionalFloat, "student_softcap", "None", false, ScalarRule::Positive,
+                            ScalarRole::StudentSoftcap}},
+               .index = {ScalarKind::Int, "ignore_index", "-100"}},
+      .with_grads = "_sparse_jsd_loss_and_grads"};
+  // On the NPU every call runs the composite (torch_npu's ops: its log_softmax, gather, logsumexp and the
+  // rest), on every chip: the member has no aclnn chunk math of its own yet.
+  static constexpr const char* kWhyComposite =
+      "the member's chunk math through aclnn (the gather and the log-softmax statistics) is not written yet";
+  static constexpr chips::PathRow forward_paths[] = {
+      {.chips = chips::k910 | chips::k310P | chips::k910B | chips::k950, .why = kWhyComposite},
+      {.chips = chips::k310B, .why = chips::kNoLossApis},
+  };
+  static constexpr chips::PathRow backward_paths[] = {
+      {.chips = chips::k910 | chips::k310P | chips::k910B | chips::k950, .why = kWhyComposite},
+      {.chips = chips::k310B, .why = chips::kNoLossApis},
+  };
+};
+
 // Every loss, in the order of the package's tables: X(Loss) for each, for the few places that must name each
 // type (explicit instantiations), and as a tuple for everything else.
 #define NPU_LOSS_FOR_EACH_ELEMENTWISE_LOSS(X) X(SmoothL1Loss) X(HuberLoss) X(L1Loss) X(KlDiv) X(MseLoss)
-#define NPU_LOSS_FOR_EACH_ROW_LOSS(X) X(GeneralizedJsd)
+#define NPU_LOSS_FOR_EACH_ROW_LOSS(X) X(GeneralizedJsd) X(SparseJsd)
 #define NPU_LOSS_FOR_EACH_LOSS(X) NPU_LOSS_FOR_EACH_ELEMENTWISE_LOSS(X) NPU_LOSS_FOR_EACH_ROW_LOSS(X)
 
 namespace detail {

@@ -110,6 +110,9 @@ pybind11::list losses() {
       std::vector<std::string> scalars;
       for (int i = 0; i < row_scalar_count(r); ++i) scalars.emplace_back(r.scalars[i].name);
       row["scalars"] = scalars;
+      // The scalar that adds the tail bucket to a support's entries (ScalarRole::SupportTail), or None.
+      const int tail = row_scalar_of(r, ScalarRole::SupportTail);
+      row["tail"] = tail >= 0 ? pybind11::object(pybind11::str(r.scalars[tail].name)) : pybind11::none();
       row["index"] = r.index.name;
       // The CPU frame's kernel of this member, in the selected instruction set's table (cpu/row_table.h).
       row["cpu_kernel"] = cpu::row_kernels().of[row_index<Loss>()].run != nullptr;

@@ -52,10 +52,13 @@ def _register_row_loss(row: dict[str, Any]) -> None:
     # reduction, the declared scalars, the index, (output_mask): the inputs and scalars are passed on to the C++
     # checks as the declaration lists them.
     inputs, scalars = len(row["inputs"]), len(row["scalars"])
-    if row["teacher"] != "logits":
-        # The shape of 'none' for a teacher given over a support is the member's (docs/adding_a_loss.md, "What
-        # does not fit yet").
-        raise NotImplementedError(f"{forward}: no fake kernel for a teacher of the form '{row['teacher']}'")
+    # A teacher over a support: 'none' has K entries per row, K + 1 where its tail scalar is true.
+    tail = row["scalars"].index(row["tail"]) if row["tail"] is not None else None
+
+    def entries(student: torch.Tensor, teacher: torch.Tensor, rest: tuple[Any, ...]) -> Any:
+        if row["teacher"] == "logits":
+            return student.shape[-1]
+        return teacher.shape[-1] + (1 if tail is not None and rest[inputs + 2 + tail] else 0)
 
     def checked(op: str, grad_output: torch.Tensor | None, student: torch.Tensor, teacher: torch.Tensor,
                 rest: tuple[Any, ...]) -> tuple[torch.dtype, torch.Tensor | None, int]:
@@ -70,12 +73,12 @@ def _register_row_loss(row: dict[str, Any]) -> None:
         if reduction != 0:
             return student.new_empty((), dtype=dtype)
         if labels is None:
-            return student.new_empty(student.shape, dtype=dtype)
+            return student.new_empty((*student.shape[:-1], entries(student, teacher, rest)), dtype=dtype)
         rows = math.prod(student.shape[:-1])
         # At most every row (a bound Dynamo's later guards can use, where the row count is known).
         ctx = torch.library.get_ctx()
         kept = ctx.new_dynamic_size(max=rows) if isinstance(rows, int) else ctx.new_dynamic_size()
-        return student.new_empty((kept, student.shape[-1]), dtype=dtype)
+        return student.new_empty((kept, entries(student, teacher, rest)), dtype=dtype)
 
     def with_grads_shape(student: torch.Tensor, teacher: torch.Tensor,
                          *rest: Any) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:

@@ -40,7 +40,7 @@ from . import _C, _dtensor, _scalars  # type: ignore[attr-defined]  # _C: compil
 from ._reduction import get_enum as _reduction_enum
 
 __all__ = ["smooth_l1_loss", "huber_loss", "l1_loss", "kl_div", "mse_loss", "generalized_jsd_loss",
-           "fused_linear_jsd_loss"]
+           "fused_linear_jsd_loss", "sparse_jsd_loss"]
 
 
 def _legacy_reduction(size_average: bool | None, reduce: bool | None) -> str:
@@ -418,7 +418,8 @@ def _family_reduction(op: str, reduction: str) -> None:
         _C._family_reduction(op, reduction)
 
 
-def _check_num_items(num_items_in_batch: int | float | Tensor, logits: Tensor) -> None:
+def _check_num_items(num_items_in_batch: int | float | Tensor, logits: Tensor,
+                     op: str = "generalized_jsd_loss") -> None:
     """TRL divides by num_items_in_batch unchecked. Here it is a real number, or a one-element floating or integer
     tensor on the logits' device or the CPU (a TypeError for another type, a ValueError for another shape or
     device); a number or a CPU tensor of at most 0 is a ValueError. A tensor on the logits' device (the Trainer's
@@ -428,26 +429,26 @@ def _check_num_items(num_items_in_batch: int | float | Tensor, logits: Tensor) -
             return
         if num_items_in_batch.dtype == torch.bool or num_items_in_batch.is_complex():
             raise TypeError(
-                "generalized_jsd_loss: num_items_in_batch must be a real number or a one-element floating or "
+                f"{op}: num_items_in_batch must be a real number or a one-element floating or "
                 f"integer tensor, got a tensor of dtype {num_items_in_batch.dtype}")
         if num_items_in_batch.numel() != 1:
             raise ValueError(
-                "generalized_jsd_loss: num_items_in_batch must be a number or a one-element real tensor, got a "
+                f"{op}: num_items_in_batch must be a number or a one-element real tensor, got a "
                 f"tensor of shape {tuple(num_items_in_batch.shape)}")
         device = num_items_in_batch.device
         if device.type != "cpu" and device != logits.device:
             where = "the CPU" if logits.device.type == "cpu" else f"the logits' device ({logits.device}) or the CPU"
-            raise ValueError(f"generalized_jsd_loss: num_items_in_batch must be on {where}, got a tensor on {device}")
+            raise ValueError(f"{op}: num_items_in_batch must be on {where}, got a tensor on {device}")
         if device.type != "cpu":
             return
         value = num_items_in_batch.item()
     elif isinstance(num_items_in_batch, bool) or not isinstance(num_items_in_batch, numbers.Real):
-        raise TypeError(f"generalized_jsd_loss: num_items_in_batch must be a real number or a tensor, got "
+        raise TypeError(f"{op}: num_items_in_batch must be a real number or a tensor, got "
                         f"{num_items_in_batch!r} ({type(num_items_in_batch).__name__})")
     else:
         value = num_items_in_batch
     if not value > 0:
-        raise ValueError(f"generalized_jsd_loss: num_items_in_batch must be > 0, got {value}")
+        raise ValueError(f"{op}: num_items_in_batch must be > 0, got {value}")
 
 
 # The rows of float32 (float64) logits a pass of _student_entropy takes at once: about 2**24 elements.
@@ -723,3 +724,114 @@ def fused_linear_jsd_loss(
     if return_entropy:
         return (loss, *parts, entropy)
     return (loss, *parts) if parts else loss
+
+
+def sparse_jsd_loss(
+    student_logits: Tensor,
+    teacher_logprobs: Tensor,
+    teacher_token_ids: Tensor,
+    labels: Tensor | None = None,
+    *,
+    support_mask: Tensor | None = None,
+    beta: float = 0.0,
+    temperature: float = 1.0,
+    add_tail: bool = True,
+    reduction: str = "batchmean",
+    num_items_in_batch: int | float | Tensor | None = None,
+    ignore_index: int = -100,
+    student_logit_scale: float = 1.0,
+    student_softcap: float | None = None,
+) -> Tensor:
+    """The generalized JSD between a student's distribution and a served teacher's sparse one, row by row: the
+    teacher gives, for each row, only its top-k log-probabilities and their token ids (a vLLM server's
+    ``logprobs``), as TRL 1.16's ``ServerDistillationTrainer`` computes it (docs/semantics.md, "Distillation from
+    a served teacher")::
+
+        s = log_softmax(x / temperature)[..., teacher_token_ids]     (x: the student's logits, transformed)
+        t = teacher_logprobs
+        masked entries: -inf on both sides (they contribute 0)
+        add_tail:  s, t get one more entry each, log(1 - sum(exp(.))) (the log of the sum clamped to <= -1e-7)
+        otherwise: s, t renormalized over the unmasked entries
+        beta == 0: q * (t - s); beta == 1: p * (s - t);
+        otherwise: m = log(max((1 - beta) p + beta q, tiny)), beta q (t - m) + (1 - beta) p (s - m)
+        (p = exp(s), q = exp(t); each term's NaN made 0, as TRL's nan_to_num), then TRL's reduction
+
+    The student's log-softmax is never made whole: its two statistics per row are, and the gradient w.r.t. the
+    student's logits (dense, through the normalizer) is made in the forward, when autograd will need it.
+
+    Args:
+        student_logits (Tensor): ``(..., V)``, float32, bfloat16, float16 (float64 off the NPU).
+        teacher_logprobs (Tensor): ``(..., K)``, K >= 1, floating: the teacher's log-probabilities at the ids, as
+            given (not transformed, not divided by T). Gets a gradient where it requires grad.
+        teacher_token_ids (Tensor): ``(..., K)``, integer, in ``[0, V)`` where ``support_mask`` is true (an
+            IndexError otherwise, naming the row); the same id twice in a row where the mask is true is a
+            ValueError (mask the repeats).
+        labels (Tensor, optional): integer, of the leading shape: rows whose label is ``ignore_index`` are left
+            out. Default: ``None``
+        support_mask (Tensor, optional): bool, ``(..., K)``: the entries that count. Default: ``None`` (all)
+        beta (float): in ``[0, 1]``. Default: ``0.0`` (forward KL, TRL's top-k support)
+        temperature (float): ``> 0``; divides the student's logits. Default: ``1.0``
+        add_tail (bool): the tail bucket (TRL's ``loss_add_tail``), or renormalization. Default: ``True``
+        reduction (str): ``'batchmean'`` (the sum over the kept rows' entries divided by their number, at least
+            1, or without labels by ``student_logits.size(0)``), ``'sum'``, ``'mean'`` (over the kept rows'
+            K + 1 entries, K without the tail, masked ones counted) or ``'none'`` (``(kept, K + 1)`` with
+            labels, else ``(..., K + 1)``; K without the tail). Default: ``'batchmean'``
+        num_items_in_batch (int, float or Tensor, optional): when given, the sum divided by it, whatever
+            ``reduction`` says. Default: ``None``
+        ignore_index (int): Default: ``-100``
+        student_logit_scale (float), student_softcap (float, optional): the student's logit transform, as
+            ``generalized_jsd_loss`` takes it.
+
+    Returns:
+        The loss, in the promoted dtype of ``student_logits`` and ``teacher_logprobs``.
+
+    Raises:
+        ValueError: ``beta``, ``temperature``, the transform, ``reduction`` or ``num_items_in_batch`` out of
+            range; an id twice in a row.
+        IndexError: an id outside ``[0, V)`` where the mask is true.
+        TypeError: a dtype outside the lists above.
+        RuntimeError: shapes that do not agree (each names the argument), tensors on different devices.
+    """
+    if has_torch_function_variadic(student_logits, teacher_logprobs, teacher_token_ids, labels, support_mask):
+        return _overridden(sparse_jsd_loss, (student_logits, teacher_logprobs, teacher_token_ids, labels, support_mask),
+                           student_logits, teacher_logprobs, teacher_token_ids, labels, support_mask=support_mask,
+                           beta=beta, temperature=temperature, add_tail=add_tail, reduction=reduction,
+                           num_items_in_batch=num_items_in_batch, ignore_index=ignore_index,
+                           student_logit_scale=student_logit_scale, student_softcap=student_softcap)
+    if not torch.compiler.is_compiling():
+        if not isinstance(reduction, str):
+            raise TypeError(f"sparse_jsd_loss: reduction must be a str, got {reduction!r} ({type(reduction).__name__})")
+        _scalars.check("sparse_jsd_loss", beta=beta, temperature=temperature, add_tail=add_tail,
+                       ignore_index=ignore_index, student_logit_scale=student_logit_scale,
+                       student_softcap=student_softcap)
+        _dtensor.check_vocabulary_split("sparse_jsd_loss", logits=(("student_logits", student_logits),))
+    _family_reduction("sparse_jsd_loss", reduction)
+    op = torch.ops.npu_loss.sparse_jsd_loss
+    # The op's scalars after the reduction, in its schema's order (csrc/losses.h).
+    scalars = (beta, temperature, add_tail, student_logit_scale, student_softcap, ignore_index)
+    tensors = (student_logits, teacher_logprobs, teacher_token_ids, support_mask, labels)
+    if num_items_in_batch is not None:
+        _check_num_items(num_items_in_batch, student_logits, "sparse_jsd_loss")
+        total: Tensor = op(*tensors, 2, *scalars)
+        if isinstance(num_items_in_batch, Tensor):
+            num_items_in_batch = num_items_in_batch.to(total.device)
+        return total / num_items_in_batch
+    if reduction == "none" and labels is not None and _dtensor.any_dtensor(student_logits, teacher_logprobs, labels):
+        raise ValueError(
+            "sparse_jsd_loss: reduction='none' with labels is not supported for DTensor logits (the number of rows "
+            "kept depends on the labels' values); pass labels=None and multiply the (..., K + 1) result by "
+            "(labels != ignore_index).unsqueeze(-1)")
+    if reduction == "sum" or reduction == "none":
+        loss: Tensor = op(*tensors, _reduction_enum(reduction), *scalars)
+        return loss
+    total = op(*tensors, 2, *scalars)
+    if reduction == "batchmean":
+        if labels is None:
+            return total / max(student_logits.size(0), 1)
+        return total / (labels != ignore_index).sum().clamp(min=1)
+    # 'mean': over the kept rows' entries (K + 1 with the tail). None kept is NaN, as TRL's mean of nothing.
+    entries = teacher_logprobs.size(-1) + (1 if add_tail else 0)
+    if labels is None:
+        return total / (teacher_logprobs.numel() // max(teacher_logprobs.size(-1), 1) * entries)
+    count = (labels != ignore_index).sum() * entries
+    return torch.where(count > 0, total / count.clamp(min=1), torch.full_like(total, float("nan")))

@@ -15,7 +15,8 @@ from torch.nn.modules.loss import _Loss
 
 from . import functional
 
-__all__ = ["SmoothL1Loss", "HuberLoss", "L1Loss", "KLDivLoss", "MSELoss", "JSDLoss", "FusedLinearJSDLoss"]
+__all__ = ["SmoothL1Loss", "HuberLoss", "L1Loss", "KLDivLoss", "MSELoss", "JSDLoss", "FusedLinearJSDLoss",
+           "SparseJSDLoss"]
 
 
 class _LossOfReduction(_Loss):
@@ -428,3 +429,56 @@ class FusedLinearJSDLoss(Module):
                 f"reduction={self.reduction!r}, weight_hard_loss={self.weight_hard_loss}, "
                 f"weight_soft_loss={self.weight_soft_loss}, chunk_size={self.chunk_size}{_transform_repr(self)}"
                 f"{_entropy_repr(self)}")
+
+
+class SparseJSDLoss(Module):
+    """The generalized JSD between a student's logits and a served teacher's top-k log-probabilities:
+    :func:`npu_loss_ops.functional.sparse_jsd_loss` (TRL's ``ServerDistillationTrainer``) as a module.
+
+    Args:
+        beta (float): in ``[0, 1]``; 0 is forward KL (the teacher's top-k), 1 reverse KL. Default: ``0.0``
+        temperature (float): ``> 0``; divides the student's logits. Default: ``1.0``
+        add_tail (bool): the tail bucket (``True``) or renormalization over the support. Default: ``True``
+        ignore_index (int): the label of the rows left out. Default: ``-100``
+        reduction (str): ``'batchmean'``, ``'sum'``, ``'mean'`` or ``'none'``. Default: ``'batchmean'``
+        student_logit_scale (float), student_softcap (float, optional): the student's logit transform.
+
+    Raises:
+        TypeError, ValueError: at construction, as the function raises them for the same arguments.
+
+    Called as ``loss(student_logits, teacher_logprobs, teacher_token_ids, labels=None, support_mask=None,
+    num_items_in_batch=None)``.
+    """
+
+    def __init__(self, beta: float = 0.0, temperature: float = 1.0, add_tail: bool = True, ignore_index: int = -100,
+                 reduction: str = "batchmean", *, student_logit_scale: float = 1.0,
+                 student_softcap: float | None = None) -> None:
+        super().__init__()
+        # The function's own checks (types, then the op's declared ranges), on meta tensors: nothing is computed.
+        functional.sparse_jsd_loss(_meta(1, 1), _meta(1, 1), torch.zeros(1, 1, dtype=torch.long, device="meta"),
+                                   beta=beta, temperature=temperature, add_tail=add_tail, reduction=reduction,
+                                   ignore_index=ignore_index, student_logit_scale=student_logit_scale,
+                                   student_softcap=student_softcap)
+        self.beta = beta
+        self.temperature = temperature
+        self.add_tail = add_tail
+        self.ignore_index = ignore_index
+        self.reduction = reduction
+        self.student_logit_scale = student_logit_scale
+        self.student_softcap = student_softcap
+
+    def forward(self, student_logits: Tensor, teacher_logprobs: Tensor, teacher_token_ids: Tensor,
+                labels: Tensor | None = None, support_mask: Tensor | None = None,
+                num_items_in_batch: int | float | Tensor | None = None) -> Tensor:
+        """The loss of the student's logits against the teacher's support."""
+        return functional.sparse_jsd_loss(
+            student_logits, teacher_logprobs, teacher_token_ids, labels, support_mask=support_mask, beta=self.beta,
+            temperature=self.temperature, add_tail=self.add_tail, reduction=self.reduction,
+            num_items_in_batch=num_items_in_batch, ignore_index=self.ignore_index,
+            student_logit_scale=self.student_logit_scale, student_softcap=self.student_softcap)
+
+    def extra_repr(self) -> str:
+        transform = "".join(f", {name}={getattr(self, name)}" for name, default in
+                            (("student_logit_scale", 1.0), ("student_softcap", None)) if getattr(self, name) != default)
+        return (f"beta={self.beta}, temperature={self.temperature}, add_tail={self.add_tail}, "
+                f"ignore_index={self.ignore_index}, reduction={self.reduction!r}{transform}")

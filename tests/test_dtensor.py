@@ -138,7 +138,19 @@ def _row_cases() -> list[Case]:
                       "batchmean", "S0", "S0", ROW_SHAPE, ROW_SHAPE))
     cases.append(Case("loss-jsd-vocabulary-studentS2-teacherS2", "loss", "jsd", "batchmean", "S2", "S2",
                       ROW_SHAPE, ROW_SHAPE))
+    # The sparse JSD: the teacher's K = 3 log-probabilities, its ids and its mask placed alike (token dimensions).
+    for reduction in JSD_REDUCTIONS:
+        for s, t in (("S0", "S0"), ("S1", "S1"), ("R", "R"), ("S1/S0", "R/S0")):
+            for labels in ("", "-labels"):
+                if labels and reduction == "none":
+                    continue
+                name = f"sparse{labels}-{reduction}-student{s}-teacher{t}"
+                cases.append(Case(f"loss-{name}", "loss", f"sparse{labels}", reduction, s, t, ROW_SHAPE,
+                                  SPARSE_SHAPE))
     return cases
+
+
+SPARSE_SHAPE = (*ROW_SHAPE[:-1], 3)
 
 
 CASES = _cases() + _row_cases()
@@ -197,6 +209,28 @@ def _run_rows(case: Case, distribute) -> dict[str, object]:
     return results
 
 
+def _run_sparse(case: Case, distribute) -> dict[str, object]:
+    """A sparse JSD case through the Python API and autograd: the student's and the teacher's gradients."""
+    g = torch.Generator().manual_seed(CASES.index(case))
+    student = torch.randn(ROW_SHAPE, generator=g) * 2
+    ids = torch.stack([torch.randperm(ROW_SHAPE[-1], generator=g)[:3] for _ in range(24)]).view(SPARSE_SHAPE)
+    teacher = torch.randn(ROW_SHAPE, generator=g).log_softmax(-1).gather(-1, ids)
+    mask = torch.ones(SPARSE_SHAPE, dtype=torch.bool)
+    mask[1, :, 2] = False
+    labels = torch.randint(0, ROW_SHAPE[-1], ROW_SHAPE[:-1], generator=g)
+    labels[0, :4] = -100
+    labels_d = distribute(labels, case.self_placement) if "labels" in case.loss else None
+    sd = distribute(student, case.self_placement).requires_grad_()
+    td = distribute(teacher, case.target_placement).requires_grad_()
+    ids_d, mask_d = distribute(ids, case.target_placement), distribute(mask, case.target_placement)
+    value = npu_loss_ops.sparse_jsd_loss(sd, td, ids_d, labels_d, support_mask=mask_d, beta=0.3, temperature=2.0,
+                                         reduction=case.reduction)
+    replicate = "/".join(["R"] * (case.self_placement.count("/") + 1))
+    weight = distribute(torch.arange(1.0, 5.0), replicate)  # K + 1 entries: a gradient varying by entry
+    (value * weight if case.reduction == "none" else value).sum().backward()
+    return {"value": value, "grad_self": sd.grad, "grad_target": td.grad}
+
+
 def _placements(name: str) -> list:
     from torch.distributed.tensor import Partial, Replicate, Shard
 
@@ -209,6 +243,8 @@ def _run(case: Case, distribute) -> dict[str, object]:
     tensors for one process). Returns its results as plain tensors, and the result's placements."""
     if case.loss.startswith("jsd"):
         results = _run_rows(case, distribute)
+    elif case.loss.startswith("sparse"):
+        results = _run_sparse(case, distribute)
     else:
         results = _run_elementwise(case, distribute)
     placements = getattr(results["value"], "placements", None)
@@ -452,6 +488,8 @@ PLACEMENTS = {
     "backward-jsd-labels-none-studentS0-teacherS0": "(Replicate(),)",
     "backward-jsd-labels-sum-studentS0-teacherS0": "(Shard(dim=0),)",
     "backward-jsd-mean-studentS0-teacherS0": "(Replicate(),)",  # a rank's call would divide by its own N * V
+    "loss-sparse-sum-studentS0-teacherS0": "(Partial(sum),)",
+    "loss-sparse-none-studentS1-teacherS1": "(Shard(dim=1),)",
 }
 
 

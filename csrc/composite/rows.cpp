@@ -91,20 +91,9 @@ at::Tensor row_powers(const at::Tensor& bound) {
   return at::where((bound > 0) & at::isfinite(bound), (14 - exponent).clamp(-60, 60), 0);
 }
 
-namespace {
-
 c10::ScalarType compute_dtype(const at::Tensor& a, const at::Tensor& b) {
   return a.scalar_type() == at::kDouble || b.scalar_type() == at::kDouble ? at::kDouble : at::kFloat;
 }
-
-// One element's terms from the logits: p = softmax(x_s / T), q = softmax(x_t / T) of each side's transformed
-// logits x (the scale, then the softcap), the value f and its derivatives w.r.t. the log-probabilities s and
-// t, and each side's dx/dz (undefined where it is 1). The mixture's m is never formed: s - m and t - m come
-// from d = s - t + log(1 - beta) - log(beta) through softplus, exact where p and q underflow.
-struct Terms {
-  at::Tensor p, q, f, ds, dt;
-  at::Tensor slope_s, slope_t;
-};
 
 // A side's transformed logits x and dx/dz: z * scale, then softcap * tanh(x / softcap) where one is given
 // (TRL's order); dx/dz is scale * (1 - tanh^2), or the scale alone (undefined at 1: z itself, the same bits).
@@ -115,6 +104,23 @@ std::pair<at::Tensor, at::Tensor> transformed(const at::Tensor& z, const Declare
   const at::Tensor th = at::tanh(x / tr.softcap);
   return {th * tr.softcap, (1 - th * th) * tr.scale};
 }
+
+// A row mask's where: x's rows where `keep` (a (rows,) bool tensor) is true, 0 elsewhere; x itself without a
+// mask. A dropped row is zeroed, never multiplied by 0: a NaN or an infinity there must not reach a sum.
+at::Tensor masked(const at::Tensor& x, const at::Tensor& keep) {
+  return keep.defined() ? at::where(keep.unsqueeze(-1), x, 0) : x;
+}
+
+namespace {
+
+// One element's terms from the logits: p = softmax(x_s / T), q = softmax(x_t / T) of each side's transformed
+// logits x (the scale, then the softcap), the value f and its derivatives w.r.t. the log-probabilities s and
+// t, and each side's dx/dz (undefined where it is 1). The mixture's m is never formed: s - m and t - m come
+// from d = s - t + log(1 - beta) - log(beta) through softplus, exact where p and q underflow.
+struct Terms {
+  at::Tensor p, q, f, ds, dt;
+  at::Tensor slope_s, slope_t;
+};
 
 // The declared beta's position among the member's scalars (losses.h).
 constexpr int kBeta = row_scalar(GeneralizedJsd::decl.rows, "beta");
@@ -164,12 +170,6 @@ std::pair<at::Tensor, at::Tensor> logit_gradients(const Terms& e, const at::Tens
   return {gs, gt};
 }
 
-
-// A row mask's where: x's rows where `keep` (a (rows,) bool tensor) is true, 0 elsewhere; x itself without a
-// mask. A dropped row is zeroed, never multiplied by 0: a NaN or an infinity there must not reach a sum.
-at::Tensor masked(const at::Tensor& x, const at::Tensor& keep) {
-  return keep.defined() ? at::where(keep.unsqueeze(-1), x, 0) : x;
-}
 
 // Calls fn(zs, zt, keep, first_row) for every chunk of rows: the chunk's logits in the compute dtype (copies of
 // the chunk alone, the dropped rows zeroed: their logits reach no formula), the rows' keep mask (undefined

@@ -73,6 +73,19 @@ at::Tensor empty_forward(const RowCall& c, const at::Tensor& keep);
 // exponent of each (bound < 2^exponent), 0 for a row whose bound is 0 or not finite, within [-60, 60].
 at::Tensor row_powers(const at::Tensor& bound);
 
+// ---- what the members' formulas share ----
+
+// The dtype the formulas compute in: float64 where either tensor is, else float32.
+c10::ScalarType compute_dtype(const at::Tensor& a, const at::Tensor& b);
+
+// A side's transformed logits x and dx/dz: z * scale, then softcap * tanh(x / softcap) where one is given
+// (TRL's order); dx/dz is scale * (1 - tanh^2), or the scale alone (undefined at 1: z itself, the same bits).
+std::pair<at::Tensor, at::Tensor> transformed(const at::Tensor& z, const DeclaredScalars::Transform& tr);
+
+// x's rows where `keep` (a (rows,) bool tensor) is true, 0 elsewhere; x itself without a mask. A dropped row is
+// zeroed, never multiplied by 0: a NaN or an infinity there must not reach a sum.
+at::Tensor masked(const at::Tensor& x, const at::Tensor& keep);
+
 // ---- the composite ----
 
 
@@ -86,6 +99,12 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> with_grads(
 std::tuple<at::Tensor, at::Tensor> backward(
     GeneralizedJsd, const RowCall& c, const at::Tensor& grad_output, std::array<bool, 2> mask);
 
+at::Tensor forward(SparseJsd, const RowCall& c);
+std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> with_grads(
+    SparseJsd, const RowCall& c, std::array<bool, 2> mask, int64_t rows_per_chunk = 0);
+std::tuple<at::Tensor, at::Tensor> backward(
+    SparseJsd, const RowCall& c, const at::Tensor& grad_output, std::array<bool, 2> mask);
+
 // The same results from whole tensors, every step an ATen op autograd and the functorch transforms see
 // through: for double backward, forward-mode AD and vmap.
 // Each runs the op's checks first (on symbolic sizes too), as the kernels do: vmap reaches them directly.
@@ -95,5 +114,11 @@ std::tuple<at::Tensor, at::Tensor> backward_differentiable(
 // The forward with gradients' four results (the row scales are ones: nothing is stored in float16 here).
 std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> with_grads_differentiable(
     GeneralizedJsd, const RowCall& c, std::array<bool, 2> mask);
+
+at::Tensor forward_differentiable(SparseJsd, const RowCall& c);
+std::tuple<at::Tensor, at::Tensor> backward_differentiable(
+    SparseJsd, const RowCall& c, const at::Tensor& grad_output, std::array<bool, 2> mask);
+std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> with_grads_differentiable(
+    SparseJsd, const RowCall& c, std::array<bool, 2> mask);
 
 }  // namespace npu_loss::composite

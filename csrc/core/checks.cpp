@@ -3,6 +3,7 @@
 #include <ATen/native/TypeProperties.h>
 #include <ATen/ops/empty.h>
 #include <ATen/ops/empty_strided.h>
+#include <ATen/ops/where.h>
 #include <c10/core/DispatchKeySet.h>
 #include <c10/core/MemoryFormat.h>
 #include <c10/core/ScalarType.h>
@@ -13,6 +14,8 @@
 #include <cmath>
 #include <sstream>
 #include <string>
+#include <utility>
+#include <vector>
 
 namespace npu_loss {
 namespace {
@@ -295,6 +298,51 @@ void check_grad_output_rows(const char* op, const at::Tensor& grad_output, int64
       "), got ", grad_output.size(0));
 }
 
+SupportIds support_ids(const char* op, const RowArgs& r, const RowInputs& inputs, const at::Tensor& keep,
+                       int64_t rows, int64_t vocab) {
+  int ids_at = -1, mask_at = -1;
+  for (int i = 0; i < row_input_count(r); ++i) {
+    if (r.inputs[i].kind == InputKind::Ids) ids_at = i;
+    if (r.inputs[i].kind == InputKind::Mask) mask_at = i;
+  }
+  TORCH_INTERNAL_ASSERT(ids_at >= 0, op, ": a teacher over a support declares no ids");
+  const at::Tensor& ids = inputs[ids_at];
+  const int64_t k = ids.size(-1);
+  SupportIds out;
+  out.ids = ids.reshape({rows, k}).to(at::kLong).contiguous();
+  if (mask_at >= 0 && inputs[mask_at].defined()) out.on = inputs[mask_at].reshape({rows, k}).contiguous();
+  const at::Tensor host_ids = out.ids.to(at::kCPU);
+  const at::Tensor host_on = out.on.defined() ? out.on.to(at::kCPU) : at::Tensor();
+  const at::Tensor host_keep = keep.defined() ? keep.reshape(-1).to(at::kCPU, at::kBool).contiguous() : at::Tensor();
+  const int64_t* id = host_ids.const_data_ptr<int64_t>();
+  const bool* on = host_on.defined() ? host_on.const_data_ptr<bool>() : nullptr;
+  const bool* kept = host_keep.defined() ? host_keep.const_data_ptr<bool>() : nullptr;
+  const char* ids_name = r.inputs[ids_at].name;
+  const char* mask_name = mask_at >= 0 ? r.inputs[mask_at].name : "the mask";
+  std::vector<std::pair<int64_t, int64_t>> row_ids;  // (id, entry) of a row's entries on
+  for (int64_t row = 0; row < rows; ++row) {
+    if (kept && !kept[row]) continue;
+    row_ids.clear();
+    for (int64_t j = 0; j < k; ++j) {
+      if (on && !on[row * k + j]) continue;
+      const int64_t v = id[row * k + j];
+      TORCH_CHECK_INDEX(
+          v >= 0 && v < vocab, op, ": ", ids_name, " must be in [0, ", vocab, ") (the vocabulary of the student's "
+          "logits) where ", mask_name, " is true; row ", row, " has ", v, " at entry ", j);
+      row_ids.emplace_back(v, j);
+    }
+    std::sort(row_ids.begin(), row_ids.end());
+    for (size_t j = 1; j < row_ids.size(); ++j) {
+      TORCH_CHECK_VALUE(
+          row_ids[j].first != row_ids[j - 1].first, op, ": ", ids_name, " has the id ", row_ids[j].first,
+          " twice in row ", row, " (entries ", row_ids[j - 1].second, " and ", row_ids[j].second, ") where ",
+          mask_name, " is true; mask the repeats (the divergence would count the token twice)");
+    }
+  }
+  if (out.on.defined()) out.ids = at::where(out.on, out.ids, 0);
+  return out;
+}
+
 template <typename Int>
 BasicResultSpec<Int> forward_spec(
     const char* op, const at::Tensor& self, const at::Tensor& target, int64_t reduction) {
@@ -491,6 +539,12 @@ BasicRowSpec<Int> row_forward_spec(const LossDecl& d, const char* op, const RowC
   spec.rows = numel_of(leading);
   spec.vocab = shape.back();
   spec.labels = l.defined();
+  if (r.teacher == TeacherForm::Logits) {
+    spec.entries = spec.vocab;
+  } else {
+    spec.support = teacher_shape.back();
+    spec.entries = spec.support + (c.scalars.tail() ? 1 : 0);
+  }
   return spec;
 }
 
@@ -515,12 +569,15 @@ BasicRowSpec<Int> row_backward_spec(const LossDecl& d, const at::Tensor& grad_ou
     TORCH_CHECK(g.empty(), op, ": grad_output of a reduced loss must be 0-dim, got shape ", g);
   } else if (spec.labels) {
     TORCH_CHECK(
-        g.size() == 2 && g[1] == spec.vocab, op, ": grad_output of 'none' with labels must have the shape "
-        "[rows kept, ", spec.vocab, "], got ", g);
+        g.size() == 2 && g[1] == spec.entries, op, ": grad_output of 'none' with labels must have the shape "
+        "[rows kept, ", spec.entries, "], got ", g);
   } else {
+    c10::SmallVector<Int, c10::kDimVectorStaticSize> values(spec.logits_shape.begin(), spec.logits_shape.end());
+    values.back() = spec.entries;
     TORCH_CHECK(
-        g == c10::ArrayRef<Int>(spec.logits_shape), op, ": grad_output of 'none' must have the logits' shape ",
-        c10::ArrayRef<Int>(spec.logits_shape), ", got ", g);
+        g == c10::ArrayRef<Int>(values), op, ": grad_output of 'none' must have the ",
+        d.rows.teacher == TeacherForm::Logits ? "logits'" : "values'", " shape ",
+        c10::ArrayRef<Int>(values), ", got ", g);
   }
   return spec;
 }

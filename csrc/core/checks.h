@@ -145,6 +145,11 @@ struct BasicRowSpec {
   Int rows = 0;
   Int vocab = 0;
   bool labels = false;
+  // The values' entries per row ('none''s last dimension, and what "mean" counts per row kept): V for a teacher
+  // of logits; K, or K + 1 with the tail bucket (ScalarRole::SupportTail), for a teacher over a support.
+  Int entries = 0;
+  // A teacher over a support: its K (0 for logits).
+  Int support = 0;
 };
 
 using RowSpec = BasicRowSpec<int64_t>;
@@ -190,6 +195,11 @@ struct DeclaredScalars {
     }
     return d;
   }
+  // Whether a teacher over a support has the tail bucket (ScalarRole::SupportTail; false where none is declared).
+  bool tail() const {
+    const int i = row_scalar_of(*args, ScalarRole::SupportTail);
+    return i >= 0 && values[i].flag;
+  }
   // The family's beta (ScalarRole::Beta), which the loss must declare.
   double beta() const {
     const int i = row_scalar_of(*args, ScalarRole::Beta);
@@ -231,6 +241,18 @@ inline bool scales_rows(const at::Tensor& student, const at::Tensor& teacher, st
 // by the kernel that reads them (a count the Meta kernels cannot know).
 void check_grad_output_rows(const char* op, const at::Tensor& grad_output, int64_t kept);
 
+// A teacher over a support (TeacherForm::Support): its ids and mask (RowArgs::inputs of kind Ids and Mask) as every
+// backend reads them, (rows, K) and contiguous on their device: the ids as int64, 0 where the mask is off; the
+// mask as bool, undefined where it is absent (every entry on). Checked on the host, over the rows `keep` keeps
+// (a bool (rows,) tensor; undefined: every row): an id outside [0, vocab) where the mask is on is an IndexError,
+// and an id twice in a row where the mask is on a ValueError, each naming the row (the divergence would count
+// that token twice).
+struct SupportIds {
+  at::Tensor ids, on;
+};
+SupportIds support_ids(const char* op, const RowArgs& r, const RowInputs& inputs, const at::Tensor& keep,
+                       int64_t rows, int64_t vocab);
+
 // The forward's checks (the forward with gradients has the same arguments): every tensor defined (an optional
 // input may be absent) and on one device; floating logits with at least one dimension (the vocabulary) and at
 // most 8; the teacher of the student's shape (TeacherForm::Logits) or of its leading shape and a last dimension
@@ -245,8 +267,8 @@ template <typename Int>
 BasicRowSpec<Int> row_with_grads_spec(const LossDecl& d, const RowCall& c);
 
 // The backward op's: the forward's, and grad_output, floating, on the same device, 0-dim for "mean" and
-// "sum", and for "none" of the values' shape: the logits' without labels, (K, V) with them (K, the rows kept,
-// is checked against the labels by the kernels, which read them).
+// "sum", and for "none" of the values' shape: the leading shape and the entries per row without labels, (kept,
+// entries) with them (kept, the rows kept, is checked against the labels by the kernels, which read them).
 template <typename Int>
 BasicRowSpec<Int> row_backward_spec(const LossDecl& d, const at::Tensor& grad_output, const RowCall& c);
 

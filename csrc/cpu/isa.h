@@ -93,10 +93,10 @@ struct RowBatch {
   double logit_scale[2];                 // each side's logits times it first (StudentScale, TeacherScale),
   double logit_softcap[2];               // then c * tanh(x / c) where c != 0 (StudentSoftcap, TeacherSoftcap)
   double* row_sums;                      // kept row k's sum of values at row_sums[k]
-  void* values;                          // kept row k's values at values + k * vocab
+  void* values;                          // kept row k's values at values + k * vocab (k * entries: a support's)
   void* grad_student;                    // row r's gradient at + r * vocab, in the logits' dtype; 0 for a dropped row
   void* grad_teacher;
-  const void* grad_output;               // kept row k's weights at + k * vocab (the backward of 'none'); null: one
+  const void* grad_output;               // kept row k's weights at + k * vocab, as values (the backward of 'none'); null: one
   double grad_scale;                     // every weight's factor
   double teacher_scale;                  // the teacher's gradients' factor on top of it (with row_scale null)
   // Non-null: each kept row's gradients are stored times a power of two 2^j that brings the row's largest
@@ -110,6 +110,18 @@ struct RowBatch {
   const int64_t* hard_labels;
   double* hard_sums;
   double hard_weight;
+  // A teacher over a support (losses.h's TeacherForm::Support), where support > 0: K entries per row, in rows the
+  // frame makes contiguous: row r's ids at support_ids + r * K (in [0, V) where on; 0 where off), whether each
+  // is on at support_on + r * K (null: all), the teacher's log-probabilities (float64) at support_teacher + r * K;
+  // with support_tail, one more entry per row (the tail bucket): the values' and grad_output's rows have K + 1
+  // entries. The teacher's gradient, where wanted, goes to support_grad_teacher + r * K (float64, 0 where off
+  // or dropped, times row_scale's power where row_scale is set), and grad_teacher is then unused.
+  int64_t support;
+  bool support_tail;
+  const int64_t* support_ids;
+  const bool* support_on;
+  const double* support_teacher;
+  double* support_grad_teacher;
   // Non-null: row r's entropy of the student's distribution, -sum(p * log p) with p = softmax of its
   // transformed logits / T, at entropy[r] for a kept row (composite/linear.h's RowExtras); a dropped row's untouched.
   float* entropy;

@@ -4,6 +4,7 @@
 #pragma once
 
 #include "jsd_kernel.h"
+#include "sparse_jsd_kernel.h"
 #include "row_kernels.h"
 
 namespace npu_loss::cpu::NPU_LOSS_ISA {

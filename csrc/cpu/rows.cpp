@@ -46,13 +46,14 @@ std::vector<int64_t> row_offsets(const at::Tensor& t, int64_t rows) {
 }
 
 // The rows a call keeps: index[r], row r's place among the rows whose label is not ignore_index, or -1 (empty
-// without labels: every row kept); count, how many; and "mean"'s factor, 1 / (count * V).
+// without labels: every row kept); count, how many; and "mean"'s factor, 1 / (count * entries), the values'
+// entries per row (RowSpec::entries: V, or a support's K or K + 1).
 struct Kept {
   std::vector<int64_t> index;
   int64_t count = 0;
   double mean_factor = 0;
 
-  Kept(const std::optional<at::Tensor>& labels, int64_t ignore_index, int64_t rows, int64_t vocab) : count(rows) {
+  Kept(const std::optional<at::Tensor>& labels, int64_t ignore_index, int64_t rows, int64_t entries) : count(rows) {
     if (labels.has_value() && labels->defined()) {
       const at::Tensor l = labels->to(at::kLong).contiguous();
       const int64_t* p = l.const_data_ptr<int64_t>();
@@ -60,9 +61,17 @@ struct Kept {
       count = 0;
       for (int64_t r = 0; r < l.numel(); ++r) index[r] = p[r] == ignore_index ? -1 : count++;
     }
-    mean_factor = 1.0 / (static_cast<double>(count) * static_cast<double>(vocab));
+    mean_factor = 1.0 / (static_cast<double>(count) * static_cast<double>(entries));
   }
   const int64_t* rows() const { return index.empty() ? nullptr : index.data(); }
+  // The rows kept as a bool (rows,) tensor, or undefined without labels.
+  at::Tensor mask() const {
+    if (index.empty()) return {};
+    at::Tensor keep = at::empty({static_cast<int64_t>(index.size())}, at::TensorOptions().dtype(at::kBool));
+    bool* p = keep.mutable_data_ptr<bool>();
+    for (size_t r = 0; r < index.size(); ++r) p[r] = index[r] >= 0;
+    return keep;
+  }
 };
 
 // What one call makes (the row losses' forward, 'none' values or the reduced loss, its gradients, or the
@@ -71,6 +80,7 @@ struct Kept {
 struct FrameCall : RowCall {
   const RowSpec& spec;
   int member;
+  const char* op;  // the member's forward, named in the messages of what the frame checks
 };
 
 // One call of the member's row kernel over every row: `call` with the rows, the labels and the scratch filled
@@ -88,6 +98,37 @@ void run_rows(const FrameCall& c, RowBatch call) {
     kernel.run(call, begin, end, scratch.data());
   });
 }
+
+// A teacher over a support (RowSpec::support > 0) as the kernel reads it (isa.h's RowBatch): the ids and the
+// mask checked and made contiguous (core/checks.h's support_ids), the teacher's log-probabilities as float64
+// rows, and its gradient's float64 rows, cast to the teacher's dtype and shape once the kernel has run.
+struct SupportRows {
+  SupportIds ids;
+  at::Tensor teacher, grad;
+
+  SupportRows(const FrameCall& c, const Kept& kept) {
+    if (c.spec.support == 0) return;
+    ids = support_ids(c.op, *c.scalars.args, c.inputs, kept.mask(), c.spec.rows, c.spec.vocab);
+    teacher = c.teacher.reshape({c.spec.rows, c.spec.support}).to(at::kDouble).contiguous();
+  }
+  void fill(const FrameCall& c, RowBatch& r, bool teacher_grad) {
+    if (!teacher.defined()) return;
+    r.support = teacher.size(1);
+    r.support_tail = c.scalars.tail();
+    r.support_ids = ids.ids.const_data_ptr<int64_t>();
+    r.support_on = ids.on.defined() ? ids.on.const_data_ptr<bool>() : nullptr;
+    r.support_teacher = teacher.const_data_ptr<double>();
+    if (teacher_grad) {
+      grad = at::empty_like(teacher);
+      r.support_grad_teacher = grad.mutable_data_ptr<double>();
+      r.grad_teacher = nullptr;
+    }
+  }
+  // The teacher's gradient in its dtype and shape (the frame's, where no support).
+  at::Tensor teacher_gradient(const FrameCall& c, const at::Tensor& gt) const {
+    return grad.defined() ? grad.to(c.teacher.scalar_type()).view(c.teacher.sizes()) : gt;
+  }
+};
 
 RowBatch rows_of(const FrameCall& c, double* row_sums) {
   RowBatch r{};
@@ -123,7 +164,7 @@ std::pair<at::Tensor, at::Tensor> gradients(
     if (mask[1]) gt = c.teacher;
   }
   if (mask[0] && !gs.defined()) gs = at::empty(c.spec.logits_shape, c.student.options());
-  if (mask[1] && !gt.defined()) gt = at::empty(c.spec.logits_shape, c.teacher.options());
+  if (mask[1] && !gt.defined() && c.spec.support == 0) gt = at::empty(c.spec.logits_shape, c.teacher.options());
   r.grad_student = gs.defined() ? gs.mutable_data_ptr() : nullptr;
   r.grad_teacher = gt.defined() ? gt.mutable_data_ptr() : nullptr;
   return {gs, gt};
@@ -139,7 +180,8 @@ at::Tensor or_empty(const at::Tensor& t, const at::Tensor& like) {
 // gradients times extras->grad_scale, and the hard loss made in the same passes (composite/linear.h).
 std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> forward(
     const FrameCall& c, std::array<bool, 2> mask, bool over_logits = false, composite::RowExtras* extras = nullptr) {
-  const Kept kept(c.labels, c.ignore_index, c.spec.rows, c.spec.vocab);
+  const Kept kept(c.labels, c.ignore_index, c.spec.rows, c.spec.entries);
+  SupportRows support(c, kept);
   std::vector<double> row_sums(kept.count);
   RowBatch r = rows_of(c, row_sums.data());
   r.kept = kept.rows();
@@ -156,7 +198,9 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> forward(
   const auto options = c.student.options().dtype(c.spec.dtype);
   at::Tensor values;
   if (c.reduction == kNone) {
-    values = c.spec.labels ? at::empty({kept.count, c.spec.vocab}, options) : at::empty(c.spec.logits_shape, options);
+    c10::SmallVector<int64_t, 8> shape(c.spec.logits_shape.begin(), c.spec.logits_shape.end());
+    shape.back() = c.spec.entries;
+    values = c.spec.labels ? at::empty({kept.count, c.spec.entries}, options) : at::empty(shape, options);
     r.values = values.mutable_data_ptr();
     r.row_sums = nullptr;
   }
@@ -167,11 +211,13 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> forward(
     r.entropy = extras->entropy;
   }
   auto [gs, gt] = gradients(c, mask, r, over_logits);
+  support.fill(c, r, mask[1]);
   const c10::IntArrayRef leading(c.spec.logits_shape.data(), c.spec.logits_shape.size() - 1);
   const at::Tensor row_scale = at::ones(leading, c.student.options().dtype(at::kFloat));
   // The linear form's step gives its own scales (its float16 gradients are stored times a power of two).
   if (!extras && scales_rows(c.student, c.teacher, mask)) r.row_scale = row_scale.mutable_data_ptr<float>();
   run_rows(c, r);
+  gt = support.teacher_gradient(c, gt);
   if (c.reduction == kNone) return {values, or_empty(gs, c.student), or_empty(gt, c.teacher), row_scale};
   double total = 0;
   for (double s : row_sums) total += s;  // in row order: the same bits for any thread count
@@ -179,14 +225,15 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> forward(
     extras->hard_sum = 0;
     for (double s : hard_sums) extras->hard_sum += s;
   }
-  return {scalar_result(reduce_total(total, c.reduction, kept.count * c.spec.vocab), options),
+  return {scalar_result(reduce_total(total, c.reduction, kept.count * c.spec.entries), options),
           or_empty(gs, c.student), or_empty(gt, c.teacher), row_scale};
 }
 
 // The backward op (`op`): the gradients of the forward's result, weighted by grad_output.
 std::tuple<at::Tensor, at::Tensor> backward(
     const char* op, const FrameCall& c, const at::Tensor& grad_output, std::array<bool, 2> mask) {
-  const Kept kept(c.labels, c.ignore_index, c.spec.rows, c.spec.vocab);
+  const Kept kept(c.labels, c.ignore_index, c.spec.rows, c.spec.entries);
+  SupportRows support(c, kept);
   RowBatch r = rows_of(c, nullptr);
   r.kept = kept.rows();
   at::Tensor weights;
@@ -198,7 +245,9 @@ std::tuple<at::Tensor, at::Tensor> backward(
     r.grad_scale = grad_output.item<double>() * (c.reduction == kMean ? kept.mean_factor : 1.0);
   }
   auto [gs, gt] = gradients(c, mask, r);
+  support.fill(c, r, mask[1]);
   run_rows(c, r);
+  gt = support.teacher_gradient(c, gt);
   return {or_empty(gs, c.student), or_empty(gt, c.teacher)};
 }
 
@@ -206,17 +255,17 @@ std::tuple<at::Tensor, at::Tensor> backward(
 struct CpuRows {
   template <typename Loss>
   static at::Tensor forward(Loss, const RowSpec& spec, const RowCall& c) {
-    return std::get<0>(cpu::forward({c, spec, row_index<Loss>()}, {false, false}));
+    return std::get<0>(cpu::forward({c, spec, row_index<Loss>(), Loss::decl.forward}, {false, false}));
   }
   template <typename Loss>
   static std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> with_grads(
       Loss, const RowSpec& spec, const RowCall& c, std::array<bool, 2> mask) {
-    return cpu::forward({c, spec, row_index<Loss>()}, mask);
+    return cpu::forward({c, spec, row_index<Loss>(), Loss::decl.forward}, mask);
   }
   template <typename Loss>
   static std::tuple<at::Tensor, at::Tensor> backward(
       Loss, const RowSpec& spec, const RowCall& c, const at::Tensor& grad_output, std::array<bool, 2> mask) {
-    return cpu::backward(Loss::decl.backward, {c, spec, row_index<Loss>()}, grad_output, mask);
+    return cpu::backward(Loss::decl.backward, {c, spec, row_index<Loss>(), Loss::decl.backward}, grad_output, mask);
   }
 };
 
@@ -230,7 +279,7 @@ struct CpuLinearStep {
                composite::RowExtras* extras) {
               const RowCall call{student, teacher, {}, labels, kSum, scalars, ignore_index};
               const RowSpec spec = row_with_grads_spec<int64_t>(Loss::decl, call);
-              return cpu::forward({call, spec, row_index<Loss>()}, mask, /*over_logits=*/true, extras);
+              return cpu::forward({call, spec, row_index<Loss>(), Loss::decl.linear.forward}, mask, /*over_logits=*/true, extras);
             },
             /*in_place=*/true, /*scratch_bytes=*/0, /*fuses=*/true, chunk_resources()};
   }

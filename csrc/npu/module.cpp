@@ -28,11 +28,14 @@ PYBIND11_MODULE(_C_npu, m) {
       [] {
         std::vector<std::string> members;
         npu_loss::for_each_row_loss([&]<typename Loss>() {
-          if (npu_loss::npu::npu_row_math<Loss>().chunk != nullptr) members.push_back(Loss::decl.forward);
+          if constexpr (npu_loss::npu::kHasAclnnPath<Loss>) {
+            if (npu_loss::npu::npu_row_math<Loss>().chunk != nullptr) members.push_back(Loss::decl.forward);
+          }
         });
         return members;
       },
-      "The row members whose chunk math the NPU's row frame runs (npu/rows.h), by their forward op.");
+      "The row members whose chunk math the NPU's row frame runs (npu/rows.h), by their forward op (a member "
+      "without an aclnn path runs the composite).");
   m.def("rejected_apis", &npu_loss::npu::rejected_apis,
         "The aclnn APIs this chip's CANN rejected in this process (their calls run the composite since).");
   m.def("_forget_rejected_apis", &npu_loss::npu::forget_rejected_apis,

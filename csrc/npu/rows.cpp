@@ -408,8 +408,8 @@ FrameCall frame_of(const RowCall& c, std::array<bool, 2> mask, bool with_values,
   return {c, Loss::decl.backward, npu_row_math<Loss>(), mask, with_values, chunk};
 }
 
-// The frame's three ops for a member `Loss` (core/backend.h's RowBackendKernels runs the checks first).
-struct NpuRows {
+// The frame's three ops for a member `Loss` with an aclnn path.
+struct NpuPathRows {
   template <typename Loss>
   static at::Tensor forward(Loss, const RowSpec&, const RowCall& c) {
     const c10::OptionalDeviceGuard guard(at::device_of(c.student));
@@ -446,6 +446,40 @@ struct NpuRows {
     }
     if (auto r = run_or_rejected(frame_of<Loss>(c, mask, false), w)) return {r->gs, r->gt};
     return composite::backward(Loss{}, c, grad_output, mask);
+  }
+};
+
+// The frame's three ops for a member `Loss` (core/backend.h's RowBackendKernels runs the checks first): its path,
+// or the composite where it has none.
+struct NpuRows {
+  template <typename Loss>
+  static at::Tensor forward(Loss, const RowSpec& spec, const RowCall& c) {
+    if constexpr (kHasAclnnPath<Loss>) {
+      return NpuPathRows::forward(Loss{}, spec, c);
+    } else {
+      const c10::OptionalDeviceGuard guard(at::device_of(c.student));
+      return composite::forward(Loss{}, c);
+    }
+  }
+  template <typename Loss>
+  static std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> with_grads(
+      Loss, const RowSpec& spec, const RowCall& c, std::array<bool, 2> mask) {
+    if constexpr (kHasAclnnPath<Loss>) {
+      return NpuPathRows::with_grads(Loss{}, spec, c, mask);
+    } else {
+      const c10::OptionalDeviceGuard guard(at::device_of(c.student));
+      return composite::with_grads(Loss{}, c, mask);
+    }
+  }
+  template <typename Loss>
+  static std::tuple<at::Tensor, at::Tensor> backward(
+      Loss, const RowSpec& spec, const RowCall& c, const at::Tensor& grad_output, std::array<bool, 2> mask) {
+    if constexpr (kHasAclnnPath<Loss>) {
+      return NpuPathRows::backward(Loss{}, spec, c, grad_output, mask);
+    } else {
+      const c10::OptionalDeviceGuard guard(at::device_of(c.student));
+      return composite::backward(Loss{}, c, grad_output, mask);
+    }
   }
 };
 

@@ -92,8 +92,14 @@ LogProbabilities log_probabilities(const RowChunk& c, int side);
 void gradient_rows(at::Tensor& out, at::Tensor& a, const LogProbabilities& side, const Weight& w,
                    const at::Tensor& wrows, double factor, const at::Tensor& drop);
 
+// Whether a member has an aclnn path (its declared aclnn_apis, and then its chunk math, npu_row_math<Loss>): a
+// member without one runs the composite on every chip, as its declared paths say.
+template <typename Loss>
+constexpr bool kHasAclnnPath = requires { Loss::aclnn_apis; };
+
 // Each row member's math, from its own file: one specialization per member of losses.h's list, declared here
-// from the list (a member without one fails to link).
+// from the list (a member that declares aclnn_apis and has none fails to link; a member without aclnn_apis runs
+// the composite on every chip, as its declared paths say, and needs none).
 template <typename Loss>
 const NpuRowMath& npu_row_math();
 #define NPU_LOSS_DECLARE_ROW_MATH(Loss) \

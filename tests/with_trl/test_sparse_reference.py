@@ -1,5 +1,6 @@
-"""The float64 reference of the served teacher's sparse divergence (reference.sparse_jsd_reference, which the
-package's sparse_jsd_loss is checked against) against TRL 1.16's own functions, imported from
+"""The served teacher's sparse divergence, the package's op (npu_loss_ops.sparse_jsd_loss, its CPU kernel in
+float64) and its float64 reference (reference.sparse_jsd_reference, which tests/test_sparse_jsd.py holds the op
+to in every dtype), each against TRL 1.16's own functions, imported from
 trl/experimental/server_distillation: `_add_tail_bucket`, `_jsd_divergence` and `_reduce_divergence_loss` over
 any support, and the trainer's two loss paths over the supports it builds (the teacher's top-k at beta 0; its
 top-1 and the sampled token, the second masked where they agree, at 0 < beta < 1; the sampled token alone at 1).
@@ -13,6 +14,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
+import npu_loss_ops
 from reference import sparse_jsd_reference
 from trl.experimental.server_distillation import server_distillation_trainer as server
 
@@ -26,6 +28,15 @@ TRL_TOP_1 = TRAINER._compute_server_sparse_top_1_divergence_loss
 TRL_TOP_1_SUPPORT = TRAINER._compute_sparse_top_1_divergence_loss
 
 VOCAB = 40
+
+
+def _op(student, teacher, ids, labels=None, support_mask=None, **kw):
+    return npu_loss_ops.sparse_jsd_loss(student, teacher, ids, labels, support_mask=support_mask, **kw)
+
+
+# Each function compared with TRL's, and its tolerance (rtol, atol): the reference runs TRL's ops in TRL's order;
+# the op sums in its own order (the log-sum-exp a block at a time), so its float64 rounding differs by a few ulps.
+FUNCTIONS = {"reference": (sparse_jsd_reference, (1e-12, 1e-14)), "op": (_op, (1e-10, 1e-13))}
 
 
 def _student(seed: int, rows=(3, 5)):
@@ -80,19 +91,23 @@ def _grads(loss, *leaves):
     return torch.autograd.grad(loss.sum(), leaves, allow_unused=True)
 
 
-def _assert_same(ours, theirs, leaves, what):
-    torch.testing.assert_close(ours, theirs, rtol=1e-12, atol=1e-14, msg=f"value, {what}")
+def _assert_same(ours, theirs, leaves, what, tolerance=(1e-12, 1e-14)):
+    rtol, atol = tolerance
+    torch.testing.assert_close(ours, theirs, rtol=rtol, atol=atol, msg=f"value, {what}")
     for name, a, b in zip(("student", "teacher"), _grads(ours, *leaves), _grads(theirs, *leaves)):
         # TRL's gradient is NaN where a row's support is all masked and there is no tail (0 * the NaN of
         # logsumexp's backward over -inf alone); the reference is compared where TRL's is finite.
         finite = torch.isfinite(b)
-        torch.testing.assert_close(a[finite], b[finite], rtol=1e-12, atol=1e-14, msg=f"{name} gradient, {what}")
+        torch.testing.assert_close(a[finite], b[finite], rtol=rtol, atol=atol, msg=f"{name} gradient, {what}")
+        # Where TRL's is NaN, the package's is finite (0 for the student's rows whose support is all masked).
+        assert torch.isfinite(a).all(), f"{name} gradient, {what}: not finite"
 
 
+@pytest.mark.parametrize("which", FUNCTIONS)
 @pytest.mark.parametrize("add_tail", [True, False])
 @pytest.mark.parametrize("k", [1, 2, 8])
 @pytest.mark.parametrize("beta", [0.0, 0.3, 0.5, 1.0])
-def test_reference_matches_trls_pieces_on_any_support(beta, k, add_tail):
+def test_matches_trls_pieces_on_any_support(beta, k, add_tail, which):
     """Any K, any beta, masked repeats and a masked row: every reduction and num_items_in_batch."""
     student, labels = _student(k), _labels(k)
     ids, mask, teacher = _support(k, k)
@@ -100,11 +115,12 @@ def test_reference_matches_trls_pieces_on_any_support(beta, k, add_tail):
         for num_items in (None, 7) if reduction == "batchmean" else (None,):
             for temperature in (1.0, 2.0):
                 what = f"beta={beta} k={k} tail={add_tail} {reduction} num_items={num_items} T={temperature}"
-                ours = sparse_jsd_reference(student, teacher, ids, labels, mask, beta=beta, temperature=temperature,
-                                            add_tail=add_tail, reduction=reduction, num_items_in_batch=num_items)
+                fn, tolerance = FUNCTIONS[which]
+                ours = fn(student, teacher, ids, labels, mask, beta=beta, temperature=temperature,
+                          add_tail=add_tail, reduction=reduction, num_items_in_batch=num_items)
                 theirs = _trl_any_support(student, teacher, ids, mask, labels, beta, temperature, add_tail,
                                           reduction, num_items)
-                _assert_same(ours, theirs, (student, teacher), what)
+                _assert_same(ours, theirs, (student, teacher), what, tolerance)
 
 
 def _trainer(beta: float, add_tail: bool):
@@ -117,9 +133,10 @@ def _trainer(beta: float, add_tail: bool):
     return me
 
 
+@pytest.mark.parametrize("which", FUNCTIONS)
 @pytest.mark.parametrize("add_tail", [True, False])
 @pytest.mark.parametrize("k", [1, 2, 8, 64])
-def test_reference_matches_trls_forward_kl_over_the_teachers_top_k(k, add_tail):
+def test_matches_trls_forward_kl_over_the_teachers_top_k(k, add_tail, which):
     """beta 0: the server's top-k of the teacher, its padded entries -inf (TRL masks those, ids 0)."""
     student, labels = _student(10 + k), _labels(10 + k)
     gen = torch.Generator().manual_seed(k)
@@ -133,17 +150,18 @@ def test_reference_matches_trls_forward_kl_over_the_teachers_top_k(k, add_tail):
     valid = top > float("-inf")
     for temperature in (1.0, 2.0):
         what = f"k={k} tail={add_tail} T={temperature}"
-        ours = sparse_jsd_reference(student, top, ids, labels, valid, beta=0.0, temperature=temperature,
-                                    add_tail=add_tail)
+        fn, tolerance = FUNCTIONS[which]
+        ours = fn(student, top, ids, labels, valid, beta=0.0, temperature=temperature, add_tail=add_tail)
         log_p = F.log_softmax(student / temperature, -1)
         theirs = TRL_FORWARD_KL(_trainer(0.0, add_tail), {"topk_logprobs": top, "topk_token_ids": ids}, log_p,
                                 labels)
-        _assert_same(ours, theirs, (student, top), what)
+        _assert_same(ours, theirs, (student, top), what, tolerance)
 
 
+@pytest.mark.parametrize("which", FUNCTIONS)
 @pytest.mark.parametrize("add_tail", [True, False])
 @pytest.mark.parametrize("beta", [0.3, 0.5, 1.0])
-def test_reference_matches_trls_top_1_and_sampled_token(beta, add_tail):
+def test_matches_trls_top_1_and_sampled_token(beta, add_tail, which):
     """0 < beta < 1: [the teacher's top-1, the sampled token], the second masked where the two are the same id;
     beta 1: the sampled token alone. TRL zeroes the teacher's log-probabilities on the dropped rows (which the
     labels drop here too)."""
@@ -161,16 +179,17 @@ def test_reference_matches_trls_top_1_and_sampled_token(beta, add_tail):
         result = {"topk_logprobs": top1.unsqueeze(-1), "topk_token_ids": top1_ids.unsqueeze(-1),
                   "actual_logprobs": actual}
         theirs = TRL_TOP_1(_trainer(beta, add_tail), result, log_p, sampled, labels)
+        fn, (rtol, atol) = FUNCTIONS[which]
         if beta == 1:
-            ours = sparse_jsd_reference(student, actual.unsqueeze(-1), sampled.unsqueeze(-1), labels, beta=beta,
-                                        temperature=temperature, add_tail=add_tail)
+            ours = fn(student, actual.unsqueeze(-1), sampled.unsqueeze(-1), labels, beta=beta,
+                      temperature=temperature, add_tail=add_tail)
         else:
             ids = torch.stack([top1_ids, sampled], -1)
             mask = torch.stack([torch.ones_like(sampled, dtype=torch.bool), sampled != top1_ids], -1)
-            ours = sparse_jsd_reference(student, torch.stack([top1, actual], -1), ids, labels, mask, beta=beta,
-                                        temperature=temperature, add_tail=add_tail)
-        torch.testing.assert_close(ours, theirs, rtol=1e-12, atol=1e-14, msg=f"value, {what}")
+            ours = fn(student, torch.stack([top1, actual], -1), ids, labels, mask, beta=beta,
+                      temperature=temperature, add_tail=add_tail)
+        torch.testing.assert_close(ours, theirs, rtol=rtol, atol=atol, msg=f"value, {what}")
         leaves = (student, top1, actual) if beta < 1 else (student, actual)
         for name, a, b in zip(("student", "top-1", "actual"), _grads(ours, *leaves), _grads(theirs, *leaves)):
             a = torch.zeros_like(b) if a is None else a
-            torch.testing.assert_close(a, b, rtol=1e-12, atol=1e-14, msg=f"{name} gradient, {what}")
+            torch.testing.assert_close(a, b, rtol=rtol, atol=atol, msg=f"{name} gradient, {what}")

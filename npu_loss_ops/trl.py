@@ -7,7 +7,10 @@ This module imports without ``trl``; only :func:`patch` and the DeepSpeed gather
   ``trl.trainer.distillation_trainer._chunked_divergence_loss`` (``DistillationTrainer``'s loss), computed by
   :func:`npu_loss_ops.fused_linear_jsd_loss` with ``return_entropy=True``: the logits are never made.
 - :func:`generalized_jsd_loss` is :func:`npu_loss_ops.generalized_jsd_loss` (``GKDTrainer``'s loss).
-- :func:`patch` swaps both into TRL, as a call or as a context manager, and its handle restores TRL's own.
+- :func:`server_compute_loss` is ``ServerDistillationTrainer.compute_loss`` (the served teacher's trainer, in
+  ``trl.experimental.server_distillation``) from the student's output to the loss on
+  :func:`npu_loss_ops.sparse_jsd_loss`: the student's full ``log_softmax`` is never made.
+- :func:`patch` swaps the three into TRL, as a call or as a context manager, and its handle restores TRL's own.
 
 ``call_counts`` counts the calls TRL made through the swapped-in functions, by name.
 """
@@ -26,7 +29,7 @@ from torch import Tensor
 
 from . import functional
 
-__all__ = ["chunked_divergence_loss", "generalized_jsd_loss", "patch", "Patch", "call_counts"]
+__all__ = ["chunked_divergence_loss", "generalized_jsd_loss", "server_compute_loss", "patch", "Patch", "call_counts"]
 
 # How many times TRL called each function through the swap (chunked_divergence_loss, generalized_jsd_loss).
 call_counts: Counter[str] = Counter()
@@ -135,13 +138,81 @@ def chunked_divergence_loss(
     return loss, entropy.sum(), n_valid
 
 
-# What patch() swaps: (module, attribute path, the package's function, its name in call_counts). The GKD
-# trainer's function is a staticmethod of its class.
-_TARGETS: tuple[tuple[str, str, Callable[..., Any], str], ...] = (
+def _server_support(trainer: Any, teacher_result: dict[str, Tensor], completion_tokens: Tensor,
+                    labels: Tensor, student_logits: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+    """The support TRL 1.16's served-teacher trainer builds, as (log-probabilities, ids, mask), each (B, T, K):
+    at beta 0 the teacher's top-k (an entry the server left at -inf masked); at 0 < beta < 1 the teacher's top-1
+    and the sampled token, the second masked where the two agree; at beta 1 the sampled token alone. With TRL's
+    checks of what the server must have sent for the rows the labels keep, and their messages."""
+    top_logprobs, top_ids = teacher_result["topk_logprobs"], teacher_result["topk_token_ids"]
+    if trainer.beta == 0:
+        return top_logprobs, top_ids, top_logprobs > float("-inf")
+    actual = teacher_result["actual_logprobs"]
+    required = labels != -100
+    missing = required & ~torch.isfinite(actual)
+    if missing.any():
+        raise ValueError("Teacher server is missing actual-token logprobs for required reverse-KL positions: "
+                         f"{int(missing.sum().item())}/{int(required.sum().item())}.")
+    sampled = trainer._get_reverse_kl_top_1_tokens(student_logits, completion_tokens)
+    if trainer.beta == 1:
+        return actual.unsqueeze(-1), sampled.unsqueeze(-1), torch.ones_like(sampled, dtype=torch.bool).unsqueeze(-1)
+    top1 = top_logprobs.squeeze(-1)
+    missing = required & ~torch.isfinite(top1)
+    if missing.any():
+        raise ValueError("Teacher server is missing top-1 logprobs for required forward-KL positions: "
+                         f"{int(missing.sum().item())}/{int(required.sum().item())}.")
+    top1_ids = top_ids.squeeze(-1)
+    ids = torch.stack([top1_ids, sampled], -1)
+    mask = torch.stack([torch.ones_like(sampled, dtype=torch.bool), sampled != top1_ids], -1)
+    return torch.stack([top1, actual], -1), ids, mask
+
+
+def server_compute_loss(self: Any, model: Any, inputs: dict[str, Any], return_outputs: bool = False,
+                        num_items_in_batch: Any = None) -> Any:
+    """TRL 1.16's ``ServerDistillationTrainer.compute_loss``, step for step up to the student's logits, then
+    :func:`npu_loss_ops.sparse_jsd_loss` on the support TRL builds (:func:`_server_support`) instead of the full
+    ``log_softmax`` and TRL's gather: the same loss with the trainer's ``beta``, ``temperature`` and
+    ``loss_add_tail``, reduced as TRL reduces it ('batchmean' over the completion tokens the labels keep, not by
+    ``num_items_in_batch``), then divided by the gradient-accumulation steps in training, as TRL does."""
+    prompt_ids, prompt_mask = inputs["prompt_ids"], inputs["prompt_mask"]
+    completion_ids, completion_mask = inputs["completion_ids"], inputs["completion_mask"]
+    input_ids = torch.cat([prompt_ids, completion_ids], dim=1)
+    attention_mask = torch.cat([prompt_mask, completion_mask], dim=1)
+    completion_labels = torch.where(completion_mask.bool(), completion_ids, torch.full_like(completion_ids, -100))
+    labels = torch.cat([torch.full_like(prompt_ids, -100), completion_labels], dim=1)
+    inputs = {**inputs, "input_ids": input_ids, "attention_mask": attention_mask, "labels": labels,
+              "prompt_attention_mask": prompt_mask}
+    student_outputs = model(input_ids=inputs["input_ids"], attention_mask=inputs["attention_mask"])
+    prompt_length = self._compute_prompt_length(inputs)
+    labels = inputs["labels"][:, prompt_length:]
+    completion_tokens = inputs["input_ids"][:, prompt_length:]
+    teacher_result = self._get_teacher_token_logprobs_from_server(inputs, prompt_length)
+    comp_len = teacher_result["actual_logprobs"].shape[1]
+    # A view of the model's logits: the op reads it as it is (no copy, no log_softmax of it).
+    student_logits = student_outputs.logits[:, prompt_length - 1:-1, :][:, :comp_len]
+    completion_tokens = completion_tokens[:, :comp_len]
+    trimmed_labels = labels[:, :comp_len]
+    teacher_logprobs, ids, mask = _server_support(self, teacher_result, completion_tokens, trimmed_labels,
+                                                  student_logits)
+    call_counts["server_compute_loss"] += 1
+    loss = functional.sparse_jsd_loss(student_logits, teacher_logprobs, ids, trimmed_labels, support_mask=mask,
+                                      beta=self.beta, temperature=self.temperature, add_tail=self.loss_add_tail,
+                                      reduction="batchmean")
+    if self.model.training:
+        loss = loss / self.current_gradient_accumulation_steps
+    return (loss, student_outputs) if return_outputs else loss
+
+
+# What patch() swaps: (module, attribute path, the package's function, its name in call_counts or None where it
+# counts its own calls, and how the class holds it: "function" a module's, "static" a staticmethod, "method" a
+# plain method).
+_TARGETS: tuple[tuple[str, str, Callable[..., Any], str | None, str], ...] = (
     ("trl.trainer.distillation_trainer", "_chunked_divergence_loss", chunked_divergence_loss,
-     "chunked_divergence_loss"),
+     "chunked_divergence_loss", "function"),
     ("trl.experimental.gkd.gkd_trainer", "GKDTrainer.generalized_jsd_loss", generalized_jsd_loss,
-     "generalized_jsd_loss"),
+     "generalized_jsd_loss", "static"),
+    ("trl.experimental.server_distillation.server_distillation_trainer", "ServerDistillationTrainer.compute_loss",
+     server_compute_loss, None, "method"),
 )
 
 _lock = threading.Lock()
@@ -165,7 +236,7 @@ def _resolve() -> list[tuple[Any, str, Any, Any]]:
     """Each target's owner, attribute, TRL's value and the replacement; a clear error where trl or a name is
     missing."""
     found = []
-    for module_name, path, fn, count_name in _TARGETS:
+    for module_name, path, fn, count_name, kind in _TARGETS:
         try:
             owner: Any = importlib.import_module(module_name)
         except ImportError as exc:
@@ -182,8 +253,8 @@ def _resolve() -> list[tuple[Any, str, Any, Any]]:
         if attribute not in vars(owner):
             raise AttributeError(f"npu_loss_ops.trl.patch: {where}.{attribute} is missing in this trl "
                                  f"({_trl_version()}); patch() knows trl 1.16's names")
-        replacement: Any = _counted(fn, count_name)
-        if isinstance(owner, type):
+        replacement: Any = fn if count_name is None else _counted(fn, count_name)
+        if kind == "static":
             replacement = staticmethod(replacement)
         found.append((owner, attribute, vars(owner)[attribute], replacement))
     return found
@@ -229,8 +300,9 @@ class Patch:
 
 
 def patch() -> Patch:
-    """Replaces TRL 1.16's ``trl.trainer.distillation_trainer._chunked_divergence_loss`` (``DistillationTrainer``)
-    and ``GKDTrainer.generalized_jsd_loss`` with this package's, until the returned handle is restored::
+    """Replaces TRL 1.16's ``trl.trainer.distillation_trainer._chunked_divergence_loss`` (``DistillationTrainer``),
+    ``GKDTrainer.generalized_jsd_loss`` and ``ServerDistillationTrainer.compute_loss`` with this package's, until
+    the returned handle is restored::
 
         npu_loss_ops.trl.patch()              # for the rest of the process
         with npu_loss_ops.trl.patch():        # for a block
@@ -238,7 +310,7 @@ def patch() -> Patch:
 
     Idempotent: while one handle holds the swap, another call swaps nothing again and returns a handle of its
     own; TRL's functions come back when the last handle is restored. Raises an ImportError without trl, and an
-    AttributeError naming the attribute on a trl that lacks one of the two (both are checked before anything is
+    AttributeError naming the attribute on a trl that lacks one of the three (all are checked before anything is
     replaced).
     """
     global _holders

@@ -168,7 +168,8 @@ def fake_trl(monkeypatch):
 
     modules = {}
     for name in ("trl", "trl.trainer", "trl.trainer.distillation_trainer", "trl.trainer.utils", "trl.experimental",
-                 "trl.experimental.gkd", "trl.experimental.gkd.gkd_trainer"):
+                 "trl.experimental.gkd", "trl.experimental.gkd.gkd_trainer", "trl.experimental.server_distillation",
+                 "trl.experimental.server_distillation.server_distillation_trainer"):
         modules[name] = types.ModuleType(name)
         monkeypatch.setitem(sys.modules, name, modules[name])
     modules["trl"].__version__ = "1.16.0"
@@ -176,21 +177,31 @@ def fake_trl(monkeypatch):
     modules["trl.trainer.utils"].maybe_gather_lm_head_ctx = maybe_gather_lm_head_ctx
     modules["trl.experimental.gkd.gkd_trainer"].GKDTrainer = type("GKDTrainer", (), {"generalized_jsd_loss":
                                                                                      staticmethod(gkd)})
-    yield types.SimpleNamespace(modules=modules, chunked=chunked, gkd=gkd, gathered=gathered)
+
+    def server(self, model, inputs, return_outputs=False, num_items_in_batch=None):
+        return "trl's server compute_loss"
+    modules["trl.experimental.server_distillation.server_distillation_trainer"].ServerDistillationTrainer = type(
+        "ServerDistillationTrainer", (), {"compute_loss": server})
+    yield types.SimpleNamespace(modules=modules, chunked=chunked, gkd=gkd, server=server, gathered=gathered)
     assert ntrl._holders == 0, "a test left the swap installed"
+
+
+SERVER_MODULE = "trl.experimental.server_distillation.server_distillation_trainer"
 
 
 def _current(fake):
     return (fake.modules["trl.trainer.distillation_trainer"]._chunked_divergence_loss,
-            fake.modules["trl.experimental.gkd.gkd_trainer"].GKDTrainer.generalized_jsd_loss)
+            fake.modules["trl.experimental.gkd.gkd_trainer"].GKDTrainer.generalized_jsd_loss,
+            vars(fake.modules[SERVER_MODULE].ServerDistillationTrainer)["compute_loss"])
 
 
 def test_patch_swaps_counts_and_restores(fake_trl):
     handle = npu_loss_ops.trl.patch()
     try:
-        chunked, gkd = _current(fake_trl)
+        chunked, gkd, server = _current(fake_trl)
         assert chunked.__wrapped__ is ntrl.chunked_divergence_loss
         assert gkd.__wrapped__ is npu_loss_ops.generalized_jsd_loss  # a staticmethod: no self
+        assert server is ntrl.server_compute_loss  # a plain method: it gets the trainer as self
         before = dict(ntrl.call_counts)
         x, mask = _inputs(torch.float32)
         chunked(x["hs"], x["ht"], x["ws"], x["wt"], mask, 0.5)
@@ -202,9 +213,9 @@ def test_patch_swaps_counts_and_restores(fake_trl):
         assert len(fake_trl.gathered) == 2 and fake_trl.gathered[0][0] is x["ws"]
     finally:
         handle.restore()
-    assert _current(fake_trl) == (fake_trl.chunked, fake_trl.gkd)
+    assert _current(fake_trl) == (fake_trl.chunked, fake_trl.gkd, fake_trl.server)
     handle.restore()  # a second restore does nothing
-    assert _current(fake_trl) == (fake_trl.chunked, fake_trl.gkd)
+    assert _current(fake_trl) == (fake_trl.chunked, fake_trl.gkd, fake_trl.server)
 
 
 def test_patch_is_idempotent_and_nests(fake_trl):
@@ -215,7 +226,7 @@ def test_patch_is_idempotent_and_nests(fake_trl):
             assert inner.active and outer.active
         assert _current(fake_trl) == swapped  # the outer handle still holds it
         assert not inner.active
-    assert _current(fake_trl) == (fake_trl.chunked, fake_trl.gkd)
+    assert _current(fake_trl) == (fake_trl.chunked, fake_trl.gkd, fake_trl.server)
     assert not outer.active
 
 
@@ -226,6 +237,14 @@ def test_patch_names_a_missing_attribute(fake_trl):
         npu_loss_ops.trl.patch()
     # Nothing was replaced: the check comes before the swap.
     assert fake_trl.modules["trl.experimental.gkd.gkd_trainer"].GKDTrainer.generalized_jsd_loss is fake_trl.gkd
+
+
+def test_patch_names_a_missing_method(fake_trl):
+    delattr(fake_trl.modules[SERVER_MODULE].ServerDistillationTrainer, "compute_loss")
+    with pytest.raises(AttributeError, match=r"server_distillation_trainer\.ServerDistillationTrainer\.compute_loss "
+                                             r"is missing"):
+        npu_loss_ops.trl.patch()
+    assert fake_trl.modules["trl.trainer.distillation_trainer"]._chunked_divergence_loss is fake_trl.chunked
 
 
 def test_patch_names_a_missing_class(fake_trl):

@@ -8,6 +8,11 @@ only, once per micro-batch.
 - ``trl.experimental.gkd.GKDTrainer``: with TRL's defaults (``lmbda=0.5``: some steps on the student's sampled
   completions, the others on the dataset's), ``GKDTrainer.generalized_jsd_loss`` on the full logits (patched:
   ``npu_loss_ops.generalized_jsd_loss``).
+- ``trl.experimental.server_distillation.ServerDistillationTrainer``: the teacher served, here by a stand-in for
+  TRL's ``VLLMClient`` (an in-process function that serves the tiny teacher's top-k log-probabilities and the
+  actual tokens', as vLLM's ``get_sequence_logprobs`` returns them: no network), over each support TRL builds
+  (the teacher's top-k at beta 0, with and without the tail; top-1 and the sampled token at 0 < beta < 1; the
+  sampled token at 1), ``compute_loss`` patched (``npu_loss_ops.trl.server_compute_loss``).
 
 The models are tiny Qwen2 causal LMs made from a config with fixed seeds (a student of width 64 and a teacher of
 width 96 over one 2,048-token vocabulary), the tokenizer a word-level one made here with a chat template, and the
@@ -25,6 +30,7 @@ import math
 import random
 from collections import Counter
 
+import pytest
 import torch
 from datasets import Dataset
 from tokenizers import Tokenizer, models, pre_tokenizers
@@ -34,7 +40,9 @@ import npu_loss_ops
 import npu_loss_ops.trl
 import trl.trainer.distillation_trainer as distillation_module
 from trl import DistillationConfig, DistillationTrainer
+import trl.generation.vllm_client as vllm_client_module
 from trl.experimental.gkd import GKDConfig, GKDTrainer
+from trl.experimental.server_distillation import ServerDistillationConfig, ServerDistillationTrainer
 
 SEED = 1234
 STEPS = 4
@@ -127,6 +135,51 @@ def make_gkd_trainer(tmp_path, name: str, **overrides) -> GKDTrainer:
                       processing_class=tokenizer)
 
 
+# The functions the package swaps into TRL, by their names in npu_loss_ops.trl.call_counts.
+SWAPPED = ("chunked_divergence_loss", "generalized_jsd_loss", "server_compute_loss")
+
+
+class StandInTeacherServer:
+    """TRL's VLLMClient as ServerDistillationTrainer uses it, served in-process by a tiny teacher: for each sequence
+    (prompt + completion token ids) and its prompt length, per completion token the teacher's top-k
+    log-probabilities at `temperature` (sorted, descending) with their ids, and the actual token's log-probability,
+    in the lists vLLM's get_sequence_logprobs returns."""
+
+    teacher: Qwen2ForCausalLM | None = None
+
+    def __init__(self, base_url: str | None = None, connection_timeout: float = 0.0, **_: object) -> None:
+        self.base_url = base_url
+
+    def get_sequence_logprobs(self, sequences, prompt_lengths, top_logprobs=100, temperature=1.0, **_: object):
+        assert self.teacher is not None
+        out: dict[str, list] = {"logprobs": [], "logprob_token_ids": [], "actual_logprobs": [], "actual_token_ids": []}
+        with torch.no_grad():
+            for sequence, prompt_length in zip(sequences, prompt_lengths, strict=True):
+                ids = torch.tensor(sequence).unsqueeze(0)
+                log_p = torch.log_softmax(self.teacher(input_ids=ids).logits[0].float() / temperature, -1)
+                # Position p's token is predicted by the logits at p - 1.
+                rows = log_p[prompt_length - 1:len(sequence) - 1]
+                tokens = ids[0, prompt_length:]
+                top, top_ids = rows.topk(top_logprobs, -1)
+                actual = rows.gather(-1, tokens.unsqueeze(-1))
+                out["logprobs"].append(top.tolist())
+                out["logprob_token_ids"].append(top_ids.tolist())
+                out["actual_logprobs"].append(actual.tolist())
+                out["actual_token_ids"].append(tokens.unsqueeze(-1).tolist())
+        return out
+
+
+def make_server_trainer(tmp_path, name: str, monkeypatch, **overrides) -> ServerDistillationTrainer:
+    tokenizer = make_tokenizer()
+    student, teacher = student_and_teacher(tokenizer)
+    monkeypatch.setattr(vllm_client_module, "VLLMClient", StandInTeacherServer)
+    monkeypatch.setattr(StandInTeacherServer, "teacher", teacher)
+    args = ServerDistillationConfig(**{**common_args(tmp_path, name), "max_completion_length": 8,
+                                       "teacher_model_server_url": "http://stand-in", **overrides})
+    return ServerDistillationTrainer(model=student, args=args, train_dataset=prompt_dataset(),
+                                     processing_class=tokenizer)
+
+
 def train(make, patched: bool, monkeypatch) -> dict:
     """One run from the same seeds: the trainer is made, then trained (inside patch() when `patched`). Returns
     the logged losses and gradient norms, the trained weights, how call_counts moved, and how many of GKD's
@@ -150,7 +203,7 @@ def train(make, patched: bool, monkeypatch) -> dict:
         "loss": [entry["loss"] for entry in logged],
         "grad_norm": [entry["grad_norm"] for entry in logged],
         "weights": {k: v.detach().clone() for k, v in trainer.model.state_dict().items()},
-        "calls": {name: after[name] - before[name] for name in ("chunked_divergence_loss", "generalized_jsd_loss")},
+        "calls": {name: after[name] - before[name] for name in SWAPPED},
         "steps": trainer.state.global_step,
         "on_policy_steps": len(on_policy),
         "completion_lengths": [(entry.get("completions/min_length"), entry.get("completions/max_length"))
@@ -174,10 +227,9 @@ def check_runs(plain: dict, patched: dict, counted: str, expected_calls: int, la
     assert len(set(plain["loss"])) > 1, f"{label}: the loss did not change over the steps: {plain['loss']}"
 
     # The package's function ran in the patched run only, once per micro-batch; TRL's in the plain one.
-    other = ({"chunked_divergence_loss", "generalized_jsd_loss"} - {counted}).pop()
-    assert plain["calls"] == {counted: 0, other: 0}, f"{label}: the plain run called the package: {plain['calls']}"
+    assert all(n == 0 for n in plain["calls"].values()), f"{label}: the plain run called the package: {plain['calls']}"
     assert patched["calls"][counted] == expected_calls, f"{label}: {patched['calls']}"
-    assert patched["calls"][other] == 0, f"{label}: {patched['calls']}"
+    assert all(n == 0 for name, n in patched["calls"].items() if name != counted), f"{label}: {patched['calls']}"
 
     loss_diff = max_difference(plain["loss"], patched["loss"])
     norm_diff = max_difference(plain["grad_norm"], patched["grad_norm"])
@@ -186,7 +238,7 @@ def check_runs(plain: dict, patched: dict, counted: str, expected_calls: int, la
         f"{label}: {STEPS} steps, {expected_calls} loss calls; losses {['%.6f' % x for x in plain['loss']]}; "
         f"max |loss diff| {loss_diff}, max |grad_norm diff| {norm_diff}, max |weight diff| {weight_diff:.3g}"
         + (f"; completion lengths (min, max) per step {plain['completion_lengths']}"
-           if counted == "chunked_divergence_loss" else f"; {plain['on_policy_steps']} steps on-policy"))
+           if counted != "generalized_jsd_loss" else f"; {plain['on_policy_steps']} steps on-policy"))
     for key in ("loss", "grad_norm"):
         for step, (x, y) in enumerate(zip(plain[key], patched[key], strict=True), start=1):
             assert math.isclose(x, y, rel_tol=RTOL, abs_tol=ATOL), (
@@ -227,3 +279,25 @@ def test_gkd_trainer(tmp_path, trl_report, monkeypatch):
     # lmbda=0.5 and this seed: some steps train on the student's completions, the others on the dataset's
     assert plain["on_policy_steps"] == patched["on_policy_steps"]
     assert 0 < plain["on_policy_steps"] < STEPS, plain["on_policy_steps"]
+
+
+SERVER_CASES = [
+    ({"beta": 0.0, "loss_top_k": 8}, "beta=0, the teacher's top-8, the tail"),
+    ({"beta": 0.0, "loss_top_k": 8, "loss_add_tail": False}, "beta=0, the teacher's top-8, renormalized"),
+    ({"beta": 0.5, "loss_top_k": 1}, "beta=0.5, top-1 and the sampled token, the tail"),
+    ({"beta": 0.3, "loss_top_k": 1, "loss_add_tail": False}, "beta=0.3, top-1 and the sampled token, renormalized"),
+    # (One entry renormalized is a point mass on both sides: a loss of 0, nothing to compare.)
+    ({"beta": 1.0, "loss_top_k": 1}, "beta=1, the sampled token, the tail"),
+    ({"beta": 0.0, "loss_top_k": 4, "gradient_accumulation_steps": 2, "per_device_train_batch_size": 1},
+     "beta=0, top-4, 2 micro-batches a step"),
+]
+
+
+@pytest.mark.parametrize("overrides,label", SERVER_CASES, ids=[label for _, label in SERVER_CASES])
+def test_server_distillation_trainer(tmp_path, trl_report, monkeypatch, overrides, label):
+    original = ServerDistillationTrainer.__dict__["compute_loss"]
+    plain, patched = both_runs(lambda: make_server_trainer(tmp_path, "run", monkeypatch, **overrides), monkeypatch)
+    assert ServerDistillationTrainer.__dict__["compute_loss"] is original, "patch() did not restore TRL's loss"
+    micro_batches = overrides.get("gradient_accumulation_steps", 1)
+    check_runs(plain, patched, "server_compute_loss", STEPS * micro_batches, f"ServerDistillationTrainer ({label})",
+               trl_report)

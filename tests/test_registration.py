@@ -1,6 +1,6 @@
-"""The op library is docs/semantics.md's ("The ops"): the twenty schemas exactly (names, argument order,
+"""The op library is docs/semantics.md's ("The ops"): the twenty-three schemas exactly (names, argument order,
 defaults, keyword-only and alias annotations), a kernel for CPU and the composite fallback, a fake (Meta)
-kernel, autograd for the fifteen functional ops, Functionalize kernels for the five out= overloads."""
+kernel, autograd for the eighteen functional ops, Functionalize kernels for the five out= overloads."""
 import pytest
 import torch
 
@@ -25,6 +25,9 @@ SCHEMAS = [
     "npu_loss::generalized_jsd_loss(Tensor student_logits, Tensor teacher_logits, Tensor? labels=None, int reduction=1, float beta=0.5, float temperature=1., float student_logit_scale=1., float teacher_logit_scale=1., float? student_softcap=None, float? teacher_softcap=None, int ignore_index=-100) -> Tensor",
     "npu_loss::generalized_jsd_loss_backward(Tensor grad_output, Tensor student_logits, Tensor teacher_logits, Tensor? labels, int reduction, float beta, float temperature, float student_logit_scale, float teacher_logit_scale, float? student_softcap, float? teacher_softcap, int ignore_index, bool[2] output_mask) -> (Tensor, Tensor)",
     "npu_loss::_generalized_jsd_loss_and_grads(Tensor student_logits, Tensor teacher_logits, Tensor? labels, int reduction, float beta, float temperature, float student_logit_scale, float teacher_logit_scale, float? student_softcap, float? teacher_softcap, int ignore_index, bool[2] output_mask) -> (Tensor, Tensor, Tensor, Tensor)",
+    "npu_loss::sparse_jsd_loss(Tensor student_logits, Tensor teacher_logprobs, Tensor teacher_token_ids, Tensor? support_mask=None, Tensor? labels=None, int reduction=1, float beta=0., float temperature=1., bool add_tail=True, float student_logit_scale=1., float? student_softcap=None, int ignore_index=-100) -> Tensor",
+    "npu_loss::sparse_jsd_loss_backward(Tensor grad_output, Tensor student_logits, Tensor teacher_logprobs, Tensor teacher_token_ids, Tensor? support_mask, Tensor? labels, int reduction, float beta, float temperature, bool add_tail, float student_logit_scale, float? student_softcap, int ignore_index, bool[2] output_mask) -> (Tensor, Tensor)",
+    "npu_loss::_sparse_jsd_loss_and_grads(Tensor student_logits, Tensor teacher_logprobs, Tensor teacher_token_ids, Tensor? support_mask, Tensor? labels, int reduction, float beta, float temperature, bool add_tail, float student_logit_scale, float? student_softcap, int ignore_index, bool[2] output_mask) -> (Tensor, Tensor, Tensor, Tensor)",
     "npu_loss::fused_linear_jsd_loss(Tensor student_input, Tensor student_weight, Tensor teacher_input, Tensor teacher_weight, Tensor? labels=None, Tensor? student_bias=None, Tensor? teacher_bias=None, str reduction=\"batchmean\", float beta=0.5, float temperature=1., float student_logit_scale=1., float teacher_logit_scale=1., float? student_softcap=None, float? teacher_softcap=None, int ignore_index=-100, float weight_hard_loss=0., float weight_soft_loss=1., int? chunk_size=None, bool return_soft_hard_loss=False, bool return_entropy=False) -> (Tensor, Tensor, Tensor, Tensor)",
     "npu_loss::_fused_linear_jsd_loss_and_grads(Tensor student_input, Tensor student_weight, Tensor teacher_input, Tensor teacher_weight, Tensor? labels, Tensor? student_bias, Tensor? teacher_bias, str reduction, float beta, float temperature, float student_logit_scale, float teacher_logit_scale, float? student_softcap, float? teacher_softcap, int ignore_index, float weight_hard_loss, float weight_soft_loss, int? chunk_size, bool return_soft_hard_loss, bool return_entropy, bool[6] output_mask) -> (Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor)",
 ]
@@ -117,7 +120,7 @@ def test_fake_tensors_run_the_cpp_meta_kernels_on_symbolic_sizes():
     from torch.fx.experimental.symbolic_shapes import DimDynamic, ShapeEnv, StatelessSymbolicContext
 
     rows = _row_loss_ops()
-    assert len(rows) == 3, rows
+    assert len(rows) == 6, rows
     # The linear form's two ops have C++ Meta kernels (their results' sizes are the inputs'), checked below.
     linear = {f"npu_loss::{d['linear'][k]}" for d in npu_loss_ops._C._losses() if d["kind"] == "rows" and d["linear"]
               for k in ("forward", "with_grads")}
@@ -137,6 +140,7 @@ def test_fake_tensors_run_the_cpp_meta_kernels_on_symbolic_sizes():
     ops = torch.ops.npu_loss
     with mode:
         t, g = x.sigmoid(), x.cos()  # the same symbolic batch size
+        ids = torch.zeros_like(x, dtype=torch.long)
         w = torch.randn(3, 4)  # a (V, H) weight for the linear form
         n = x.shape[0]
         assert isinstance(n, torch.SymInt)
@@ -163,6 +167,12 @@ def test_fake_tensors_run_the_cpp_meta_kernels_on_symbolic_sizes():
                 g, x, t, None, 0, 0.5, 1.0, 1.0, 1.0, None, None, -100, [True, True])[1],
             "_generalized_jsd_loss_and_grads": ops._generalized_jsd_loss_and_grads(
                 x, t, None, 2, 0.5, 1.0, 1.0, 1.0, None, None, -100, [True, True])[2],
+            # a teacher over a support of K = 4 entries, without the tail: 'none' is (n, K), the teacher's gradient too
+            "sparse_jsd_loss": ops.sparse_jsd_loss(x, t, ids, None, None, 0, 0.5, 1.0, False, 1.0, None, -100),
+            "sparse_jsd_loss_backward": ops.sparse_jsd_loss_backward(
+                g, x, t, ids, None, None, 0, 0.5, 1.0, False, 1.0, None, -100, [True, True])[1],
+            "_sparse_jsd_loss_and_grads": ops._sparse_jsd_loss_and_grads(
+                x, t, ids, None, None, 2, 0.5, 1.0, False, 1.0, None, -100, [True, True])[2],
             # the student's input gradient: (n, 4), as the input
             "_fused_linear_jsd_loss_and_grads": ops._fused_linear_jsd_loss_and_grads(
                 x, w, t, w, None, None, None, "sum", 0.5, 1.0, 1.0, 1.0, None, None, -100, 0.0, 1.0,
@@ -203,6 +213,7 @@ def _sample_ops() -> set[str]:
     import samples
     import test_distillation
     import test_fused_linear_jsd
+    import test_sparse_jsd
 
     return (
         set(samples.LOSSES)
@@ -210,6 +221,7 @@ def _sample_ops() -> set[str]:
         | {f"{samples.BACKWARD_OP[loss]}.{samples.OUT_OVERLOAD[loss]}" for loss in samples.LOSSES}
         | set(test_distillation.OPS)
         | set(test_fused_linear_jsd.OPS)
+        | set(test_sparse_jsd.OPS)
     )
 
 

@@ -15,6 +15,7 @@ from npu_loss_ops import functional as F_ops
 from reference import sparse_jsd_reference
 
 COMPOSITE = torch._C.DispatchKey.CompositeExplicitAutograd
+OPS = ("sparse_jsd_loss", "sparse_jsd_loss_backward", "_sparse_jsd_loss_and_grads")
 REDUCTIONS = ["batchmean", "sum", "mean", "none"]
 BETAS = [0.0, 0.3, 0.5, 1.0]
 KS = [1, 2, 8, 64]

@@ -144,9 +144,14 @@ struct SparseRow {
   }
 };
 
-// Rows [begin, end) of a call, computed in A (float, or double for float64: the baseline's).
-template <class A>
+// Rows [begin, end) of a call, computed in A (float, or double for float64: the baseline's). IoS: the storage of a
+// 16-bit row read and written as it is (contiguous, no softcap, no row scale: passes 1 and 3 load and store it
+// through IoS, whose vectors keep their lanes in one order both ways); else the row in A (read directly, or
+// converted into scratch first).
+template <class A, class IoS = IoRow<A>>
 void sparse_rows(const RowBatch& c, int64_t begin, int64_t end, void* scratch) {
+  constexpr bool kStorage = !std::is_same_v<IoS, IoRow<A>>;
+  using TS = typename IoS::T;
   using IoA = IoRow<A>;
   using V = typename IoA::V;
   constexpr int W = IoA::kLanes;
@@ -187,22 +192,39 @@ void sparse_rows(const RowBatch& c, int64_t begin, int64_t end, void* scratch) {
     }
     // Pass 1: z, and the log-softmax's two parts.
     const char* src = static_cast<const char*>(c.student) + c.student_offsets[r] * student_size;
-    const A* x;
-    if (direct) {
-      x = reinterpret_cast<const A*>(src);
+    const A* x = nullptr;
+    const TS* stored = reinterpret_cast<const TS*>(src);
+    RowStats stats{};
+    if constexpr (kStorage) {
+      const auto z = [&](int64_t i) { return load_at<IoS>(stored, i, n); };
+      stats = row_logsumexp<IoS, A>(z, z, stored, n, inv, kept, tops);
     } else {
-      read_row<IoA>(c.student_dtype, src, c.student_step, gather, converted, n);
-      x = converted;
-    }
-    if (softcapped) {
-      const V cap_in = cst<V>(scale / cap), cap_v = cst<V>(cap);
-      for (int64_t i = 0; i < n; i += W) {
-        IoA::store(capped + i, vtanh(load_at<IoA>(x, i, n) * cap_in) * cap_v);
+      if (direct) {
+        x = reinterpret_cast<const A*>(src);
+      } else {
+        read_row<IoA>(c.student_dtype, src, c.student_step, gather, converted, n);
+        x = converted;
       }
-      x = capped;
+      if (softcapped) {
+        const V cap_in = cst<V>(scale / cap), cap_v = cst<V>(cap);
+        for (int64_t i = 0; i < n; i += W) {
+          IoA::store(capped + i, vtanh(load_at<IoA>(x, i, n) * cap_in) * cap_v);
+        }
+        x = capped;
+      }
+      const auto z = [&](int64_t i) { return load_at<IoA>(x, i, n); };
+      stats = row_logsumexp<IoA, A>(z, z, x, n, inv, kept, tops);
     }
-    const auto z = [&](int64_t i) { return load_at<IoA>(x, i, n); };
-    const RowStats stats = row_logsumexp<IoA, A>(z, z, x, n, inv, kept, tops);
+    // The row's z at one element, in A.
+    const auto z_at = [&](int64_t id) {
+      if constexpr (kStorage) {
+        A one;
+        read_row<IoA>(c.student_dtype, stored + id, 1, gather, &one, 1);
+        return one;
+      } else {
+        return x[id];
+      }
+    };
     // Pass 2: the support, in float64.
     const int64_t* ids = c.support_ids + r * kk;
     const bool* mask = c.support_on ? c.support_on + r * kk : nullptr;
@@ -211,7 +233,7 @@ void sparse_rows(const RowBatch& c, int64_t begin, int64_t end, void* scratch) {
     for (int64_t j = 0; j < kk; ++j) {
       on[j] = mask ? mask[j] : true;
       // The log-probability as the row's log-softmax makes it: x / T in the compute type, less both parts.
-      s[j] = on[j] ? static_cast<double>(x[ids[j]] * inv_a) - log_norm : -kInfinity;
+      s[j] = on[j] ? static_cast<double>(z_at(ids[j]) * inv_a) - log_norm : -kInfinity;
       t[j] = on[j] ? teacher[j] : -kInfinity;
     }
     // 'none''s backward: kept row `row`'s weights (of the result's dtype) into f, which run reads at each entry
@@ -246,7 +268,25 @@ void sparse_rows(const RowBatch& c, int64_t begin, int64_t end, void* scratch) {
       return std::ldexp(1.0, power);
     };
     double power_factor = 1;
-    if (grad_row) {
+    if (kStorage && grad_row) {
+      double sum_g = 0;
+      for (int64_t j = 0; j < kk; ++j) sum_g += g[j];
+      TS* out = reinterpret_cast<TS*>(grad_row);
+      int64_t block = 0;
+      for (int64_t b = 0; b < n; b += kBlockVectors * W, ++block) {
+        const int64_t e = block_end<IoA>(b, n);
+        const V factor = cst<V>(-sum_g * stats.factor(tops[block]) * inv);
+        for (int64_t i = b; i < e; i += W) store_at<IoS>(out, i, n, IoRow<A>::load(kept + i) * factor);
+      }
+      // At the ids, the whole gradient made again in float64 and rounded once: -p sum(G) + G_k, over T.
+      for (int64_t j = 0; j < kk; ++j) {
+        if (!on[j] || g[j] == 0) continue;
+        const int64_t id = ids[j];
+        const double p = std::exp(static_cast<double>(z_at(id) * inv_a) - log_norm);
+        const A value = static_cast<A>((g[j] - sum_g * p) * inv);
+        write_row<IoA>(&value, c.student_dtype, out + id, 1);
+      }
+    } else if (grad_row) {
       double sum_g = 0;
       for (int64_t j = 0; j < kk; ++j) sum_g += g[j];
       A* out = grad_in_place ? reinterpret_cast<A*>(grad_row) : grad;
@@ -296,6 +336,12 @@ void sparse_jsd(const RowBatch& c, int64_t begin, int64_t end, void* scratch) {
 #ifdef NPU_LOSS_ISA_BASELINE
   if (rows_in_float64(c)) return sparse_rows<double>(c, begin, end, scratch);
 #endif
+  // bfloat16 and float16 rows read and written as they are, where nothing asks for the converted row (a softcap
+  // keeps z in scratch; float16's row scales bound the whole row first).
+  if (c.student_step == 1 && c.logit_softcap[0] == 0 && !c.row_scale) {
+    if (c.student_dtype == DType::BFloat16) return sparse_rows<float, Io<DType::BFloat16>>(c, begin, end, scratch);
+    if (c.student_dtype == DType::Half) return sparse_rows<float, Io<DType::Half>>(c, begin, end, scratch);
+  }
   sparse_rows<float>(c, begin, end, scratch);
 }
 

@@ -25,8 +25,7 @@ namespace {
 // The declared scalars' positions among the member's (losses.h).
 inline constexpr int kSparseBeta = row_scalar(SparseJsd::decl.rows, "beta");
 
-// TRL's tail bucket clamps the log of the support's mass at most to this, so that log(1 - mass) stays finite.
-constexpr double kTailLogMassMax = -1e-7;
+constexpr double kTailLogMassMax = SparseJsd::kTailLogMassMax;
 
 // The scratch a thread's call needs: the block maxima (doubles); the kept exps, the softcapped z and the
 // converted logits, rows of the compute type; one gathered row of the storage type; the gradient's row of the
@@ -65,6 +64,8 @@ struct SparseRow {
   double beta;
   bool tail;
   int64_t k;  // K
+  double tiny;  // the mixture's clamp: the smallest normal of the dtype the call computes in, as TRL's and the
+                // composite's (float32's, or float64's for float64)
 
   // s, t: K + 1 entries each (the tail's written here); on: K + 1 (the tail's set). f, G, H: K + 1.
   void run(double* s, double* t, bool* on, const double* w, double scale, double* f, double* g, double* h) const {
@@ -83,7 +84,6 @@ struct SparseRow {
         t[j] -= lt;
       }
     }
-    const double tiny = std::numeric_limits<double>::min();
     for (int64_t j = 0; j < e; ++j) {
       if (!on[j]) {
         f[j] = g[j] = h[j] = 0;
@@ -175,7 +175,8 @@ void sparse_rows(const RowBatch& c, int64_t begin, int64_t end, void* scratch) {
   double* h = g + (kk + 1);
   A* small = reinterpret_cast<A*>(h + (kk + 1));  // K + 1 entries of the compute type: 'none''s rows
   bool* on = reinterpret_cast<bool*>(small + (kk + 1));
-  const SparseRow support{c.scalars[kSparseBeta].real, c.support_tail, kk};
+  const SparseRow support{c.scalars[kSparseBeta].real, c.support_tail, kk,
+                          static_cast<double>(std::numeric_limits<A>::min())};
   const int64_t student_size = dtype_size(c.student_dtype), result_size = dtype_size(c.result_dtype);
   const bool direct = c.student_step == 1 && c.student_dtype == (sizeof(A) == 8 ? DType::Double : DType::Float);
   // The gradient straight into its row where it is the compute type and stored as it is made.

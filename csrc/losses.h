@@ -168,6 +168,14 @@ constexpr int row_scalar_of(const RowArgs& r, ScalarRole role) {
   return -1;
 }
 
+// The position of its (first) input without a gradient of a kind, or -1.
+constexpr int row_input_of(const RowArgs& r, InputKind kind) {
+  for (int i = 0; i < row_input_count(r); ++i) {
+    if (r.inputs[i].kind == kind) return i;
+  }
+  return -1;
+}
+
 // One scalar's value, of the kind its declaration says (the field of that kind is the one set).
 struct ScalarValue {
   double real = 0;      // ScalarKind::Float, OptionalFloat
@@ -484,6 +492,9 @@ struct SparseJsd {
                             ScalarRole::StudentSoftcap}},
                .index = {ScalarKind::Int, "ignore_index", "-100"}},
       .with_grads = "_sparse_jsd_loss_and_grads"};
+  // TRL's tail bucket clamps the log of the support's mass at most to this, so that log(1 - mass) stays finite
+  // (the CPU kernel's and the composite's).
+  static constexpr double kTailLogMassMax = -1e-7;
   // On the NPU every call runs the composite (torch_npu's ops: its log_softmax, gather, logsumexp and the
   // rest), on every chip: the member has no aclnn chunk math of its own yet.
   static constexpr const char* kWhyComposite =

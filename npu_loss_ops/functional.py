@@ -451,6 +451,43 @@ def _check_num_items(num_items_in_batch: int | float | Tensor, logits: Tensor,
         raise ValueError(f"{op}: num_items_in_batch must be > 0, got {value}")
 
 
+def _reduced(op_name: str, call: Callable[[int], Tensor], reduction: str, labels: Tensor | None,
+             num_items_in_batch: int | float | Tensor | None, ignore_index: int, student_logits: Tensor,
+             tensors: tuple[Any, ...], entries: Callable[[], int], values: str) -> Tensor:
+    """The family's reductions around a row op (`call(reduction)` calls it with ATen's integer): the sum divided by
+    num_items_in_batch when given; 'none' and 'sum' as the op makes them; 'batchmean' and 'mean' as the sum
+    divided by a count of the kept rows (a tensor op, so that sharded logits divide by the whole count,
+    docs/usage.md, "Distributed training"), 'mean''s over their `entries()` values each (V, or a support's K or
+    K + 1; asked for after the op's checks). `values`: the shape of 'none''s result, for the DTensor message."""
+    if num_items_in_batch is not None:
+        _check_num_items(num_items_in_batch, student_logits, op_name)
+        total = call(2)
+        if isinstance(num_items_in_batch, Tensor):
+            num_items_in_batch = num_items_in_batch.to(total.device)
+        return total / num_items_in_batch
+    if reduction == "none" and labels is not None and _dtensor.any_dtensor(*tensors):
+        # DTensor makes every result's shape before the call, and this one's row count only the data tells.
+        raise ValueError(
+            f"{op_name}: reduction='none' with labels is not supported for DTensor logits (the number "
+            f"of rows kept depends on the labels' values); pass labels=None and multiply the {values} result by "
+            "(labels != ignore_index).unsqueeze(-1)")
+    if reduction == "sum" or reduction == "none":
+        return call(_reduction_enum(reduction))
+    total = call(2)
+    if reduction == "batchmean":
+        if labels is None:
+            return total / max(student_logits.size(0), 1)
+        # At least 1, as TRL's clamp_min(1): no row kept gives 0, not 0 / 0. (clamp(min=): DTensor has a rule
+        # for aten.clamp on every supported torch, and none for aten.clamp_min on 2.7.)
+        return total / (labels != ignore_index).sum().clamp(min=1)
+    # 'mean': over the values of the kept rows. None kept is NaN, as TRL's mean of nothing, with zero gradients,
+    # as TRL's: the division by 0 is not differentiated (its branch of `where` is not taken).
+    if labels is None:
+        return total / (student_logits.numel() // max(student_logits.size(-1), 1) * entries())
+    count = (labels != ignore_index).sum() * entries()
+    return torch.where(count > 0, total / count.clamp(min=1), torch.full_like(total, float("nan")))
+
+
 # The rows of float32 (float64) logits a pass of _student_entropy takes at once: about 2**24 elements.
 _ENTROPY_CHUNK_ELEMENTS = 1 << 24
 
@@ -589,36 +626,9 @@ def generalized_jsd_loss(
     # The op's scalars after the reduction, in its schema's order (csrc/losses.h).
     scalars = (beta, temperature, student_logit_scale, teacher_logit_scale, student_softcap, teacher_softcap,
                ignore_index)
-    if num_items_in_batch is not None:
-        _check_num_items(num_items_in_batch, student_logits)
-        total: Tensor = op(student_logits, teacher_logits, labels, 2, *scalars)
-        if isinstance(num_items_in_batch, Tensor):
-            num_items_in_batch = num_items_in_batch.to(total.device)
-        return total / num_items_in_batch
-    if reduction == "none" and labels is not None and _dtensor.any_dtensor(student_logits, teacher_logits, labels):
-        # DTensor makes every result's shape before the call, and this one's row count only the data tells.
-        raise ValueError(
-            "generalized_jsd_loss: reduction='none' with labels is not supported for DTensor logits (the number "
-            "of rows kept depends on the labels' values); pass labels=None and multiply the (..., V) result by "
-            "(labels != ignore_index).unsqueeze(-1)")
-    if reduction == "sum" or reduction == "none":
-        loss: Tensor = op(student_logits, teacher_logits, labels, _reduction_enum(reduction), *scalars)
-        return loss
-    # 'batchmean' and 'mean' divide the sum by a count of the kept rows (a tensor op, so that sharded logits
-    # divide by the whole count, docs/usage.md, "Distributed training").
-    total = op(student_logits, teacher_logits, labels, 2, *scalars)
-    if reduction == "batchmean":
-        if labels is None:
-            return total / max(student_logits.size(0), 1)
-        # At least 1, as TRL's clamp_min(1): no row kept gives 0, not 0 / 0. (clamp(min=): DTensor has a rule
-        # for aten.clamp on every supported torch, and none for aten.clamp_min on 2.7.)
-        return total / (labels != ignore_index).sum().clamp(min=1)
-    # 'mean': over the elements of the kept rows. None kept is NaN, as TRL's jsd.mean() of nothing, with zero
-    # gradients, as TRL's: the division by 0 is not differentiated (its branch of `where` is not taken).
-    if labels is None:
-        return total / student_logits.numel()
-    count = (labels != ignore_index).sum() * student_logits.size(-1)
-    return torch.where(count > 0, total / count.clamp(min=1), torch.full_like(total, float("nan")))
+    return _reduced("generalized_jsd_loss", lambda how: op(student_logits, teacher_logits, labels, how, *scalars),
+                    reduction, labels, num_items_in_batch, ignore_index, student_logits,
+                    (student_logits, teacher_logits, labels), lambda: student_logits.size(-1), "(..., V)")
 
 
 def fused_linear_jsd_loss(
@@ -810,28 +820,6 @@ def sparse_jsd_loss(
     # The op's scalars after the reduction, in its schema's order (csrc/losses.h).
     scalars = (beta, temperature, add_tail, student_logit_scale, student_softcap, ignore_index)
     tensors = (student_logits, teacher_logprobs, teacher_token_ids, support_mask, labels)
-    if num_items_in_batch is not None:
-        _check_num_items(num_items_in_batch, student_logits, "sparse_jsd_loss")
-        total: Tensor = op(*tensors, 2, *scalars)
-        if isinstance(num_items_in_batch, Tensor):
-            num_items_in_batch = num_items_in_batch.to(total.device)
-        return total / num_items_in_batch
-    if reduction == "none" and labels is not None and _dtensor.any_dtensor(student_logits, teacher_logprobs, labels):
-        raise ValueError(
-            "sparse_jsd_loss: reduction='none' with labels is not supported for DTensor logits (the number of rows "
-            "kept depends on the labels' values); pass labels=None and multiply the (..., K + 1) result by "
-            "(labels != ignore_index).unsqueeze(-1)")
-    if reduction == "sum" or reduction == "none":
-        loss: Tensor = op(*tensors, _reduction_enum(reduction), *scalars)
-        return loss
-    total = op(*tensors, 2, *scalars)
-    if reduction == "batchmean":
-        if labels is None:
-            return total / max(student_logits.size(0), 1)
-        return total / (labels != ignore_index).sum().clamp(min=1)
-    # 'mean': over the kept rows' entries (K + 1 with the tail). None kept is NaN, as TRL's mean of nothing.
-    entries = teacher_logprobs.size(-1) + (1 if add_tail else 0)
-    if labels is None:
-        return total / (teacher_logprobs.numel() // max(teacher_logprobs.size(-1), 1) * entries)
-    count = (labels != ignore_index).sum() * entries
-    return torch.where(count > 0, total / count.clamp(min=1), torch.full_like(total, float("nan")))
+    return _reduced("sparse_jsd_loss", lambda how: op(*tensors, how, *scalars), reduction, labels,
+                    num_items_in_batch, ignore_index, student_logits, (student_logits, teacher_logprobs, labels),
+                    lambda: teacher_logprobs.size(-1) + (1 if add_tail else 0), "(..., K + 1)")  # K + 1 with the tail

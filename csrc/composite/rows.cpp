@@ -91,6 +91,17 @@ at::Tensor row_powers(const at::Tensor& bound) {
   return at::where((bound > 0) & at::isfinite(bound), (14 - exponent).clamp(-60, 60), 0);
 }
 
+void scale_chunk_rows(at::Tensor& gs, at::Tensor& gt, std::array<bool, 2> mask, const at::Tensor& row_scale,
+                      int64_t first, int64_t n) {
+  const at::Tensor bound = mask[0] && mask[1] ? at::maximum(gs.abs().amax(-1), gt.abs().amax(-1))
+                           : (mask[0] ? gs : gt).abs().amax(-1);
+  const at::Tensor power = row_powers(bound);
+  const at::Tensor factor = at::exp2(power).unsqueeze(-1);
+  if (mask[0]) gs = gs * factor;
+  if (mask[1]) gt = gt * factor;
+  row_scale.view({-1}).narrow(0, first, n).copy_(at::exp2(-power));
+}
+
 c10::ScalarType compute_dtype(const at::Tensor& a, const at::Tensor& b) {
   return a.scalar_type() == at::kDouble || b.scalar_type() == at::kDouble ? at::kDouble : at::kFloat;
 }
@@ -260,15 +271,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> with_grads(
     auto [cs, ct] = logit_gradients(e, weight, c.scalars.temperature(), mask);
     if (mask[0]) cs = masked(cs, k);
     if (mask[1]) ct = masked(ct, k);
-    if (scaled) {  // float16: each row times 2^power (isa.h's RowBatch, row_scale)
-      const at::Tensor bound = mask[0] && mask[1] ? at::maximum(cs.abs().amax(-1), ct.abs().amax(-1))
-                               : (mask[0] ? cs : ct).abs().amax(-1);
-      const at::Tensor power = row_powers(bound);
-      const at::Tensor factor = at::exp2(power).unsqueeze(-1);
-      if (mask[0]) cs = cs * factor;
-      if (mask[1]) ct = ct * factor;
-      row_scale.view({-1}).narrow(0, first, n).copy_(at::exp2(-power));
-    }
+    if (scaled) scale_chunk_rows(cs, ct, mask, row_scale, first, n);  // float16
     if (mask[0]) rows_of(gs, first, n).copy_(cs);
     if (mask[1]) rows_of(gt, first, n).copy_(ct);
   }, rows_per_chunk);

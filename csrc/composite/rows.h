@@ -69,6 +69,12 @@ at::Tensor rows_of(const at::Tensor& t, int64_t first, int64_t n);
 // The forward's result for empty logits (no row, or V = 0): 'none' empty, 'sum' 0, 'mean' NaN.
 at::Tensor empty_forward(const RowCall& c, const at::Tensor& keep);
 
+// float16's row scales on a chunk's gradients (rows `first` .. first + n of the call; isa.h's RowBatch, row_scale):
+// each row of the gradients the mask asks for times 2^power, from the rows' largest gradient on either side, and
+// row_scale's rows set to 2^-power.
+void scale_chunk_rows(at::Tensor& gs, at::Tensor& gt, std::array<bool, 2> mask, const at::Tensor& row_scale,
+                      int64_t first, int64_t n);
+
 // row_power of the CPU kernels (cpu/row_kernels.h) on a tensor of the rows' largest gradients: 14 minus the
 // exponent of each (bound < 2^exponent), 0 for a row whose bound is 0 or not finite, within [-60, 60].
 at::Tensor row_powers(const at::Tensor& bound);

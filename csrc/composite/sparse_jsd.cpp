@@ -24,8 +24,7 @@ namespace npu_loss::composite {
 namespace {
 
 constexpr int kBeta = row_scalar(SparseJsd::decl.rows, "beta");
-// TRL's tail bucket clamps the log of the support's mass at most to this.
-constexpr double kTailLogMassMax = -1e-7;
+constexpr double kTailLogMassMax = SparseJsd::kTailLogMassMax;
 
 // torch.nan_to_num(x) (NaN 0, an infinity the dtype's largest finite value) and torch.isfinite(x), from ops every
 // device runs through its own kernels (torch_npu sends nan_to_num and isfinite to kernels of its older path).
@@ -260,15 +259,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> with_grads(
     total += masked(e.f, k).sum();
     if (mask[0]) e.gs = masked(e.gs, k);
     if (mask[1]) e.gt = masked(e.gt, k);
-    if (scaled) {  // float16: each row times 2^power (isa.h's RowBatch, row_scale)
-      const at::Tensor bound = mask[0] && mask[1] ? at::maximum(e.gs.abs().amax(-1), e.gt.abs().amax(-1))
-                               : (mask[0] ? e.gs : e.gt).abs().amax(-1);
-      const at::Tensor power = row_powers(bound);
-      const at::Tensor factor = at::exp2(power).unsqueeze(-1);
-      if (mask[0]) e.gs = e.gs * factor;
-      if (mask[1]) e.gt = e.gt * factor;
-      row_scale.view({-1}).narrow(0, first, n).copy_(at::exp2(-power));
-    }
+    if (scaled) scale_chunk_rows(e.gs, e.gt, mask, row_scale, first, n);  // float16
     if (mask[0]) rows_of(gs, first, n).copy_(e.gs);
     if (mask[1]) rows_of(gt, first, n).copy_(e.gt);
   });
@@ -313,12 +304,8 @@ namespace {
 // The whole call as one chunk, every step an ATen op (no host copy of the ids: vmap and the fake tensors of
 // torch.compile reach it): the ids where the mask is off are 0, as the chunks' are.
 Chunk whole(const RowCall& c, const at::Tensor& keep, c10::ScalarType dtype) {
-  int ids_at = -1, mask_at = -1;
-  const RowArgs& r = SparseJsd::decl.rows;
-  for (int i = 0; i < row_input_count(r); ++i) {
-    if (r.inputs[i].kind == InputKind::Ids) ids_at = i;
-    if (r.inputs[i].kind == InputKind::Mask) mask_at = i;
-  }
+  const int ids_at = row_input_of(SparseJsd::decl.rows, InputKind::Ids);
+  const int mask_at = row_input_of(SparseJsd::decl.rows, InputKind::Mask);
   const at::Tensor on = mask_at >= 0 && c.inputs[mask_at].defined() ? c.inputs[mask_at] : at::Tensor();
   const at::Tensor ids = c.inputs[ids_at].to(at::kLong);
   return {masked(c.student.to(dtype), keep), c.teacher.to(dtype), on.defined() ? at::where(on, ids, 0) : ids, on};

@@ -300,11 +300,7 @@ void check_grad_output_rows(const char* op, const at::Tensor& grad_output, int64
 
 SupportIds support_ids(const char* op, const RowArgs& r, const RowInputs& inputs, const at::Tensor& keep,
                        int64_t rows, int64_t vocab) {
-  int ids_at = -1, mask_at = -1;
-  for (int i = 0; i < row_input_count(r); ++i) {
-    if (r.inputs[i].kind == InputKind::Ids) ids_at = i;
-    if (r.inputs[i].kind == InputKind::Mask) mask_at = i;
-  }
+  const int ids_at = row_input_of(r, InputKind::Ids), mask_at = row_input_of(r, InputKind::Mask);
   TORCH_INTERNAL_ASSERT(ids_at >= 0, op, ": a teacher over a support declares no ids");
   const at::Tensor& ids = inputs[ids_at];
   const int64_t k = ids.size(-1);

@@ -204,6 +204,9 @@ using RowScalars = std::array<ScalarValue, kMaxRowScalars>;
 //     (in that order, per side; empty where the mask says no), the scales they are stored at (float32, one
 //     per side: the gradient is the stored tensor times its side's; 1 but for float16, composite/linear.h), and
 //     the entropy.
+//   A teacher over a support (TeacherForm::Support) has no hidden states: its side's three places take its values,
+//   its Ids input and its Mask input (the names are the row loss's, `Tensor? <Mask>=None` after the student's
+//   bias), the chunks make no teacher logits, and its "input"'s gradient is the values' (..., K).
 struct LinearForm {
   const char* forward = nullptr;
   const char* with_grads = nullptr;
@@ -491,7 +494,19 @@ struct SparseJsd {
                            {ScalarKind::OptionalFloat, "student_softcap", "None", false, ScalarRule::Positive,
                             ScalarRole::StudentSoftcap}},
                .index = {ScalarKind::Int, "ignore_index", "-100"}},
-      .with_grads = "_sparse_jsd_loss_and_grads"};
+      .with_grads = "_sparse_jsd_loss_and_grads",
+      // The same from hidden states: the student's logits made chunk by chunk, the served teacher as it is.
+      .linear = {.forward = "fused_linear_sparse_jsd_loss",
+                 .with_grads = "_fused_linear_sparse_jsd_loss_and_grads",
+                 .inputs = {"student_input", "teacher_logprobs"},
+                 .weights = {"student_weight", "teacher_token_ids"},
+                 .biases = {"student_bias", "support_mask"},
+                 .weights_of = {{ScalarKind::Float, "weight_hard_loss", "0.0", false, ScalarRule::NonNegative},
+                                {ScalarKind::Float, "weight_soft_loss", "1.0", false, ScalarRule::NonNegative}}}};
+  static_assert(std::string_view(decl.linear.inputs[1]) == decl.rows.logits[1] &&
+                    std::string_view(decl.linear.weights[1]) == decl.rows.inputs[0].name &&
+                    std::string_view(decl.linear.biases[1]) == decl.rows.inputs[1].name,
+                "a support's linear form takes its teacher side's places with the row loss's names (LinearForm)");
   // TRL's tail bucket clamps the log of the support's mass at most to this, so that log(1 - mass) stays finite
   // (the CPU kernel's and the composite's).
   static constexpr double kTailLogMassMax = -1e-7;

@@ -168,9 +168,9 @@ _load_npu_kernels()
 
 from . import _dtensor, _fake  # noqa: E402
 from .functional import (fused_linear_jsd_loss, generalized_jsd_loss, huber_loss, kl_div, l1_loss,  # noqa: E402
-                         mse_loss, smooth_l1_loss, sparse_jsd_loss)
+                         mse_loss, smooth_l1_loss, sparse_jsd_loss, fused_linear_sparse_jsd_loss)
 from .modules import (FusedLinearJSDLoss, HuberLoss, JSDLoss, KLDivLoss, L1Loss, MSELoss, SmoothL1Loss,  # noqa: E402
-                      SparseJSDLoss)
+                      SparseJSDLoss, FusedLinearSparseJSDLoss)
 from ._enable import disable, enable, is_enabled  # noqa: E402  (routes torch's own losses here; off at import)
 
 # The row losses' fake kernels (Python: 'none' with labels has a size only the data tells).
@@ -216,6 +216,7 @@ __all__ = [
     "generalized_jsd_loss",
     "fused_linear_jsd_loss",
     "sparse_jsd_loss",
+    "fused_linear_sparse_jsd_loss",
     "SmoothL1Loss",
     "HuberLoss",
     "L1Loss",
@@ -224,6 +225,7 @@ __all__ = [
     "JSDLoss",
     "FusedLinearJSDLoss",
     "SparseJSDLoss",
+    "FusedLinearSparseJSDLoss",
     "enable",
     "disable",
     "is_enabled",

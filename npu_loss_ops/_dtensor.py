@@ -296,7 +296,9 @@ class LinearFormOps:
 
     forward: str
     with_grads: str
-    weights: tuple[str, str]
+    weights: tuple[tuple[str, int], ...]
+    """Each lm_head weight's name and position (a served teacher's side has none: its places hold its values,
+    ids and mask, csrc/losses.h's LinearForm)."""
 
 
 @dataclass(frozen=True)
@@ -318,7 +320,7 @@ def _row_losses() -> tuple[RowLossOps, ...]:
         RowLossOps(d["forward"], d["with_grads"], d["backward"], (d["logits"][0], d["logits"][1]), len(d["inputs"]),
                    None if d["linear"] is None else LinearFormOps(
                        d["linear"]["forward"], d["linear"]["with_grads"],
-                       (d["linear"]["weights"][0], d["linear"]["weights"][1])))
+                       tuple(zip(d["linear"]["weights"], (1, 3)))[:1 if d["teacher"] == "support" else 2]))
         for d in _C._losses()
         if d["kind"] == "rows"
     )
@@ -409,7 +411,7 @@ def _linear_strategy(linear: LinearFormOps, outputs: int) -> Callable[[OpSchema]
         from torch.distributed.tensor.placement_types import Replicate, Shard
 
         args = op_schema.args_schema
-        for name, k in zip(linear.weights, (1, 3)):
+        for name, k in linear.weights:
             refuse_vocabulary_split(linear.forward, name, _placements(args[k]), 2, True)
         tensors = sum(isinstance(a, OpStrategy) for a in args)
         rules: list[list[Placement | None]] = [[Replicate()] * (outputs + tensors)]

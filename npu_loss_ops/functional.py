@@ -40,7 +40,7 @@ from . import _C, _dtensor, _scalars  # type: ignore[attr-defined]  # _C: compil
 from ._reduction import get_enum as _reduction_enum
 
 __all__ = ["smooth_l1_loss", "huber_loss", "l1_loss", "kl_div", "mse_loss", "generalized_jsd_loss",
-           "fused_linear_jsd_loss", "sparse_jsd_loss"]
+           "fused_linear_jsd_loss", "sparse_jsd_loss", "fused_linear_sparse_jsd_loss"]
 
 
 def _legacy_reduction(size_average: bool | None, reduce: bool | None) -> str:
@@ -823,3 +823,104 @@ def sparse_jsd_loss(
     return _reduced("sparse_jsd_loss", lambda how: op(*tensors, how, *scalars), reduction, labels,
                     num_items_in_batch, ignore_index, student_logits, (student_logits, teacher_logprobs, labels),
                     lambda: teacher_logprobs.size(-1) + (1 if add_tail else 0), "(..., K + 1)")  # K + 1 with the tail
+
+
+def fused_linear_sparse_jsd_loss(
+    student_input: Tensor,
+    student_weight: Tensor,
+    teacher_logprobs: Tensor,
+    teacher_token_ids: Tensor,
+    labels: Tensor | None = None,
+    *,
+    student_bias: Tensor | None = None,
+    support_mask: Tensor | None = None,
+    beta: float = 0.0,
+    temperature: float = 1.0,
+    add_tail: bool = True,
+    reduction: str = "batchmean",
+    num_items_in_batch: int | float | Tensor | None = None,
+    ignore_index: int = -100,
+    student_logit_scale: float = 1.0,
+    student_softcap: float | None = None,
+    weight_hard_loss: float = 0.0,
+    weight_soft_loss: float = 1.0,
+    chunk_size: int | None = None,
+    return_soft_hard_loss: bool = False,
+    return_entropy: bool = False,
+) -> Tensor | tuple[Tensor, ...]:
+    """:func:`sparse_jsd_loss` from the student's hidden states and ``lm_head`` weight, without making its N x V
+    logits (docs/semantics.md, "Distillation from a served teacher")::
+
+        weight_soft_loss * sparse_jsd_loss(student_input @ student_weight.T + student_bias, teacher_logprobs,
+                                           teacher_token_ids, labels, support_mask=..., beta=..., ...)
+        + weight_hard_loss * cross_entropy(student_input @ student_weight.T + student_bias, labels)
+
+    The rows are taken in chunks, as :func:`fused_linear_jsd_loss` takes them: each chunk's logits are made once
+    over the whole vocabulary, and its normalizer, its support's log-probabilities, its gradient and its hard loss
+    all come from them before the next chunk overwrites them. The hard loss (cross entropy on the student's
+    transformed, untempered logits) is divided as :func:`fused_linear_jsd_loss` divides it.
+
+    Args:
+        student_input (Tensor): the student's hidden states, ``(..., H)``.
+        student_weight (Tensor): its ``lm_head`` weight, ``(V, H)``, of the input's dtype.
+        teacher_logprobs, teacher_token_ids, support_mask: the served teacher, ``(..., K)``, of the input's leading
+            shape, as :func:`sparse_jsd_loss` takes them (the ids in ``[0, V)`` where the mask is true, none twice
+            in a row).
+        labels (Tensor, optional): integer, of the leading shape; rows whose label is ``ignore_index`` are left
+            out. Required when ``weight_hard_loss != 0``; where the cross entropy is computed, every kept label
+            must be in ``[0, V)``.
+        student_bias (Tensor, optional): ``(V,)``, of the input's dtype.
+        beta, temperature, add_tail, ignore_index, student_logit_scale, student_softcap: as
+            :func:`sparse_jsd_loss` takes them.
+        reduction (str): ``'batchmean'``, ``'sum'`` or ``'mean'`` (over the kept rows' K + 1 entries, K without the
+            tail); ``'none'`` is a ``ValueError``: the gradients are made for a scalar loss. Default:
+            ``'batchmean'``
+        num_items_in_batch (int, float or Tensor, optional): when given, both sums (the divergence's and the
+            cross entropy's) divided by it, whatever ``reduction`` says. Default: ``None``
+        weight_hard_loss (float): ``>= 0``. Default: ``0.0``
+        weight_soft_loss (float): ``>= 0``. Default: ``1.0``
+        chunk_size (int, optional): rows per chunk; by default as many as keep a chunk's logits within an eighth of
+            one N x V tensor of the result's dtype (and 1 GiB).
+        return_soft_hard_loss (bool): also return the two parts, unweighted, not differentiable.
+        return_entropy (bool): also return the student's entropy per row (float32, of the leading shape, 0 on
+            dropped rows, no gradient).
+
+    Returns:
+        The 0-dim loss in the promoted dtype of ``student_input`` and ``teacher_logprobs``; ``(loss, soft_loss,
+        hard_loss)`` with ``return_soft_hard_loss``; the entropy after them with ``return_entropy``.
+
+    Gradients reach the input, the weight and the bias, and the teacher's log-probabilities where they require
+    grad; they are made in the forward, so double backward is not supported.
+
+    Raises:
+        ValueError: a scalar, ``reduction``, ``chunk_size`` or ``num_items_in_batch`` out of range; the hard loss
+            without labels; a kept label outside ``[0, V)`` where the cross entropy reads it; an id twice in a row.
+        IndexError: an id outside ``[0, V)`` where the mask is true.
+        TypeError: a dtype outside the lists of :func:`sparse_jsd_loss`, a weight or bias whose dtype is not the
+            input's.
+        RuntimeError: shapes that do not agree (each names the argument), tensors on different devices.
+    """
+    op_name = "fused_linear_sparse_jsd_loss"
+    if not torch.compiler.is_compiling():
+        _scalars.check(op_name, reduction=reduction, beta=beta, temperature=temperature, add_tail=add_tail,
+                       ignore_index=ignore_index, weight_hard_loss=weight_hard_loss,
+                       weight_soft_loss=weight_soft_loss, chunk_size=chunk_size,
+                       return_soft_hard_loss=return_soft_hard_loss, student_logit_scale=student_logit_scale,
+                       student_softcap=student_softcap, return_entropy=return_entropy)
+        _dtensor.check_vocabulary_split(op_name, weights=(("student_weight", student_weight),))
+    if num_items_in_batch is not None:
+        _check_num_items(num_items_in_batch, student_input, op_name)
+    results: tuple[Tensor, Tensor, Tensor, Tensor] = torch.ops.npu_loss.fused_linear_sparse_jsd_loss(
+        student_input, student_weight, teacher_logprobs, teacher_token_ids, labels, student_bias, support_mask,
+        "sum" if num_items_in_batch is not None else reduction, beta, temperature, add_tail, student_logit_scale,
+        student_softcap, ignore_index, weight_hard_loss, weight_soft_loss, chunk_size, return_soft_hard_loss,
+        return_entropy)
+    loss, soft, hard, entropy = results
+    if num_items_in_batch is not None:
+        if isinstance(num_items_in_batch, Tensor):
+            num_items_in_batch = num_items_in_batch.to(loss.device)
+        loss, soft, hard = loss / num_items_in_batch, soft / num_items_in_batch, hard / num_items_in_batch
+    parts = (soft, hard) if return_soft_hard_loss else ()
+    if return_entropy:
+        return (loss, *parts, entropy)
+    return (loss, *parts) if parts else loss

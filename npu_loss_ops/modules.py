@@ -16,7 +16,7 @@ from torch.nn.modules.loss import _Loss
 from . import functional
 
 __all__ = ["SmoothL1Loss", "HuberLoss", "L1Loss", "KLDivLoss", "MSELoss", "JSDLoss", "FusedLinearJSDLoss",
-           "SparseJSDLoss"]
+           "SparseJSDLoss", "FusedLinearSparseJSDLoss"]
 
 
 class _LossOfReduction(_Loss):
@@ -284,7 +284,7 @@ def _transform_of(module: "JSDLoss | FusedLinearJSDLoss") -> _Transform:
                       student_softcap=module.student_softcap, teacher_softcap=module.teacher_softcap)
 
 
-def _entropy_repr(module: "JSDLoss | FusedLinearJSDLoss") -> str:
+def _entropy_repr(module: "JSDLoss | FusedLinearJSDLoss | FusedLinearSparseJSDLoss") -> str:
     return ", return_entropy=True" if module.return_entropy else ""
 
 
@@ -482,3 +482,77 @@ class SparseJSDLoss(Module):
                             (("student_logit_scale", 1.0), ("student_softcap", None)) if getattr(self, name) != default)
         return (f"beta={self.beta}, temperature={self.temperature}, add_tail={self.add_tail}, "
                 f"ignore_index={self.ignore_index}, reduction={self.reduction!r}{transform}")
+
+
+class FusedLinearSparseJSDLoss(Module):
+    """The served teacher's sparse divergence from the student's hidden states and ``lm_head`` weight, without
+    the logits: :func:`npu_loss_ops.functional.fused_linear_sparse_jsd_loss` as a module.
+
+    Args:
+        beta (float): in ``[0, 1]``. Default: ``0.0``
+        temperature (float): ``> 0``; divides the student's logits. Default: ``1.0``
+        add_tail (bool): the tail bucket (``True``) or renormalization over the support. Default: ``True``
+        ignore_index (int): Default: ``-100``
+        reduction (str): ``'batchmean'``, ``'sum'`` or ``'mean'``. Default: ``'batchmean'``
+        weight_hard_loss (float): the cross entropy's weight, ``>= 0``. Default: ``0.0``
+        weight_soft_loss (float): the divergence's weight, ``>= 0``. Default: ``1.0``
+        chunk_size (int, optional): rows per chunk; ``None`` sizes it by bytes. Default: ``None``
+        student_logit_scale (float), student_softcap (float, optional): the student's logit transform.
+        return_entropy (bool): the call returns ``(loss, entropy)``. Default: ``False``
+
+    Raises:
+        TypeError, ValueError: at construction, as the function raises them for the same arguments.
+
+    Called as ``loss(student_input, student_weight, teacher_logprobs, teacher_token_ids, labels=None,
+    student_bias=None, support_mask=None, num_items_in_batch=None)``.
+    """
+
+    def __init__(self, beta: float = 0.0, temperature: float = 1.0, add_tail: bool = True, ignore_index: int = -100,
+                 reduction: str = "batchmean", weight_hard_loss: float = 0.0, weight_soft_loss: float = 1.0,
+                 chunk_size: int | None = None, *, student_logit_scale: float = 1.0,
+                 student_softcap: float | None = None, return_entropy: bool = False) -> None:
+        super().__init__()
+        # The function's own checks, on meta tensors (labels given: a hard loss needs them).
+        functional.fused_linear_sparse_jsd_loss(
+            _meta(1, 1), _meta(1, 1), _meta(1, 1), torch.zeros(1, 1, dtype=torch.long, device="meta"),
+            _meta(1, dtype=torch.long), beta=beta, temperature=temperature, add_tail=add_tail,
+            ignore_index=ignore_index, reduction=reduction, weight_hard_loss=weight_hard_loss,
+            weight_soft_loss=weight_soft_loss, chunk_size=chunk_size, student_logit_scale=student_logit_scale,
+            student_softcap=student_softcap, return_entropy=return_entropy)
+        self.beta = beta
+        self.temperature = temperature
+        self.add_tail = add_tail
+        self.ignore_index = ignore_index
+        self.reduction = reduction
+        self.weight_hard_loss = weight_hard_loss
+        self.weight_soft_loss = weight_soft_loss
+        self.chunk_size = chunk_size
+        self.student_logit_scale = student_logit_scale
+        self.student_softcap = student_softcap
+        self.return_entropy = return_entropy
+
+    def forward(self, student_input: Tensor, student_weight: Tensor, teacher_logprobs: Tensor,
+                teacher_token_ids: Tensor, labels: Tensor | None = None, student_bias: Tensor | None = None,
+                support_mask: Tensor | None = None,
+                num_items_in_batch: int | float | Tensor | None = None) -> Tensor | tuple[Tensor, Tensor]:
+        """The loss of the student against the served teacher (and its entropy per row, with ``return_entropy``)."""
+        result = functional.fused_linear_sparse_jsd_loss(
+            student_input, student_weight, teacher_logprobs, teacher_token_ids, labels, student_bias=student_bias,
+            support_mask=support_mask, beta=self.beta, temperature=self.temperature, add_tail=self.add_tail,
+            reduction=self.reduction, num_items_in_batch=num_items_in_batch, ignore_index=self.ignore_index,
+            student_logit_scale=self.student_logit_scale, student_softcap=self.student_softcap,
+            weight_hard_loss=self.weight_hard_loss, weight_soft_loss=self.weight_soft_loss,
+            chunk_size=self.chunk_size, return_entropy=self.return_entropy)
+        if self.return_entropy:
+            assert isinstance(result, tuple)
+            return result[0], result[1]
+        assert isinstance(result, Tensor)
+        return result
+
+    def extra_repr(self) -> str:
+        transform = "".join(f", {name}={getattr(self, name)}" for name, default in
+                            (("student_logit_scale", 1.0), ("student_softcap", None)) if getattr(self, name) != default)
+        return (f"beta={self.beta}, temperature={self.temperature}, add_tail={self.add_tail}, "
+                f"ignore_index={self.ignore_index}, reduction={self.reduction!r}, "
+                f"weight_hard_loss={self.weight_hard_loss}, weight_soft_loss={self.weight_soft_loss}, "
+                f"chunk_size={self.chunk_size}{transform}{_entropy_repr(self)}")

@@ -30,6 +30,8 @@ SCHEMAS = [
     "npu_loss::_sparse_jsd_loss_and_grads(Tensor student_logits, Tensor teacher_logprobs, Tensor teacher_token_ids, Tensor? support_mask, Tensor? labels, int reduction, float beta, float temperature, bool add_tail, float student_logit_scale, float? student_softcap, int ignore_index, bool[2] output_mask) -> (Tensor, Tensor, Tensor, Tensor)",
     "npu_loss::fused_linear_jsd_loss(Tensor student_input, Tensor student_weight, Tensor teacher_input, Tensor teacher_weight, Tensor? labels=None, Tensor? student_bias=None, Tensor? teacher_bias=None, str reduction=\"batchmean\", float beta=0.5, float temperature=1., float student_logit_scale=1., float teacher_logit_scale=1., float? student_softcap=None, float? teacher_softcap=None, int ignore_index=-100, float weight_hard_loss=0., float weight_soft_loss=1., int? chunk_size=None, bool return_soft_hard_loss=False, bool return_entropy=False) -> (Tensor, Tensor, Tensor, Tensor)",
     "npu_loss::_fused_linear_jsd_loss_and_grads(Tensor student_input, Tensor student_weight, Tensor teacher_input, Tensor teacher_weight, Tensor? labels, Tensor? student_bias, Tensor? teacher_bias, str reduction, float beta, float temperature, float student_logit_scale, float teacher_logit_scale, float? student_softcap, float? teacher_softcap, int ignore_index, float weight_hard_loss, float weight_soft_loss, int? chunk_size, bool return_soft_hard_loss, bool return_entropy, bool[6] output_mask) -> (Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor)",
+    "npu_loss::fused_linear_sparse_jsd_loss(Tensor student_input, Tensor student_weight, Tensor teacher_logprobs, Tensor teacher_token_ids, Tensor? labels=None, Tensor? student_bias=None, Tensor? support_mask=None, str reduction=\"batchmean\", float beta=0., float temperature=1., bool add_tail=True, float student_logit_scale=1., float? student_softcap=None, int ignore_index=-100, float weight_hard_loss=0., float weight_soft_loss=1., int? chunk_size=None, bool return_soft_hard_loss=False, bool return_entropy=False) -> (Tensor, Tensor, Tensor, Tensor)",
+    "npu_loss::_fused_linear_sparse_jsd_loss_and_grads(Tensor student_input, Tensor student_weight, Tensor teacher_logprobs, Tensor teacher_token_ids, Tensor? labels, Tensor? student_bias, Tensor? support_mask, str reduction, float beta, float temperature, bool add_tail, float student_logit_scale, float? student_softcap, int ignore_index, float weight_hard_loss, float weight_soft_loss, int? chunk_size, bool return_soft_hard_loss, bool return_entropy, bool[6] output_mask) -> (Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor)",
 ]
 
 
@@ -124,7 +126,7 @@ def test_fake_tensors_run_the_cpp_meta_kernels_on_symbolic_sizes():
     # The linear form's two ops have C++ Meta kernels (their results' sizes are the inputs'), checked below.
     linear = {f"npu_loss::{d['linear'][k]}" for d in npu_loss_ops._C._losses() if d["kind"] == "rows" and d["linear"]
               for k in ("forward", "with_grads")}
-    assert len(linear) == 2, linear
+    assert len(linear) == 4, linear
     for schema in SCHEMAS:
         qualname = schema.split("(")[0]
         kernel = singleton.find(qualname).fake_impl.kernel
@@ -177,15 +179,21 @@ def test_fake_tensors_run_the_cpp_meta_kernels_on_symbolic_sizes():
             "_fused_linear_jsd_loss_and_grads": ops._fused_linear_jsd_loss_and_grads(
                 x, w, t, w, None, None, None, "sum", 0.5, 1.0, 1.0, 1.0, None, None, -100, 0.0, 1.0,
                 None, False, False, [True] * 6)[3],
+            # the served teacher's log-probabilities' gradient: (n, K), as they are
+            "_fused_linear_sparse_jsd_loss_and_grads": ops._fused_linear_sparse_jsd_loss_and_grads(
+                x, w, t, ids, None, None, None, "sum", 0.5, 1.0, False, 1.0, None, -100, 0.0, 1.0, None, False, False,
+                [True] * 6)[6],
         }
         linear = ops.fused_linear_jsd_loss(x, w, t, w)
         # with the entropy: one float32 per row, of the symbolic batch size
         entropy = ops.fused_linear_jsd_loss(x, w, t, w, None, None, None, "sum", 0.5, 1.0, 1.0, 1.0, None, None,
                                             -100, 0.0, 1.0, None, False, True)[3]
         mean = ops.l1_loss(x, t, 1)
-    assert len(results) + 1 == len(SCHEMAS)
+    sparse_linear = ops.fused_linear_sparse_jsd_loss(x, w, t, ids)
+    assert len(results) + 2 == len(SCHEMAS)
     assert [r.shape for r in linear[:3]] == [()] * 3 and all(isinstance(r, FakeTensor) for r in linear)
     assert linear[3].shape == (0,)
+    assert [r.shape for r in sparse_linear[:3]] == [()] * 3 and sparse_linear[3].shape == (0,)
     assert entropy.dtype == torch.float32 and entropy.dim() == 1 and str(entropy.shape[0]) == str(n)
     for name, r in results.items():
         assert isinstance(r, FakeTensor) and r.dtype == torch.float32, name
@@ -213,6 +221,7 @@ def _sample_ops() -> set[str]:
     import samples
     import test_distillation
     import test_fused_linear_jsd
+    import test_fused_sparse_jsd
     import test_sparse_jsd
 
     return (
@@ -222,6 +231,7 @@ def _sample_ops() -> set[str]:
         | set(test_distillation.OPS)
         | set(test_fused_linear_jsd.OPS)
         | set(test_sparse_jsd.OPS)
+        | set(test_fused_sparse_jsd.OPS)
     )
 
 

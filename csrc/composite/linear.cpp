@@ -50,6 +50,11 @@ bool wants_grads(std::array<bool, 6> mask, int side) {
   return mask[3 * side] || mask[3 * side + 1] || mask[3 * side + 2];
 }
 
+// Whether the teacher is given over a support (losses.h's LinearForm): no teacher logits, no teacher products.
+bool over_support(const LinearCall& c) {
+  return c.scalars.args->teacher == TeacherForm::Support;
+}
+
 ProductKind kind_of(const RowStep& step, const at::Tensor& x) {
   return step.resources.kind ? step.resources.kind(x) : ProductKind::Aten;
 }
@@ -85,13 +90,14 @@ std::unique_ptr<SideProducts> aten_products(const at::Tensor& w, const std::opti
 }
 
 bool teacher_in_halves(const LinearCall& c, std::array<bool, 6> mask, const RowStep& step) {
-  return step.in_place && step.fuses && !wants_grads(mask, 1) &&
+  return !over_support(c) && step.in_place && step.fuses && !wants_grads(mask, 1) &&
          kind_of(step, *c.input[0]) != ProductKind::Float32Blocks &&
          kind_of(step, *c.input[1]) != ProductKind::Float32Blocks;
 }
 
 int64_t linear_row_bytes(const LinearSpec& spec, const LinearCall& c, std::array<bool, 6> mask, const RowStep& step) {
-  const int64_t s = itemsize(c.input[0]->scalar_type()), t = itemsize(c.input[1]->scalar_type());
+  // A support's values and gradient are K per row, not V: not counted.
+  const int64_t s = itemsize(c.input[0]->scalar_type()), t = over_support(c) ? 0 : itemsize(c.input[1]->scalar_type());
   const bool probs = spec.labels && (c.weight_hard != 0 || c.return_parts) && !step.fuses;
   int64_t bytes = s + (teacher_in_halves(c, mask, step) ? t / 2 : t) +
                   (probs ? itemsize(accumulate_dtype(spec.dtype)) : 0) + step.scratch_bytes;
@@ -165,7 +171,7 @@ LinearPlan plan_linear(const LinearSpec& spec, const LinearCall& c, std::array<b
     p.soft_div = spec.labels ? kept_rows : static_cast<double>(std::max<int64_t>(spec.batch_rows, 1));
     p.hard_div = kept_rows;
   } else if (spec.reduction == FamilyReduction::Mean) {
-    p.soft_div = static_cast<double>(p.kept) * static_cast<double>(p.vocab);
+    p.soft_div = static_cast<double>(p.kept) * static_cast<double>(spec.entries);
     p.hard_div = kept_rows;
   }
   p.soft_factor = c.weight_soft / std::max(p.soft_div, 1.0);
@@ -179,6 +185,10 @@ LinearPlan plan_linear(const LinearSpec& spec, const LinearCall& c, std::array<b
   // The teacher's logits whole, or in halves of the chunk's rows (linear.h), each part's step run as it is made.
   p.halves = teacher_in_halves(c, mask, step);
   p.teacher_rows = p.halves ? (p.rows + 1) / 2 : p.rows;
+  // A support's ids, checked once for the call (so that a message names the row of the call, not of a chunk).
+  if (over_support(c)) {
+    support_ids(spec.op, *c.scalars.args, linear_support_inputs(*c.scalars.args, c), p.keep, p.n, p.vocab);
+  }
   return p;
 }
 
@@ -291,7 +301,13 @@ struct LinearSums {
 
 LinearSums allocate_sums(const LinearCall& c, const LinearPlan& p, std::array<bool, 6> mask) {
   LinearSums s;
-  for (int side = 0; side < 2; ++side) {
+  if (over_support(c)) {  // the values' gradient, (N, K); the ids and the mask get none
+    const at::Tensor& t = *c.input[1];
+    s.grads[3] = at::empty(mask[3] ? c10::IntArrayRef{p.n, t.size(-1)} : c10::IntArrayRef{0}, t.options());
+    s.grads[4] = at::empty({0}, c.weight[1]->options());  // empty tensors of the options Meta gives them
+    s.grads[5] = at::empty({0}, t.options());
+  }
+  for (int side = 0; side < (over_support(c) ? 1 : 2); ++side) {
     const at::Tensor& x = *c.input[side];
     const at::Tensor& w = *c.weight[side];
     const std::optional<at::Tensor>& b = *c.bias[side];
@@ -325,8 +341,9 @@ void run_chunks(const LinearCall& c, const LinearPlan& p, std::array<bool, 6> ma
   };
   // The chunk's buffers, allocated once per call (a new one per chunk leaves the C library's heap holding the
   // freed ones), and each side's products, chosen once.
+  const bool support = over_support(c);
   at::Tensor logits[2] = {buffer({p.rows, p.vocab}, x[0]->options()),
-                          buffer({p.teacher_rows, p.vocab}, x[1]->options())};
+                          support ? at::Tensor() : buffer({p.teacher_rows, p.vocab}, x[1]->options())};
   at::Tensor probs = p.hard && !p.fuse ? buffer({p.rows, p.vocab}, x[0]->options().dtype(p.acc)) : at::Tensor();
   // The logit transform: made by a step that fuses it in its passes (the CPU's: the call's scalars passed on
   // whole), else here, on each chunk's logits, which the step then sees transformed.
@@ -340,12 +357,20 @@ void run_chunks(const LinearCall& c, const LinearPlan& p, std::array<bool, 6> ma
     }
   }
   std::unique_ptr<SideProducts> products[2];
-  for (int side = 0; side < 2; ++side) {
+  for (int side = 0; side < (support ? 1 : 2); ++side) {
     const ProductKind kind = kind_of(step, *x[side]);
     products[side] = r.products ? r.products(kind, *c.weight[side], *c.bias[side], p.rows)
                                 : aten_products(*c.weight[side], *c.bias[side]);
   }
   const std::array<bool, 2> row_mask{p.side_grads[0], p.side_grads[1]};
+  // A support's Ids and Mask inputs as (N, K) rows (none for teacher logits).
+  RowInputs inputs;
+  if (support) {
+    inputs = linear_support_inputs(*c.scalars.args, c);
+    for (at::Tensor& t : inputs) {
+      if (t.defined()) t = t.reshape({p.n, t.size(-1)});
+    }
+  }
   for (int64_t start = 0; start < p.n; start += p.chunk) {
     const int64_t m = std::min(p.chunk, p.n - start);
     at::Tensor z[2], xc[2] = {x[0]->narrow(0, start, m), x[1]->narrow(0, start, m)};
@@ -370,14 +395,22 @@ void run_chunks(const LinearCall& c, const LinearPlan& p, std::array<bool, 6> ma
     at::Tensor g[2], row_scale;
     for (int64_t first = 0; first < m; first += p.teacher_rows) {
       const int64_t k = std::min(p.teacher_rows, m - first);
-      z[1] = logits[1].narrow(0, 0, k);
-      products[1]->logits(z[1], xc[1].narrow(0, first, k));
-      transform_chunk(z[1], tr[1], slopes[1].defined() ? slopes[1].narrow(0, 0, k) : at::Tensor(), p.acc);
+      RowInputs part_inputs;
+      if (support) {
+        z[1] = xc[1].narrow(0, first, k);
+        for (size_t i = 0; i < inputs.size(); ++i) {
+          if (inputs[i].defined()) part_inputs[i] = inputs[i].narrow(0, start + first, k);
+        }
+      } else {
+        z[1] = logits[1].narrow(0, 0, k);
+        products[1]->logits(z[1], xc[1].narrow(0, first, k));
+        transform_chunk(z[1], tr[1], slopes[1].defined() ? slopes[1].narrow(0, 0, k) : at::Tensor(), p.acc);
+      }
       const std::optional<at::Tensor> part_labels =
           lab ? std::optional<at::Tensor>(lab->narrow(0, first, k)) : std::nullopt;
       extras.entropy = entropy && p.fuse ? s.entropy.mutable_data_ptr<float>() + start + first : nullptr;
-      auto [value, gs, gt, scale] = step.run(z[0].narrow(0, first, k), z[1], part_labels, scalars, c.ignore_index,
-                                             row_mask, p.fuse ? &extras : nullptr);
+      auto [value, gs, gt, scale] = step.run(z[0].narrow(0, first, k), z[1], part_inputs, part_labels, scalars,
+                                             c.ignore_index, row_mask, p.fuse ? &extras : nullptr);
       s.soft.add_(value.to(s.soft.scalar_type()));
       if (p.fuse && p.hard) s.hard.add_(extras.hard_sum);
       g[0] = p.halves ? z[0] : gs;
@@ -393,6 +426,10 @@ void run_chunks(const LinearCall& c, const LinearPlan& p, std::array<bool, 6> ma
       }
       if (!p.fuse) {
         chain_transform(g[side], tr[side], slopes[side].defined() ? slopes[side].narrow(0, 0, m) : at::Tensor());
+      }
+      if (side == 1 && support) {  // the values' gradient is the step's, of the chunk's rows
+        s.grads[3].narrow(0, start, m).copy_(g[1]);
+        continue;
       }
       products[side]->grads(g[side], xc[side],
                             mask[3 * side] ? s.grads[3 * side].narrow(0, start, m) : at::Tensor(),
@@ -410,6 +447,7 @@ void run_chunks(const LinearCall& c, const LinearPlan& p, std::array<bool, 6> ma
 
 LinearResults linear_with_grads(
     const LossDecl&, const LinearSpec& spec, const LinearCall& c, std::array<bool, 6> mask, const RowStep& step) {
+  mask = linear_mask(*c.scalars.args, mask);
   const LinearPlan p = plan_linear(spec, c, mask, step);
   const at::Tensor xs = c.input[0]->reshape({p.n, c.input[0]->size(-1)});
   const at::Tensor xt = c.input[1]->reshape({p.n, c.input[1]->size(-1)});
@@ -424,12 +462,13 @@ LinearResults linear_with_grads(
   }
   const at::Tensor hard_value = s.hard / p.hard_div;
   const at::Tensor loss = soft * c.weight_soft + hard_value * c.weight_hard;
-  for (int side = 0; side < 2; ++side) {
+  for (int side = 0; side < (over_support(c) ? 1 : 2); ++side) {
     at::Tensor& out = s.grads[3 * side + 2];
     out = s.bias_sum[side].defined() ? s.bias_sum[side].to(c.bias[side]->value().scalar_type())
                                      : at::empty({0}, x[side]->options());
     if (mask[3 * side]) s.grads[3 * side] = s.grads[3 * side].view(c.input[side]->sizes());
   }
+  if (over_support(c) && mask[3]) s.grads[3] = s.grads[3].view(c.input[1]->sizes());
   const auto dtype = spec.dtype;
   return {loss.to(dtype), soft.to(dtype), hard_value.to(dtype), s.grads[0], s.grads[1], s.grads[2], s.grads[3],
           s.grads[4], s.grads[5],

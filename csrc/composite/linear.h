@@ -83,11 +83,13 @@ struct ChunkResources {
 // that writes the gradients over the logits (`in_place`) lets a chunk hold two rows of V instead of four; one
 // that `fuses` takes RowExtras and the logit transform (the call's scalars), else `extras` is null, the scalars
 // have no transform, and the driver transforms the logits, scales the gradients (times the row scales) and
-// makes the hard loss with ATen ops.
+// makes the hard loss with ATen ops. `teacher` is the chunk's teacher logits, or its rows of a support's values,
+// with their rows of the Ids and Mask inputs in `inputs` (the row loss's RowInputs; none for teacher logits).
 struct RowStep {
   std::function<std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor>(
-      const at::Tensor& student, const at::Tensor& teacher, const std::optional<at::Tensor>& labels,
-      const DeclaredScalars& scalars, int64_t ignore_index, std::array<bool, 2> mask, RowExtras* extras)>
+      const at::Tensor& student, const at::Tensor& teacher, const RowInputs& inputs,
+      const std::optional<at::Tensor>& labels, const DeclaredScalars& scalars, int64_t ignore_index,
+      std::array<bool, 2> mask, RowExtras* extras)>
       run;
   bool in_place = false;
   int64_t scratch_bytes = 0;  // per logit of a chunk: what the step itself holds at once beyond its results
@@ -139,10 +141,14 @@ struct LinearMath {
 template <typename Loss>
 struct OpStep {
   static RowStep step() {
-    return {[](const at::Tensor& student, const at::Tensor& teacher, const std::optional<at::Tensor>& labels,
-               const DeclaredScalars& scalars, int64_t ignore_index, std::array<bool, 2> mask, RowExtras*) {
-              return with_row_scalars<Loss>(scalars.values, [&](auto... s) {
-                return ops::row_with_grads<Loss>().call(student, teacher, labels, kSum, s..., ignore_index, mask);
+    return {[](const at::Tensor& student, const at::Tensor& teacher, const RowInputs& inputs,
+               const std::optional<at::Tensor>& labels, const DeclaredScalars& scalars, int64_t ignore_index,
+               std::array<bool, 2> mask, RowExtras*) {
+              return with_row_inputs<Loss>(inputs, [&](const auto&... i) {
+                return with_row_scalars<Loss>(scalars.values, [&](auto... s) {
+                  return ops::row_with_grads<Loss>().call(student, teacher, i..., labels, kSum, s..., ignore_index,
+                                                          mask);
+                });
               });
             },
             false};

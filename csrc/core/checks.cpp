@@ -598,10 +598,20 @@ FamilyReduction family_reduction(const char* op, c10::string_view reduction, boo
   return r;
 }
 
+RowInputs linear_support_inputs(const RowArgs& r, const LinearCall& c) {
+  RowInputs inputs;
+  inputs[row_input_of(r, InputKind::Ids)] = *c.weight[1];
+  const int mask = row_input_of(r, InputKind::Mask);
+  if (mask >= 0 && c.bias[1]->has_value()) inputs[mask] = **c.bias[1];
+  return inputs;
+}
+
 template <typename Int>
 BasicLinearSpec<Int> linear_spec(const LossDecl& d, const char* op, const LinearCall& c) {
   const RowArgs& r = d.rows;
   const LinearForm& f = d.linear;
+  const bool support = r.teacher == TeacherForm::Support;
+  const int sides = support ? 1 : 2;  // the sides with hidden states and weights
   const at::Tensor undefined;
   const auto present = [&](const std::optional<at::Tensor>& t) -> const at::Tensor& {
     return t.has_value() ? *t : undefined;
@@ -618,7 +628,11 @@ BasicLinearSpec<Int> linear_spec(const LossDecl& d, const char* op, const Linear
                                NamedTensor{f.biases[0], biases[0]}, NamedTensor{f.biases[1], biases[1]}}) {
     if (t.second->defined()) check_same_device(op, t.first, *t.second, first);
   }
-  for (int side = 0; side < 2; ++side) {
+  if (support) {
+    check_dtype(op, f.inputs[1], *inputs[1]);
+    check_row_inputs<Int>(op, r, *inputs[1], linear_support_inputs(r, c));
+  }
+  for (int side = 0; side < sides; ++side) {
     check_dtype(op, f.inputs[side], *inputs[side]);
     for (const NamedTensor& t :
          {NamedTensor{f.weights[side], weights[side]}, NamedTensor{f.biases[side], biases[side]}}) {
@@ -646,17 +660,18 @@ BasicLinearSpec<Int> linear_spec(const LossDecl& d, const char* op, const Linear
   check_dims(op, {{f.inputs[0], inputs[0]}, {f.inputs[1], inputs[1]}});
   for (int side = 0; side < 2; ++side) {
     TORCH_CHECK(
-        inputs[side]->dim() >= 1, op, ": ", f.inputs[side], " must have at least one dimension (the hidden size), "
-        "got a 0-dim tensor");
+        inputs[side]->dim() >= 1, op, ": ", f.inputs[side], " must have at least one dimension (",
+        side == 1 && support ? "the support" : "the hidden size", "), got a 0-dim tensor");
+    if (side == 1 && support) continue;
     TORCH_CHECK(
         weights[side]->dim() == 2, op, ": ", f.weights[side], " must be 2-D (vocabulary, hidden size), got shape ",
         Geometry<Int>::sizes(*weights[side]));
   }
   const auto vocab = Geometry<Int>::sizes(*weights[0])[0];
   TORCH_CHECK(
-      Geometry<Int>::sizes(*weights[1])[0] == vocab, op, ": ", f.weights[1], " must have ", f.weights[0],
+      support || Geometry<Int>::sizes(*weights[1])[0] == vocab, op, ": ", f.weights[1], " must have ", f.weights[0],
       "'s vocabulary ", vocab, " (its first dimension), got shape ", Geometry<Int>::sizes(*weights[1]));
-  for (int side = 0; side < 2; ++side) {
+  for (int side = 0; side < sides; ++side) {
     const auto hidden = Geometry<Int>::sizes(*inputs[side]).back();
     TORCH_CHECK(
         Geometry<Int>::sizes(*weights[side])[1] == hidden, op, ": ", f.weights[side], " must be (vocabulary, ",
@@ -673,6 +688,9 @@ BasicLinearSpec<Int> linear_spec(const LossDecl& d, const char* op, const Linear
   TORCH_CHECK(
       t_shape.slice(0, t_shape.size() - 1) == leading, op, ": ", f.inputs[1], " must have ", f.inputs[0],
       "'s leading shape ", leading, " (one row per token), got shape ", t_shape);
+  TORCH_CHECK(
+      !support || t_shape.back() >= 1, op, ": ", f.inputs[1], " must have at least one entry per row, got shape ",
+      t_shape);
   if (l.defined()) {
     TORCH_CHECK(
         Geometry<Int>::sizes(l) == leading, op, ": ", r.labels, " must have the inputs' leading shape ", leading,
@@ -684,6 +702,12 @@ BasicLinearSpec<Int> linear_spec(const LossDecl& d, const char* op, const Linear
   spec.leading.assign(leading.begin(), leading.end());
   spec.rows = numel_of(leading);
   spec.vocab = vocab;
+  if (support) {
+    spec.support = t_shape.back();
+    spec.entries = spec.support + (c.scalars.tail() ? 1 : 0);
+  } else {
+    spec.entries = vocab;
+  }
   spec.batch_rows = leading.empty() ? vocab : leading[0];
   spec.labels = l.defined();
   spec.reduction = how;

@@ -307,9 +307,20 @@ struct LinearCall {
   bool return_entropy;
 };
 
+// A teacher over a support (losses.h's LinearForm): its Ids and Mask inputs, from the teacher side's weight and
+// bias places, as the row loss's RowInputs (at their declared positions).
+RowInputs linear_support_inputs(const RowArgs& r, const LinearCall& c);
+
+// The gradients a call makes of those output_mask asks for: a support's ids and mask get none.
+inline std::array<bool, 6> linear_mask(const RowArgs& r, std::array<bool, 6> mask) {
+  if (r.teacher == TeacherForm::Support) mask[4] = mask[5] = false;
+  return mask;
+}
+
 // What its checks say of a call: the result's dtype (the promotion of the two inputs'), the inputs' leading
-// shape, its rows and the vocabulary, and what 'batchmean' divides by without labels (the first dimension of
-// the logits the inputs would make: the rows of a 2-D input, V of a 1-D one).
+// shape, its rows and the vocabulary, a support's K (0 for teacher logits), the values per row "mean" counts
+// (V, or K + 1 with a support's tail, K without), and what 'batchmean' divides by without labels (the first
+// dimension of the logits the inputs would make: the rows of a 2-D input, V of a 1-D one).
 template <typename Int>
 struct BasicLinearSpec {
   const char* op = nullptr;  // the op checked, named in the messages of what its kernels check later
@@ -317,6 +328,8 @@ struct BasicLinearSpec {
   c10::SmallVector<Int, c10::kDimVectorStaticSize> leading;
   Int rows = 0;
   Int vocab = 0;
+  Int support = 0;
+  Int entries = 0;
   Int batch_rows = 0;
   bool labels = false;
   FamilyReduction reduction = FamilyReduction::BatchMean;
@@ -328,7 +341,8 @@ using LinearSpec = BasicLinearSpec<int64_t>;
 // tensor on one device; hidden states of at least one and at most 8 dimensions with the same leading shape;
 // weights (V, H) with the same V, each H its input's last dimension; biases (V,); each weight and bias of its
 // input's dtype; labels of an integer dtype and the leading shape; the reduction ('none' refused); the scalars'
-// rules; labels given when weight_hard_loss != 0; a chunk_size >= 1 when given.
+// rules; labels given when weight_hard_loss != 0; a chunk_size >= 1 when given. A teacher over a support: its
+// values floating, of the inputs' leading shape and K >= 1 entries, its ids and mask as the row loss checks them.
 template <typename Int>
 BasicLinearSpec<Int> linear_spec(const LossDecl& d, const char* op, const LinearCall& c);
 

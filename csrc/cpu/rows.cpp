@@ -158,10 +158,10 @@ RowBatch rows_of(const FrameCall& c, double* row_sums) {
 std::pair<at::Tensor, at::Tensor> gradients(
     const FrameCall& c, std::array<bool, 2> mask, RowBatch& r, bool over_logits = false) {
   at::Tensor gs, gt;
-  if (over_logits) {
-    TORCH_INTERNAL_ASSERT(c.student.is_contiguous() && c.teacher.is_contiguous());
+  if (over_logits) {  // a support's values are not logits: its gradient is SupportRows'
+    TORCH_INTERNAL_ASSERT(c.student.is_contiguous() && (c.spec.support > 0 || c.teacher.is_contiguous()));
     if (mask[0]) gs = c.student;
-    if (mask[1]) gt = c.teacher;
+    if (mask[1] && c.spec.support == 0) gt = c.teacher;
   }
   if (mask[0] && !gs.defined()) gs = at::empty(c.spec.logits_shape, c.student.options());
   if (mask[1] && !gt.defined() && c.spec.support == 0) gt = at::empty(c.spec.logits_shape, c.teacher.options());
@@ -274,10 +274,10 @@ struct CpuRows {
 template <typename Loss>
 struct CpuLinearStep {
   static composite::RowStep step() {
-    return {[](const at::Tensor& student, const at::Tensor& teacher, const std::optional<at::Tensor>& labels,
-               const DeclaredScalars& scalars, int64_t ignore_index, std::array<bool, 2> mask,
-               composite::RowExtras* extras) {
-              const RowCall call{student, teacher, {}, labels, kSum, scalars, ignore_index};
+    return {[](const at::Tensor& student, const at::Tensor& teacher, const RowInputs& inputs,
+               const std::optional<at::Tensor>& labels, const DeclaredScalars& scalars, int64_t ignore_index,
+               std::array<bool, 2> mask, composite::RowExtras* extras) {
+              const RowCall call{student, teacher, inputs, labels, kSum, scalars, ignore_index};
               const RowSpec spec = row_with_grads_spec<int64_t>(Loss::decl, call);
               return cpu::forward({call, spec, row_index<Loss>(), Loss::decl.linear.forward}, mask, /*over_logits=*/true, extras);
             },

@@ -14,7 +14,11 @@
 //      log-probability, G_k for the student and the teacher's gradient for the teacher;
 //   3. the student's gradient w.r.t. its logits, -p * sum(G) everywhere (p from the kept exps, one factor per
 //      block) and G_k added at the K ids, over T and through the transform.
-// So 1 exp per logit and two passes over the row in memory: pass 1 reads it, pass 3 writes its gradient.
+// So 1 exp per logit and two passes over the row in memory: pass 1 reads it, pass 3 writes its gradient, which
+// may be the row itself (the linear form's chunks): what pass 3 needs of the row is read before it. The linear
+// form's extras (isa.h's RowBatch) ride on the same passes: the hard loss's log-softmax is pass 1's where T is 1
+// (else one more log-sum-exp pass, its exps kept beside the first's), its gradient added in pass 3, and the
+// entropy, -sum(p * log p) = log-normalizer - sum(p * z / T), one more read of the kept exps and the row.
 #pragma once
 
 #include "row_kernels.h"
@@ -29,11 +33,13 @@ constexpr double kTailLogMassMax = SparseJsd::kTailLogMassMax;
 
 // The scratch a thread's call needs: the block maxima (doubles); the kept exps, the softcapped z and the
 // converted logits, rows of the compute type; one gathered row of the storage type; the gradient's row of the
-// compute type; five float64 arrays of K + 1 entries, one of the compute type and one of bools.
+// compute type; six float64 arrays of K + 1 entries, one of the compute type and one of bools; with a hard
+// loss, the untempered log-sum-exp's block maxima and kept exps.
 int64_t sparse_scratch_bytes(const RowBatch& c) {
   const int64_t compute = rows_in_float64(c) ? 8 : 4;
+  const int64_t hard = c.hard_labels ? row_block_count(c.vocab) * 8 + compute * row_cache_floats(c.vocab) : 0;
   return row_block_count(c.vocab) * 8 + compute * 4 * row_cache_floats(c.vocab) + 8 * c.vocab +
-      (5 * 8 + compute + 1) * (c.support + 1);
+      (6 * 8 + compute + 1) * (c.support + 1) + hard;
 }
 
 // log(sum(exp(x))) of the entries where `on`, -inf where none is.
@@ -173,8 +179,15 @@ void sparse_rows(const RowBatch& c, int64_t begin, int64_t end, void* scratch) {
   double* f = t + (kk + 1);
   double* g = f + (kk + 1);
   double* h = g + (kk + 1);
-  A* small = reinterpret_cast<A*>(h + (kk + 1));  // K + 1 entries of the compute type: 'none''s rows
+  double* zs = h + (kk + 1);  // z at the ids, read before pass 3 may write over the row
+  A* small = reinterpret_cast<A*>(zs + (kk + 1));  // K + 1 entries of the compute type: 'none''s rows
   bool* on = reinterpret_cast<bool*>(small + (kk + 1));
+  // The hard loss's untempered log-sum-exp, where T is not 1: its block maxima and kept exps.
+  double* raw_tops = reinterpret_cast<double*>(reinterpret_cast<char*>(on) + (kk + 1));
+  A* raw_kept = reinterpret_cast<A*>(raw_tops + (c.hard_labels ? row_block_count(n) : 0));
+  // The hard loss's logits are z untempered: the softcapped z, or the logits times their scale.
+  const double raw_inv = softcapped ? 1.0 : scale;
+  const bool untempered = inv == raw_inv;
   const SparseRow support{c.scalars[kSparseBeta].real, c.support_tail, kk,
                           static_cast<double>(std::numeric_limits<A>::min())};
   const int64_t student_size = dtype_size(c.student_dtype), result_size = dtype_size(c.result_dtype);
@@ -234,8 +247,53 @@ void sparse_rows(const RowBatch& c, int64_t begin, int64_t end, void* scratch) {
     for (int64_t j = 0; j < kk; ++j) {
       on[j] = mask ? mask[j] : true;
       // The log-probability as the row's log-softmax makes it: x / T in the compute type, less both parts.
-      s[j] = on[j] ? static_cast<double>(z_at(ids[j]) * inv_a) - log_norm : -kInfinity;
+      zs[j] = on[j] ? static_cast<double>(z_at(ids[j])) : 0.0;
+      s[j] = on[j] ? static_cast<double>(static_cast<A>(zs[j]) * inv_a) - log_norm : -kInfinity;
       t[j] = on[j] ? teacher[j] : -kInfinity;
+    }
+    // The linear form's extras, from the row before pass 3: the hard loss (its log-softmax's two parts, the
+    // label's z) and the entropy.
+    const RowHard hard = hard_of(c, r, row);
+    const bool has_hard = hard.label >= 0, hard_grad = has_hard && grad_row && hard.weight != 0;
+    RowStats raw = stats;
+    double z_label = 0;
+    if (has_hard) {
+      z_label = static_cast<double>(z_at(hard.label));
+      if (!untempered) {
+        if constexpr (kStorage) {
+          const auto z = [&](int64_t i) { return load_at<IoS>(stored, i, n); };
+          raw = row_logsumexp<IoS, A>(z, z, stored, n, raw_inv, raw_kept, raw_tops);
+        } else {
+          const auto z = [&](int64_t i) { return load_at<IoA>(x, i, n); };
+          raw = row_logsumexp<IoA, A>(z, z, x, n, raw_inv, raw_kept, raw_tops);
+        }
+      }
+      if (hard.value) *hard.value = (raw.max - static_cast<double>(static_cast<A>(z_label) * static_cast<A>(raw_inv))) +
+                                    raw.log_sum;
+    }
+    if (c.entropy) {
+      // sum(p * z / T) over the kept exps, a block at a time (0 where p is: a logit of -inf), then
+      // -sum(p log p) = log_norm - sum(p * z / T).
+      double weighted = 0;
+      int64_t block = 0;
+      const V inv_v = cst<V>(inv);
+      for (int64_t b = 0; b < n; b += kBlockVectors * W, ++block) {
+        const int64_t e = block_end<IoA>(b, n);
+        RowSum<V> sum;
+        for (int64_t i = b; i < e; i += W) {
+          V zi;
+          if constexpr (kStorage) {
+            zi = load_at<IoS>(stored, i, n);
+          } else {
+            zi = load_at<IoA>(x, i, n);
+          }
+          const V k = IoRow<A>::load(kept + i);
+          sum.add(select(k == cst<V>(0), cst<V>(0), k * (zi * inv_v)));
+        }
+        sum.end_block();
+        weighted += sum.total * stats.factor(tops[block]);
+      }
+      c.entropy[r] = static_cast<float>(log_norm - weighted);
     }
     // 'none''s backward: kept row `row`'s weights (of the result's dtype) into f, which run reads at each entry
     // before it writes that entry's value there.
@@ -269,36 +327,67 @@ void sparse_rows(const RowBatch& c, int64_t begin, int64_t end, void* scratch) {
       return std::ldexp(1.0, power);
     };
     double power_factor = 1;
+    double sum_g = 0;
+    for (int64_t j = 0; j < kk; ++j) sum_g += g[j];
+    // The dense part's factors of a block: of the kept exps (the divergence's -p sum(G) over T, and the hard
+    // loss's weight * softmax where T is 1) and, where T is not 1, of the untempered kept exps (the hard loss's).
+    const double hard_factor = hard_grad ? hard.weight * raw_inv : 0.0;
+    const auto kept_factor = [&](int64_t block) {
+      return stats.factor(tops[block]) * (-sum_g * inv + (untempered ? hard_factor : 0.0));
+    };
+    const bool raw_part = hard_grad && !untempered;
     if (kStorage && grad_row) {
-      double sum_g = 0;
-      for (int64_t j = 0; j < kk; ++j) sum_g += g[j];
       TS* out = reinterpret_cast<TS*>(grad_row);
       int64_t block = 0;
       for (int64_t b = 0; b < n; b += kBlockVectors * W, ++block) {
         const int64_t e = block_end<IoA>(b, n);
-        const V factor = cst<V>(-sum_g * stats.factor(tops[block]) * inv);
-        for (int64_t i = b; i < e; i += W) store_at<IoS>(out, i, n, IoRow<A>::load(kept + i) * factor);
+        const V factor = cst<V>(kept_factor(block));
+        if (raw_part) {
+          const V raw_factor = cst<V>(hard_factor * raw.factor(raw_tops[block]));
+          for (int64_t i = b; i < e; i += W) {
+            store_at<IoS>(out, i, n, IoRow<A>::load(kept + i) * factor + IoRow<A>::load(raw_kept + i) * raw_factor);
+          }
+        } else {
+          for (int64_t i = b; i < e; i += W) store_at<IoS>(out, i, n, IoRow<A>::load(kept + i) * factor);
+        }
       }
-      // At the ids, the whole gradient made again in float64 and rounded once: -p sum(G) + G_k, over T.
+      // At the ids and the label, the whole gradient made again in float64 and rounded once: -p sum(G) + G_k,
+      // over T, and the hard loss's weight * (softmax - [the label]).
+      const auto exact = [&](double z, double gk, bool label) {
+        const double p = std::exp(static_cast<double>(static_cast<A>(z) * inv_a) - log_norm);
+        double value = (gk - sum_g * p) * inv;
+        if (hard_grad) {
+          const double q = untempered ? p : std::exp(static_cast<double>(static_cast<A>(z) * static_cast<A>(raw_inv)) -
+                                                     raw.max - raw.log_sum);
+          value += hard_factor * (q - (label ? 1.0 : 0.0));
+        }
+        return static_cast<A>(value);
+      };
+      bool label_done = !hard_grad;
       for (int64_t j = 0; j < kk; ++j) {
-        if (!on[j] || g[j] == 0) continue;
-        const int64_t id = ids[j];
-        const double p = std::exp(static_cast<double>(z_at(id) * inv_a) - log_norm);
-        const A value = static_cast<A>((g[j] - sum_g * p) * inv);
-        write_row<IoA>(&value, c.student_dtype, out + id, 1);
+        if (!on[j]) continue;
+        const bool label = hard_grad && ids[j] == hard.label;
+        if (g[j] == 0 && !label) continue;
+        label_done = label_done || label;
+        const A value = exact(zs[j], g[j], label);
+        write_row<IoA>(&value, c.student_dtype, out + ids[j], 1);
+      }
+      if (!label_done) {
+        const A value = exact(z_label, 0.0, true);
+        write_row<IoA>(&value, c.student_dtype, out + hard.label, 1);
       }
     } else if (grad_row) {
-      double sum_g = 0;
-      for (int64_t j = 0; j < kk; ++j) sum_g += g[j];
       A* out = grad_in_place ? reinterpret_cast<A*>(grad_row) : grad;
       const double slope_curve = softcapped ? scale / (cap * cap) : 0.0;
       const V curve = cst<V>(slope_curve), slope_scale = cst<V>(scale);
       int64_t block = 0;
       for (int64_t b = 0; b < n; b += kBlockVectors * W, ++block) {
         const int64_t e = block_end<IoA>(b, n);
-        const V factor = cst<V>(-sum_g * stats.factor(tops[block]) * inv);
+        const V factor = cst<V>(kept_factor(block));
+        const V raw_factor = cst<V>(raw_part ? hard_factor * raw.factor(raw_tops[block]) : 0.0);
         for (int64_t i = b; i < e; i += W) {
           V v = IoRow<A>::load(kept + i) * factor;
+          if (raw_part) v = v + IoRow<A>::load(raw_kept + i) * raw_factor;
           if (softcapped) {
             const V zi = IoA::load(x + i);
             v = v * (slope_scale - zi * zi * curve);
@@ -306,15 +395,19 @@ void sparse_rows(const RowBatch& c, int64_t begin, int64_t end, void* scratch) {
           store_at<IoA>(out, i, n, v);
         }
       }
+      // The slope of the softcap at an element (its z kept in scratch: pass 3 does not write over it).
+      const auto slope_at = [&](int64_t id) {
+        if (!softcapped) return 1.0;
+        const double zi = static_cast<double>(x[id]);
+        return scale * (1 - (zi / cap) * (zi / cap));
+      };
       for (int64_t j = 0; j < kk; ++j) {
         if (!on[j] || g[j] == 0) continue;
         const int64_t id = ids[j];
-        double slope = 1;
-        if (softcapped) {
-          const double zi = static_cast<double>(x[id]);
-          slope = scale * (1 - (zi / cap) * (zi / cap));
-        }
-        out[id] = static_cast<A>(static_cast<double>(out[id]) + g[j] * inv * slope);
+        out[id] = static_cast<A>(static_cast<double>(out[id]) + g[j] * inv * slope_at(id));
+      }
+      if (hard_grad) {
+        out[hard.label] = static_cast<A>(static_cast<double>(out[hard.label]) - hard_factor * slope_at(hard.label));
       }
       if (c.row_scale) {  // float16: the row's gradients stored times 2^j (isa.h)
         double bound = teacher_bound();

@@ -491,23 +491,32 @@ struct NpuRows {
 template <typename Loss>
 struct NpuLinearStep {
   static composite::RowStep step() {
-    return {[](const at::Tensor& student, const at::Tensor& teacher, const std::optional<at::Tensor>& labels,
-               const DeclaredScalars& scalars, int64_t ignore_index, std::array<bool, 2> mask,
-               composite::RowExtras*) -> std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> {
-              const RowCall c{student, teacher, {}, labels, kSum, scalars, ignore_index};
+    return {[](const at::Tensor& student, const at::Tensor& teacher, const RowInputs& inputs,
+               const std::optional<at::Tensor>& labels, const DeclaredScalars& scalars, int64_t ignore_index,
+               std::array<bool, 2> mask, composite::RowExtras*) -> std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> {
+              const RowCall c{student, teacher, inputs, labels, kSum, scalars, ignore_index};
               const c10::OptionalDeviceGuard guard(at::device_of(student));
               const bool grads = mask[0] || mask[1];
-              if (student.numel() > 0 && (grads ? on_aclnn<Loss, true>(c) : on_aclnn<Loss, false>(c))) {
-                if (auto r = run_or_rejected(frame_of<Loss>(c, mask, true, student.size(0)), Weight{})) {
-                  return {r->value, r->gs, r->gt, r->row_scale};
+              if constexpr (kHasAclnnPath<Loss>) {
+                if (student.numel() > 0 && (grads ? on_aclnn<Loss, true>(c) : on_aclnn<Loss, false>(c))) {
+                  if (auto r = run_or_rejected(frame_of<Loss>(c, mask, true, student.size(0)), Weight{})) {
+                    return {r->value, r->gs, r->gt, r->row_scale};
+                  }
                 }
               }
               const int64_t rows = student.numel() / std::max<int64_t>(student.size(-1), 1);
               return composite::with_grads(
-                  Loss{}, c, mask, std::max<int64_t>(1,
-                      rows * npu_row_math<Loss>().temporaries / composite::kCompositeTemporaries));
+                  Loss{}, c, mask, std::max<int64_t>(1, rows * temporaries() / composite::kCompositeTemporaries));
             },
-            false, npu_row_math<Loss>().temporaries * 4};
+            false, temporaries() * 4};
+  }
+  // The float32 rows of V the step holds per row: its path's, or the composite's for a member without one.
+  static int64_t temporaries() {
+    if constexpr (kHasAclnnPath<Loss>) {
+      return npu_row_math<Loss>().temporaries;
+    } else {
+      return composite::kCompositeTemporaries;
+    }
   }
 };
 

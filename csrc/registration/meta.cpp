@@ -47,6 +47,7 @@ template <typename Loss>
 struct LinearMeta {
   static LinearResults run(const char* op, const LinearCall& c, std::array<bool, 6> mask) {
     const auto spec = linear_spec<c10::SymInt>(Loss::decl, op, c);
+    mask = linear_mask(Loss::decl.rows, mask);
     const at::Tensor& input = *c.input[0];
     const auto scalar = [&] { return at::empty({}, input.options().dtype(spec.dtype)); };
     // The inputs' and biases' gradients are new contiguous tensors, the weights' keep the weights' layout (as

@@ -147,6 +147,12 @@ def _row_cases() -> list[Case]:
                 name = f"sparse{labels}-{reduction}-student{s}-teacher{t}"
                 cases.append(Case(f"loss-{name}", "loss", f"sparse{labels}", reduction, s, t, ROW_SHAPE,
                                   SPARSE_SHAPE))
+    # Its linear form: hidden states and the support placed alike over the tokens, the lm_head weight replicated
+    # (DTensor gathers the tokens for the op, as for the fused linear JSD).
+    for s, t in (("S0", "S0"), ("R", "R"), ("S1", "S1")):
+        for reduction in ("batchmean", "sum", "mean"):
+            cases.append(Case(f"loss-fusedsparse-labels-{reduction}-student{s}-teacher{t}", "loss",
+                              "fusedsparse-labels", reduction, s, t, (*ROW_SHAPE[:-1], 5), SPARSE_SHAPE))
     return cases
 
 
@@ -231,6 +237,27 @@ def _run_sparse(case: Case, distribute) -> dict[str, object]:
     return {"value": value, "grad_self": sd.grad, "grad_target": td.grad}
 
 
+def _run_fused_sparse(case: Case, distribute) -> dict[str, object]:
+    """The sparse JSD from hidden states (H 5) and a replicated lm_head weight (V 11), with the hard loss: the
+    input's, the weight's and the teacher's gradients."""
+    g = torch.Generator().manual_seed(CASES.index(case))
+    hidden = torch.randn(case.self_shape, generator=g)
+    weight = torch.randn(ROW_SHAPE[-1], case.self_shape[-1], generator=g)
+    ids = torch.stack([torch.randperm(ROW_SHAPE[-1], generator=g)[:3] for _ in range(24)]).view(SPARSE_SHAPE)
+    teacher = torch.randn(ROW_SHAPE, generator=g).log_softmax(-1).gather(-1, ids)
+    labels = torch.randint(0, ROW_SHAPE[-1], ROW_SHAPE[:-1], generator=g)
+    labels[0, :4] = -100
+    replicate = "/".join(["R"] * (case.self_placement.count("/") + 1))
+    xd = distribute(hidden, case.self_placement).requires_grad_()
+    wd = distribute(weight, replicate).requires_grad_()
+    td = distribute(teacher, case.target_placement).requires_grad_()
+    value = npu_loss_ops.fused_linear_sparse_jsd_loss(
+        xd, wd, td, distribute(ids, case.target_placement), distribute(labels, case.self_placement), beta=0.3,
+        reduction=case.reduction, weight_hard_loss=0.5, chunk_size=5)
+    value.backward()
+    return {"value": value, "grad_self": xd.grad, "grad_target": td.grad, "grad_weight": wd.grad}
+
+
 def _placements(name: str) -> list:
     from torch.distributed.tensor import Partial, Replicate, Shard
 
@@ -245,6 +272,8 @@ def _run(case: Case, distribute) -> dict[str, object]:
         results = _run_rows(case, distribute)
     elif case.loss.startswith("sparse"):
         results = _run_sparse(case, distribute)
+    elif case.loss.startswith("fusedsparse"):
+        results = _run_fused_sparse(case, distribute)
     else:
         results = _run_elementwise(case, distribute)
     placements = getattr(results["value"], "placements", None)
@@ -293,6 +322,7 @@ REFUSED_LAYOUTS = {
     "refused-jsd-teacher-vocabulary": ("R", "S2", "teacher_logits"),
     "refused-fused-student_weight-S0": ("S0", "R", "student_weight"),
     "refused-fused-teacher_weight-S0": ("R", "S0", "teacher_weight"),
+    "refused-fusedsparse-student_weight-S0": ("S0", "R", "student_weight"),
 }
 
 
@@ -303,7 +333,14 @@ def _refusals(distribute) -> dict[str, object]:
     weights = [torch.randn(ROW_SHAPE[-1] + 1, 3, generator=g, requires_grad=True) for _ in range(2)]
     calls = {}
     for name, (first, second, _) in REFUSED_LAYOUTS.items():
-        if "-jsd-" in name:
+        if "-fusedsparse-" in name:
+            ids = torch.arange(3).repeat(4, 1)
+            calls[name] = functools.partial(
+                lambda a: npu_loss_ops.fused_linear_sparse_jsd_loss(
+                    distribute(hidden[0], "R"), a, distribute(torch.randn(4, 3, generator=g), "R"),
+                    distribute(ids, "R")).backward(),
+                distribute(weights[0], first))
+        elif "-jsd-" in name:
             calls[name] = functools.partial(
                 lambda a, b: npu_loss_ops.generalized_jsd_loss(a, b).backward(),
                 distribute(logits[0], first), distribute(logits[1], second))
@@ -429,7 +466,8 @@ def test_refused_layouts_raise_the_documented_class_itself(name, dtensor_results
     """A vocabulary split is refused with a ValueError naming the tensor, raised as itself, on the logits (both,
     the student's alone, the teacher's alone) and on either lm_head weight."""
     tensor = REFUSED_LAYOUTS[name][2]
-    op = "generalized_jsd_loss" if "-jsd-" in name else "fused_linear_jsd_loss"
+    op = ("generalized_jsd_loss" if "-jsd-" in name else "fused_linear_sparse_jsd_loss" if "-fusedsparse-" in name
+          else "fused_linear_jsd_loss")
     assert dtensor_results[name].startswith(
         f"ValueError: {op}: {tensor} is sharded on the vocabulary dimension"), dtensor_results[name]
 
@@ -455,7 +493,7 @@ def test_equals_one_process(case, dtensor_results):
     _skip_without_avg(got, dtensor_results)
     assert "error" not in got, got["error"]
     expected = _expected(case)
-    for key in ("value", "grad_self", "grad_target"):
+    for key in ("value", "grad_self", "grad_target", "grad_weight"):
         if key in expected:
             _close(got[key], expected[key], key)
     if case.kind == "out":

@@ -112,7 +112,10 @@ int64_t linear_row_bytes(const LinearSpec& spec, const LinearCall& c, std::array
 
 int64_t linear_chunk_rows(const LinearSpec& spec, const LinearCall& c, std::array<bool, 6> mask, const RowStep& step) {
   if (c.chunk_size.has_value()) return std::max<int64_t>(1, std::min(*c.chunk_size, spec.rows));
-  const int64_t share = spec.rows * std::max<int64_t>(spec.vocab, 1) * itemsize(spec.dtype) *
+  // In units of the logits' dtype: the result's, or for a support (whose values may be float32 beside 16-bit
+  // hidden states) the student's, whose logits alone the chunks make.
+  const c10::ScalarType unit = over_support(c) ? c.input[0]->scalar_type() : spec.dtype;
+  const int64_t share = spec.rows * std::max<int64_t>(spec.vocab, 1) * itemsize(unit) *
                         (teacher_in_halves(c, mask, step) ? kLinearHalvesShare : kLinearChunkShare) / 16;
   const int64_t budget = std::min(share, kLinearChunkMaxBytes);
   return std::clamp<int64_t>(budget / linear_row_bytes(spec, c, mask, step), 1, std::max<int64_t>(spec.rows, 1));

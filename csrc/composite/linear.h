@@ -119,8 +119,8 @@ inline constexpr int64_t kLinearChunkMaxBytes = int64_t{1} << 30;
 int64_t linear_row_bytes(const LinearSpec& spec, const LinearCall& c, std::array<bool, 6> mask, const RowStep& step);
 
 // The rows per chunk: chunk_size when given, else the most rows whose buffers fit kLinearChunkShare (or
-// kLinearHalvesShare) sixteenths of one N x V tensor of the result's dtype and kLinearChunkMaxBytes; at least
-// 1, at most N.
+// kLinearHalvesShare) sixteenths of one N x V tensor of the result's dtype (a support's: the student's, whose
+// logits alone are made) and kLinearChunkMaxBytes; at least 1, at most N.
 int64_t linear_chunk_rows(const LinearSpec& spec, const LinearCall& c, std::array<bool, 6> mask, const RowStep& step);
 
 // The forward with gradients, after the checks (`spec`).

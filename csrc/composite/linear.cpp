@@ -202,8 +202,11 @@ void hard_loss_chunk(const at::Tensor& z, at::Tensor& h, const at::Tensor& chunk
                      bool grad, double factor, at::Tensor& hard_sum) {
   const int64_t m = z.size(0);
   const at::Tensor target = at::where(chunk_keep, labels, 0).unsqueeze(-1);
+  const at::Tensor rows_index = at::arange(m, target.options());
   h.copy_(z);
-  const at::Tensor at_label = h.gather(-1, target);
+  // The label's logit by index (torch_npu's aclnnIndex), not gather: ops-nn's aclnnGather document lists the A2
+  // and A3 series alone (docs/aclnn_reference.md, section 11).
+  const at::Tensor at_label = h.index({rows_index, target.squeeze(-1)}).unsqueeze(-1);
   const at::Tensor top = std::get<0>(h.max(-1, true));
   h.sub_(top).exp_();
   const at::Tensor total = h.sum({-1}, true);
@@ -212,7 +215,6 @@ void hard_loss_chunk(const at::Tensor& z, at::Tensor& h, const at::Tensor& chunk
   if (!grad) return;
   h.div_(total);
   // softmax - one_hot, through index_put_ (torch_npu runs scatter through an aclop kernel)
-  const at::Tensor rows_index = at::arange(m, target.options());
   h.index_put_({rows_index, target.squeeze(-1)}, at::full({m}, -1.0, h.options()), /*accumulate=*/true);
   h.mul_((chunk_keep.to(h.scalar_type()) * factor).unsqueeze(-1));
 }

@@ -1,6 +1,7 @@
 """aclnn launches per call on the emulated NPU: this package's ops against torch_npu's own F, per chip family.
 
-The fused linear JSD's rows (fused_cases) count one call and its backward, chunk by chunk. The generalized
+The fused linear JSD's rows (fused_cases) count one call and its backward, chunk by chunk; the sparse JSD's
+(sparse_cases) its three ops against its composite, as the generalized JSD's. The generalized
 JSD's rows (jsd_cases) compare its three ops with the chunked composite on the same chip (the
 composite's kernels called directly), per call and per chunk, and with TRL 1.16's function through torch_npu's
 own kernels, at N = 1,024 and 4,096 rows of V = 512 (the counts do not depend on V).
@@ -30,8 +31,8 @@ import sys
 import warnings
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from npu_launches_table import (FUSED_CHUNK, JSD_VOCAB, cases, check, family_of, fused_cases,  # noqa: E402
-                                fused_key, jsd_cases, jsd_key, key, markdown)
+from npu_launches_table import (FUSED_CHUNK, JSD_VOCAB, SPARSE_K, cases, check, family_of,  # noqa: E402
+                                fused_cases, fused_key, jsd_cases, jsd_key, key, markdown, sparse_cases, sparse_key)
 
 
 # ---- measuring, on the emulated NPU --------------------------------------------------------------------------
@@ -167,18 +168,12 @@ def measure(baselines: bool = True) -> dict:
         n, ops = launches(trace)
         return {"launches": n, "ops": ops}
 
-    def jsd_one(composite: bool, op, dtype, beta, rows):
-        """{launches, chunks (two log-softmaxes each), ops} of one call of a JSD op (or of its composite)."""
-        gen = torch.Generator().manual_seed(0)
-        dt = getattr(torch, dtype)
-        s, t = (torch.randn(rows, JSD_VOCAB, generator=gen).to(dev, dt) for _ in range(2))
-        labels = torch.arange(rows).remainder(7)
-        labels[::4] = -100
-        labels = labels.to(dev)
-        args = (s, t, labels, 2, beta, 1.0, 1.0, 1.0, None, None, -100)
-        packet = {"forward": torch.ops.npu_loss.generalized_jsd_loss,
-                  "forward with gradients": torch.ops.npu_loss._generalized_jsd_loss_and_grads,
-                  "backward": torch.ops.npu_loss.generalized_jsd_loss_backward}[op].default
+    def row_op_one(member, composite, op, dt, args, softmaxes_per_chunk):
+        """{launches, chunks, ops} of one call of a row member's op (`member`: its forward's name; its composite's
+        kernel where `composite`): `args` the forward's, the op's own added here."""
+        forward = getattr(torch.ops.npu_loss, member)
+        packet = {"forward": forward, "forward with gradients": getattr(torch.ops.npu_loss, f"_{member}_and_grads"),
+                  "backward": getattr(torch.ops.npu_loss, f"{member}_backward")}[op].default
         if op == "forward with gradients":
             args = (*args, [True, True])
         elif op == "backward":
@@ -188,8 +183,33 @@ def measure(baselines: bool = True) -> dict:
         if "note" in result:
             return result
         n, ops = result["launches"], result["ops"]
-        counted = {"launches": n, "chunks": ops.get("aclnnLogSoftmax", 0) // 2}
+        counted = {"launches": n, "chunks": ops.get("aclnnLogSoftmax", 0) // softmaxes_per_chunk}
         return counted if composite else {**counted, "ops": ops}  # ours' operators, for --check's message
+
+    def row_labels(rows):
+        labels = torch.arange(rows).remainder(7)
+        labels[::4] = -100
+        return labels.to(dev)
+
+    def jsd_one(composite: bool, op, dtype, beta, rows):
+        """{launches, chunks (two log-softmaxes each), ops} of one call of a JSD op (or of its composite)."""
+        gen = torch.Generator().manual_seed(0)
+        dt = getattr(torch, dtype)
+        s, t = (torch.randn(rows, JSD_VOCAB, generator=gen).to(dev, dt) for _ in range(2))
+        args = (s, t, row_labels(rows), 2, beta, 1.0, 1.0, 1.0, None, None, -100)
+        return row_op_one("generalized_jsd_loss", composite, op, dt, args, 2)
+
+    def sparse_one(composite: bool, op, dtype, beta, rows):
+        """{launches, chunks (one student log-softmax each), ops} of one call of a sparse JSD op (or its composite)."""
+        gen = torch.Generator().manual_seed(0)
+        dt = getattr(torch, dtype)
+        s = torch.randn(rows, JSD_VOCAB, generator=gen).to(dev, dt)
+        ids = torch.stack([torch.randperm(JSD_VOCAB, generator=gen)[:SPARSE_K] for _ in range(rows)])
+        mask = torch.ones(rows, SPARSE_K, dtype=torch.bool)
+        ids[:, -1], mask[:, -1] = ids[:, 0], False  # a repeat, masked
+        t = torch.randn(rows, JSD_VOCAB, generator=gen).log_softmax(-1).gather(-1, ids).to(dev, dt)
+        args = (s, t, ids.to(dev), mask.to(dev), row_labels(rows), 2, beta, 1.0, True, 1.0, None, -100)
+        return row_op_one("sparse_jsd_loss", composite, op, dt, args, 1)
 
     def fused_one(dtype, hard, rows):
         """{launches, chunks, ops} of one call of the fused linear JSD and its backward."""
@@ -197,9 +217,7 @@ def measure(baselines: bool = True) -> dict:
         dt = getattr(torch, dtype)
         shapes = ((rows, 64), (JSD_VOCAB, 64), (rows, 128), (JSD_VOCAB, 128))
         xs, ws, xt, wt = (torch.randn(*s, generator=gen).div(4).to(dev, dt).requires_grad_() for s in shapes)
-        labels = torch.arange(rows).remainder(7)
-        labels[::4] = -100
-        labels = labels.to(dev)
+        labels = row_labels(rows)
         result = traced_launches(lambda: npu_loss_ops.fused_linear_jsd_loss(
             xs, ws, xt, wt, labels, weight_hard_loss=hard, chunk_size=FUSED_CHUNK).backward())
         return result if "note" in result else {**result, "chunks": -(-rows // FUSED_CHUNK)}
@@ -208,10 +226,13 @@ def measure(baselines: bool = True) -> dict:
     # The composite's and TRL's columns (about 6 and 0.03 times ours' launches) only where the table is made:
     # --check compares ours alone.
     jsd_rows = {jsd_key(*case): {"ours": jsd_one(False, *case)} for case in jsd_cases()}
+    sparse_rows = {sparse_key(*case): {"ours": sparse_one(False, *case)} for case in sparse_cases()}
     fused_rows = {fused_key(*case): {"ours": fused_one(*case)} for case in fused_cases()}
     if baselines:
         for case in jsd_cases():
             jsd_rows[jsd_key(*case)]["composite"] = jsd_one(True, *case)
+        for case in sparse_cases():
+            sparse_rows[sparse_key(*case)]["composite"] = sparse_one(True, *case)
     # Ours first, every row: a call of torch_npu's F that fails may leave its task queue unusable.
     ours = {key(*case): one(getattr(npu_loss_ops, case[0].split("[")[0]), *case) for case in cases()}
     rows = {}
@@ -224,7 +245,7 @@ def measure(baselines: bool = True) -> dict:
         rows[key(loss, dtype, reduction)] = {"ours": ours[key(loss, dtype, reduction)], "F": theirs}
     for case in jsd_cases() if baselines else ():  # last, as F: a failing call of torch_npu's may leave its
         jsd_rows[jsd_key(*case)]["TRL"] = jsd_trl(*case)  # task queue unusable
-    return {"soc": family, "rows": rows, "jsd_rows": jsd_rows, "fused_rows": fused_rows}
+    return {"soc": family, "rows": rows, "jsd_rows": jsd_rows, "sparse_rows": sparse_rows, "fused_rows": fused_rows}
 
 
 # ---- the table ---------------------------------------------------------------------------------------------
@@ -244,7 +265,8 @@ def main() -> int:
         for path in args.combine:
             with open(path) as f:
                 one = json.load(f)
-            for row in [*one.get("jsd_rows", {}).values(), *one.get("fused_rows", {}).values()]:
+            for row in [*one.get("jsd_rows", {}).values(), *one.get("sparse_rows", {}).values(),
+                        *one.get("fused_rows", {}).values()]:
                 row["ours"].pop("ops", None)  # the counts are the table; the operators are the run's log
             results[family_of(one["soc"])] = one
         with open(args.json, "w") as f:
@@ -262,9 +284,11 @@ def main() -> int:
         json.dump(measured, f, indent=1, sort_keys=True)
     total = sum(row["ours"].get("fwd", 0) + row["ours"].get("bwd", 0) for row in measured["rows"].values())
     jsd = sum(row["ours"].get("launches", 0) for row in measured["jsd_rows"].values())
+    sparse = sum(row["ours"].get("launches", 0) for row in measured["sparse_rows"].values())
     fused = sum(row["ours"].get("launches", 0) for row in measured["fused_rows"].values())
     print(f"NPU launches {family_of(measured['soc'])}: {len(measured['rows'])} rows, {total} launches of ours; "
-          f"generalized JSD {len(measured['jsd_rows'])} rows, {jsd} launches of ours; fused linear JSD "
+          f"generalized JSD {len(measured['jsd_rows'])} rows, {jsd} launches of ours; sparse JSD "
+          f"{len(measured['sparse_rows'])} rows, {sparse} launches of ours; fused linear JSD "
           f"{len(measured['fused_rows'])} rows, {fused} launches of ours")
     if args.check:
         worse = check(measured, args.check)

@@ -41,6 +41,23 @@ def jsd_key(op: str, dtype: str, beta: float, rows: int) -> str:
     return f"generalized_jsd {op} {dtype} beta={beta:g} N={rows}"
 
 
+# The sparse JSD (a served teacher's top-K): op x dtype x beta x rows, 'sum', V = JSD_VOCAB, K = SPARSE_K with the
+# tail, a repeat masked in each row, labels dropping every fourth row.
+SPARSE_K = 8
+
+
+def sparse_cases():
+    for op in JSD_OPS:
+        for dtype in ("float32", "bfloat16"):
+            for beta in (0.0, 0.5):
+                for rows in (1024, 4096):
+                    yield op, dtype, beta, rows
+
+
+def sparse_key(op: str, dtype: str, beta: float, rows: int) -> str:
+    return f"sparse_jsd {op} {dtype} beta={beta:g} N={rows}"
+
+
 # The fused linear JSD: dtype x hard loss x rows, 'batchmean', V = JSD_VOCAB, H = 64 (the teacher's 128),
 # chunks of FUSED_CHUNK rows, the student's and the teacher's gradients; one forward and its backward.
 FUSED_CHUNK = 256
@@ -110,17 +127,44 @@ def jsd_markdown(results: dict) -> list[str]:
         "column 'ours / TRL' is the ratio of launches.",
         "",
     ]
-    header = ["| op | dtype | beta | N | ours | ours' chunks | ours per chunk | composite | composite's chunks "
-              "| composite per chunk | TRL | ours / TRL |", "|---|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
-    for _, row, (op, dtype, beta, n) in _family_rows(results, "jsd_rows", "generalized JSD", header, lines,
-                                                     [(jsd_key(*c), c) for c in jsd_cases()]):
-        ours, comp = jsd_cell(row["ours"]), jsd_cell(row.get("composite", {"note": "not measured"}))
+    header = [_ROW_COLUMNS + " TRL | ours / TRL |", _ROW_ALIGN + "---:|---:|"]
+    for _, row, case in _family_rows(results, "jsd_rows", "generalized JSD", header, lines,
+                                     [(jsd_key(*c), c) for c in jsd_cases()]):
         trl = row.get("TRL", {"note": "not measured"})
         trl_cell = trl["note"] if "note" in trl else str(trl["launches"])
         ratio = (f"{row['ours']['launches'] / trl['launches']:.2f}x"
                  if "launches" in trl and "launches" in row["ours"] and trl["launches"] else "–")
-        lines.append(f"| {op} | {dtype} | {beta:g} | {n:,} | {' | '.join(ours)} | {' | '.join(comp)} "
-                     f"| {trl_cell} | {ratio} |")
+        lines.append(f"{_row_cells(case, row)} {trl_cell} | {ratio} |")
+    return lines
+
+
+# A row member's table: the case, then ours' and the composite's launches, chunks and launches per chunk.
+_ROW_COLUMNS = ("| op | dtype | beta | N | ours | ours' chunks | ours per chunk | composite | composite's chunks "
+                "| composite per chunk |")
+_ROW_ALIGN = "|---|---|---|---:|---:|---:|---:|---:|---:|---:|"
+
+
+def _row_cells(case: tuple, row: dict) -> str:
+    op, dtype, beta, n = case
+    ours, comp = jsd_cell(row["ours"]), jsd_cell(row.get("composite", {"note": "not measured"}))
+    return f"| {op} | {dtype} | {beta:g} | {n:,} | {' | '.join(ours)} | {' | '.join(comp)} |"
+
+
+def sparse_markdown(results: dict) -> list[str]:
+    lines = [
+        "## The sparse JSD",
+        "",
+        "One call of each op of `sparse_jsd_loss` (the forward with both gradients, the backward with both), 'sum', "
+        f"N rows of V = {JSD_VOCAB:,}, a support of K = {SPARSE_K} with the tail (one repeat masked per row), labels "
+        "dropping every fourth row, temperature 1. Ours: the op as registered (the aclnn path on the chips whose row "
+        "names an API: 910B and 910_93, [docs/npu_paths.md](../../docs/npu_paths.md)); composite: the chunked "
+        "composite's kernel of the same op on the same chip. A chunk here is counted by its student log-softmax. "
+        "The support's (N, K) terms are torch_npu's ops in both.",
+        "",
+    ]
+    for _, row, case in _family_rows(results, "sparse_rows", "sparse JSD", [_ROW_COLUMNS, _ROW_ALIGN], lines,
+                                     [(sparse_key(*c), c) for c in sparse_cases()]):
+        lines.append(_row_cells(case, row))
     return lines
 
 
@@ -186,7 +230,7 @@ def markdown(results: dict) -> str:
         lines.append("")
         if on_host:
             lines += [f"On the host through torch_npu's CPU fallback: {', '.join(f'`{op}`' for op in on_host)}.", ""]
-    return "\n".join(lines + jsd_markdown(results) + fused_markdown(results))
+    return "\n".join(lines + jsd_markdown(results) + sparse_markdown(results) + fused_markdown(results))
 
 
 def check(measured: dict, committed_path: str) -> list[str]:
@@ -207,8 +251,10 @@ def check(measured: dict, committed_path: str) -> list[str]:
             if phase in was and (phase not in now or now[phase] > was[phase]):
                 worse.append(f"{family} {name} {phase}: {now.get(phase, now.get('note'))} launches, "
                              f"the committed table has {was[phase]} ({now.get(phase + '_ops')})")
-    for name, row in [*measured.get("jsd_rows", {}).items(), *measured.get("fused_rows", {}).items()]:
-        table = "fused_rows" if name.startswith("fused_linear_jsd") else "jsd_rows"
+    for name, row in [*measured.get("jsd_rows", {}).items(), *measured.get("sparse_rows", {}).items(),
+                      *measured.get("fused_rows", {}).items()]:
+        table = ("fused_rows" if name.startswith("fused_linear_jsd") else
+                 "sparse_rows" if name.startswith("sparse_jsd") else "jsd_rows")
         was = committed[family].get(table, {}).get(name, {}).get("ours")
         now = row["ours"]
         if was is None:

@@ -510,16 +510,51 @@ struct SparseJsd {
   // TRL's tail bucket clamps the log of the support's mass at most to this, so that log(1 - mass) stays finite
   // (the CPU kernel's and the composite's).
   static constexpr double kTailLogMassMax = -1e-7;
-  // On the NPU every call runs the composite (torch_npu's ops: its log_softmax, gather, logsumexp and the
-  // rest), on every chip: the member has no aclnn chunk math of its own yet.
-  static constexpr const char* kWhyComposite =
-      "the member's chunk math through aclnn (the gather and the log-softmax statistics) is not written yet";
+  // The aclnn APIs of its NPU path (npu/sparse_jsd.cpp): the rows of V through aclnn (the log-softmax, the gather
+  // at the support, the gradient's scatter and log-softmax backward), the (n, K) support with torch_npu's ops,
+  // on the chips where every CANN version the package supports documents each API, the newest included
+  // (docs/aclnn_reference.md, section 11, cites the documents): ops-nn's aclnnGather (index/gather_elements_v2,
+  // v9.1.0) lists the Atlas A2 and A3 series alone, × on Ascend 950, 910, 310P and 310B since f47987103
+  // (2026-02-05); its aclnnScatter (index/scatter_elements_v2) lists A2, A3 and 950. So the path runs on 910B and
+  // 910_93 in every dtype, and the composite elsewhere. The logit transform as the generalized JSD's: a scale
+  // folded into the aclnnMuls of the logits over T, a softcap's aclnnInplaceTanh and, for the student's gradient,
+  // its slope (aclnnMul, aclnnAdds, aclnnInplaceMul).
+  static constexpr chips::Set kPathChips = chips::k910B;
+  static constexpr chips::AclnnUse aclnn_apis[] = {
+      {"aclnnCast", kPathChips, kPathChips},
+      {"aclnnMuls", kPathChips, kPathChips},
+      {"aclnnInplaceMuls", kPathChips, kPathChips},
+      {"aclnnLogSoftmax", kPathChips, kPathChips},
+      {"aclnnGather", kPathChips, kPathChips},
+      {"aclnnReduceSum", kPathChips, kPathChips},
+      {"aclnnDivs", kPathChips, kPathChips},
+      {"aclnnInplaceMaskedFillScalar", kPathChips, kPathChips},
+      {"aclnnScatter", kPathChips, kPathChips, chips::kAll, true},
+      {"aclnnLogSoftmaxBackward", kPathChips, kPathChips, chips::kAll, true},
+      {"aclnnInplaceTanh", kPathChips, kPathChips, chips::kAll, false, chips::kSoftcapped},
+      {"aclnnMul", kPathChips, kPathChips, chips::kAll, true, chips::kSoftcapped},
+      {"aclnnAdds", kPathChips, kPathChips, chips::kAll, true, chips::kSoftcapped},
+      {"aclnnInplaceMul", kPathChips, kPathChips, chips::kAll, true, chips::kSoftcapped},
+  };
+  static constexpr const char* kWhy950 =
+      "ops-nn's aclnnGather document lists no Ascend 950 (× since f47987103, 2026-02-05; v9.1.0)";
+  static constexpr const char* kWhyTbe =
+      "ops-nn's aclnnGather and aclnnScatter documents list neither the Atlas training (910) nor the inference "
+      "(310P) series (v9.1.0)";
+  static constexpr const char* kWhySoftcap = "the softcap's tanh, then the path's calls";
   static constexpr chips::PathRow forward_paths[] = {
-      {.chips = chips::k910 | chips::k310P | chips::k910B | chips::k950, .why = kWhyComposite},
+      {.chips = kPathChips, .transforms = chips::kUnsoftcapped, .aclnn = "aclnnGather"},
+      {.chips = kPathChips, .transforms = chips::kSoftcapped, .aclnn = "aclnnInplaceTanh", .why = kWhySoftcap},
+      {.chips = chips::k950, .why = kWhy950},
+      {.chips = chips::k910 | chips::k310P, .why = kWhyTbe},
       {.chips = chips::k310B, .why = chips::kNoLossApis},
   };
   static constexpr chips::PathRow backward_paths[] = {
-      {.chips = chips::k910 | chips::k310P | chips::k910B | chips::k950, .why = kWhyComposite},
+      {.chips = kPathChips, .transforms = chips::kUnsoftcapped, .aclnn = "aclnnScatter",
+       .why = "the support's G placed at the ids, then the log-softmax backward"},
+      {.chips = kPathChips, .transforms = chips::kSoftcapped, .aclnn = "aclnnInplaceTanh", .why = kWhySoftcap},
+      {.chips = chips::k950, .why = kWhy950},
+      {.chips = chips::k910 | chips::k310P, .why = kWhyTbe},
       {.chips = chips::k310B, .why = chips::kNoLossApis},
   };
 };

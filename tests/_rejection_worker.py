@@ -103,6 +103,31 @@ def _fused_linear(seed, beta, teacher_grad):
     return run
 
 
+def _sparse(seed, beta, op, reduction, mask=(True, True), softcap=None):
+    """One of the sparse JSD's three ops: a support of 5 with one repeat masked, the tail on, labels that drop two
+    of six rows."""
+    (s,) = _inputs(seed, (6, 37))
+    gen = torch.Generator().manual_seed(seed)
+    ids = torch.stack([torch.randperm(37, generator=gen)[:5] for _ in range(6)])
+    on = torch.ones(6, 5, dtype=torch.bool)
+    ids[:, -1], on[:, -1] = ids[:, 0], False
+    t = torch.randn(6, 37, generator=gen).log_softmax(-1).gather(-1, ids)
+    labels = torch.tensor([1, -100, 2, 3, -100, 0])
+    grad = torch.rand(4, 6, generator=gen) if reduction == 0 else torch.tensor(0.75)  # 'none': (kept, K + 1)
+
+    def run(dev):
+        args = (s.to(dev), t.to(dev), ids.to(dev), on.to(dev), labels.to(dev), reduction, beta, 1.5, True, 1.0,
+                softcap, -100)
+        if op == "forward":
+            return [ops.sparse_jsd_loss(*args)]
+        if op == "backward":
+            return list(ops.sparse_jsd_loss_backward(grad.to(dev), *args, list(mask)))
+        value, gs, gt, _ = ops._sparse_jsd_loss_and_grads(*args, list(mask))
+        return [value] + [g for g in (gs, gt) if g.numel()]
+
+    return run
+
+
 CASES = [
     ("smooth_l1_loss beta=1", _elementwise(1, "smooth_l1_loss", "smooth_l1_loss_backward", 1.0)),
     ("smooth_l1_loss beta=0", _elementwise(2, "smooth_l1_loss", "smooth_l1_loss_backward", 0.0)),
@@ -126,6 +151,10 @@ CASES = [
      _jsd(20, 0.3, "backward", 0, dtype=torch.float16, transform=(1.5, 1.0, None, 3.0))),
     ("fused_linear_jsd_loss beta=0 student", _fused_linear(15, 0.0, False)),
     ("fused_linear_jsd_loss beta=0.5 both", _fused_linear(16, 0.5, True)),
+    ("sparse_jsd_loss beta=0 mean", _sparse(21, 0.0, "forward", 1)),
+    ("_sparse_jsd_loss_and_grads beta=0.5", _sparse(22, 0.5, "with_grads", 2)),
+    ("sparse_jsd_loss_backward beta=1 none", _sparse(23, 1.0, "backward", 0)),
+    ("_sparse_jsd_loss_and_grads beta=0 softcap", _sparse(24, 0.0, "with_grads", 2, softcap=3.0)),
 ]
 
 

@@ -468,6 +468,85 @@ def _assert_close_to_cpu(got, want, dtype):
         torch.testing.assert_close(g, w, rtol=tol, atol=tol * float(w.abs().max()) if w.numel() else 0.0)
 
 
+# ---- the sparse JSD: its aclnn path (910B, 910_93) or the chunked composite, per chip ----
+
+# Calls its aclnn path makes and its composite never does (the composite's gradient is index_put_'s, not a
+# scatter, and no log-softmax backward).
+SPARSE_PATH_APIS = {"aclnnLogSoftmaxBackward", "aclnnScatter"}
+
+
+def sparse_row_api(gradients, softcap):
+    """The API the sparse JSD's row names for a call (docs/npu_paths.md), or None for the composite: Ascend
+    910B/910_93 alone (ops-nn's aclnnGather document lists the A2 and A3 series only), aclnnGather for the
+    forward, aclnnScatter with gradients, a softcapped call's aclnnInplaceTanh."""
+    if family() != "910B":
+        return None
+    if softcap is not None:
+        return "aclnnInplaceTanh" if have("aclnnInplaceTanh") else None
+    return "aclnnScatter" if gradients else "aclnnGather"
+
+
+SPARSE_CASES = [(op, dt, beta, red, softcap, mask) for op in ("forward", "backward", "with_grads") for dt in DTYPES
+                for beta in (0.0, 0.5, 1.0) for red in ((2, 0) if op != "with_grads" else (2, 1))
+                for softcap in (None, 3.0)
+                for mask in ([(True, True)] if op == "forward" else [(True, True), (False, True), (True, False)])]
+
+
+@pytest.mark.parametrize(
+    "op,dtype,beta,reduction,softcap,mask", SPARSE_CASES,
+    ids=[f"{op}-{str(dt)[6:]}-beta{beta:g}-r{red}-cap{c}-{int(m[0])}{int(m[1])}"
+         for op, dt, beta, red, c, m in SPARSE_CASES])
+def test_sparse_path_per_chip(npu, op, dtype, beta, reduction, softcap, mask):
+    """What each call of the sparse JSD's three ops ran, from the trace: on an aclnn row (910B, 910_93)
+    aclnnLogSoftmax and aclnnGather, and for the student's gradient aclnnScatter and aclnnLogSoftmaxBackward (a
+    softcap's aclnnInplaceTanh first); on a composite row neither of those two and the composite's aclnnDivs (its
+    logits over T). No call of the aclnn path outside its API's documented chips and dtypes, none rejected; the
+    results within tolerance of the CPU kernel's."""
+    want, got, trace = _cpu_and_traced_npu(_sparse_call(op, dtype, beta, reduction, softcap, mask), npu)
+    gradients = op != "forward"
+    assert not [k for k in trace if "GetWorkspaceSize:" in k or k.startswith("aclop:")], trace
+    ran = set(trace) & SPARSE_PATH_APIS
+    api = sparse_row_api(gradients, softcap)
+    if api is None:
+        assert not ran and "aclnnDivs" in trace, f"{family()}: expected the composite, the trace is {trace}"
+        assert "aclnnInplaceTanh" not in trace, trace
+    else:
+        assert not [k for k in trace if k.endswith(":undocumented")], trace
+        assert {"aclnnLogSoftmax", "aclnnGather"} <= set(trace), trace
+        assert ran == (SPARSE_PATH_APIS if gradients and mask[0] else set()), f"{op} on {family()}: ran {ran}"
+        assert ("aclnnInplaceTanh" in trace) == (softcap is not None), trace
+    _assert_close_to_cpu(got, want, dtype)
+
+
+def _sparse_call(op, dtype, beta, reduction, softcap, mask):
+    """run(device) for one of the sparse JSD's three ops on 5 rows of 37 logits and a support of 6 (one repeat
+    masked per row, the tail on), two rows dropped, T = 1.5, the student's scale 1.2 and `softcap`: its results,
+    float16's stored gradients times their row scales. Reduction 0 ('none') gives the backward a (kept, 7)
+    grad_output."""
+    gen = torch.Generator().manual_seed(9)
+    s = torch.randn(5, 37, generator=gen).mul(3).to(dtype)
+    ids = torch.stack([torch.randperm(37, generator=gen)[:6] for _ in range(5)])
+    support = torch.ones(5, 6, dtype=torch.bool)
+    ids[:, -1], support[:, -1] = ids[:, 0], False
+    t = torch.randn(5, 37, generator=gen).mul(2).log_softmax(-1).gather(-1, ids).to(dtype)
+    labels = torch.tensor([1, -100, 2, 3, -100])
+    grad_output = torch.linspace(0.5, 1.5, 21).view(3, 7).to(dtype) if reduction == 0 else torch.tensor(0.75).to(dtype)
+    ops = torch.ops.npu_loss
+
+    def run(dev):
+        args = (s.to(dev), t.to(dev), ids.to(dev), support.to(dev), labels.to(dev), reduction, beta, 1.5, True, 1.2,
+                softcap, -100)
+        if op == "forward":
+            return [ops.sparse_jsd_loss(*args)]
+        if op == "backward":
+            return list(ops.sparse_jsd_loss_backward(grad_output.to(dev), *args, list(mask)))
+        value, gs, gt, row_scale = ops._sparse_jsd_loss_and_grads(*args, list(mask))
+        scale = row_scale.unsqueeze(-1)  # float16's gradients are stored times a power of two per row
+        return [value, gs.float() * scale if gs.numel() else gs, gt.float() * scale if gt.numel() else gt]
+
+    return run
+
+
 # The matmuls of the fused linear JSD's chunks (torch_npu's addmm and mm).
 MATMUL_APIS = {"aclnnAddmm", "aclnnMm", "aclnnMatmul", "aclnnInplaceAddmm"}
 

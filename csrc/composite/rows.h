@@ -106,6 +106,16 @@ std::tuple<at::Tensor, at::Tensor> backward(
     GeneralizedJsd, const RowCall& c, const at::Tensor& grad_output, std::array<bool, 2> mask);
 
 at::Tensor forward(SparseJsd, const RowCall& c);
+// The sparse JSD's terms over a chunk's support, for a backend that makes the log-softmax and the gather its own
+// way (the NPU's aclnn path), from (n, K) tensors of the compute dtype: the student's log-probabilities at the
+// support s_raw (-inf where off), the teacher's log-probabilities and the support's mask. The entries' values f
+// (n, E) and, where `w` is defined (the entries' weights: a 0-dim tensor or (n, E)), the gradients of
+// sum(w * f) w.r.t. s_raw (g) and the teacher's (gt), as `mask` asks, 0 where off.
+struct SupportTerms {
+  at::Tensor f, g, gt;
+};
+SupportTerms sparse_support_terms(const at::Tensor& s_raw, const at::Tensor& teacher, const at::Tensor& support_on,
+                                  const DeclaredScalars& scalars, const at::Tensor& w, std::array<bool, 2> mask);
 std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> with_grads(
     SparseJsd, const RowCall& c, std::array<bool, 2> mask, int64_t rows_per_chunk = 0);
 std::tuple<at::Tensor, at::Tensor> backward(

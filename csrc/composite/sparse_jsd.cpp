@@ -49,101 +49,27 @@ struct Made {
   at::Tensor f, gs, gt;
 };
 
-// The entries' mask (n, E): the support's and, with the tail, one more entry always on.
-at::Tensor entries_on(const Chunk& c, bool tail) {
-  const at::Tensor on = c.on.defined() ? c.on : at::ones(c.ids.sizes(), c.ids.options().dtype(at::kBool));
-  return tail ? at::cat({on, at::ones_like(on.narrow(-1, 0, 1))}, -1) : on;
-}
-
 // The chunk's values and, where `w` is defined (the weights of the entries: a 0-dim tensor or (n, E)), the
-// gradients `mask` asks for.
+// gradients `mask` asks for: the support's terms (sparse_support_terms), then the log-softmax's chain,
+// -p * sum(G) everywhere with G added at the ids.
 Made sparse_terms(const Chunk& c, const DeclaredScalars& scalars, const at::Tensor& w, std::array<bool, 2> mask) {
-  const double beta = scalars.real(kBeta), temperature = scalars.temperature();
-  const bool tail = scalars.tail();
+  const double temperature = scalars.temperature();
   const auto [x, slope] = transformed(c.zs, scalars.transform(0));
   const at::Tensor log_p = at::log_softmax(x / temperature, -1);
-  const at::Tensor neg_inf = at::full({}, -std::numeric_limits<double>::infinity(), log_p.options());
   const at::Tensor support_on = c.on.defined() ? c.on : at::ones(c.ids.sizes(), c.ids.options().dtype(at::kBool));
-  // The support's log-probabilities, -inf where off.
-  const at::Tensor s_raw = at::where(support_on, log_p.gather(-1, c.ids), neg_inf);
-  const at::Tensor t_raw = at::where(support_on, c.teacher, neg_inf);
-  const at::Tensor ls = at::logsumexp(s_raw, -1, true), lt = at::logsumexp(t_raw, -1, true);
-  at::Tensor s, t;
-  if (tail) {
-    s = at::cat({s_raw, at::log(-at::expm1(ls.clamp_max(kTailLogMassMax)))}, -1);
-    t = at::cat({t_raw, at::log(-at::expm1(lt.clamp_max(kTailLogMassMax)))}, -1);
-  } else {
-    s = s_raw - ls;
-    t = t_raw - lt;
-  }
-  const at::Tensor on = entries_on(c, tail);
-  const at::Tensor zero = at::zeros({}, s.options());
-  const at::Tensor s0 = at::where(on, s, zero), t0 = at::where(on, t, zero);
-  const at::Tensor p = at::where(on, s.exp(), zero), q = at::where(on, t.exp(), zero);
-  Made r;
-  // Each entry's value and, for the gradients, its derivatives w.r.t. s and t (0 where off, or where
-  // nan_to_num's input is not finite: its gradient passes only finite values).
-  at::Tensor ds, dt;
-  const bool grads = w.defined() && (mask[0] || mask[1]);
-  if (beta == 0) {
-    const at::Tensor a = q * (t0 - s0);
-    r.f = nan_to_zero(a);
-    if (grads) {
-      const at::Tensor ok = finite_values(a) & on;
-      ds = at::where(ok, -q, zero);
-      dt = at::where(ok, a + q, zero);
-    }
-  } else if (beta == 1) {
-    const at::Tensor a = p * (s0 - t0);
-    r.f = nan_to_zero(a);
-    if (grads) {
-      const at::Tensor ok = finite_values(a) & on;
-      ds = at::where(ok, a + p, zero);
-      dt = at::where(ok, -p, zero);
-    }
-  } else {
-    const double tiny = s.scalar_type() == at::kDouble ? std::numeric_limits<double>::min()
-                                                        : static_cast<double>(std::numeric_limits<float>::min());
-    const at::Tensor mixture = (1 - beta) * p + beta * q;
-    const at::Tensor m = at::where(on, at::log(mixture.clamp_min(tiny)), zero);
-    const at::Tensor a = q * (t0 - m), b = p * (s0 - m);
-    r.f = beta * nan_to_zero(a) + (1 - beta) * nan_to_zero(b);
-    if (grads) {
-      const at::Tensor active = (mixture >= tiny) & on;
-      const at::Tensor dm_dp = at::where(active, (1 - beta) / mixture, zero);
-      const at::Tensor dm_dq = at::where(active, beta / mixture, zero);
-      const at::Tensor fa = at::where(finite_values(a) & on, beta, 0.0).to(s.scalar_type());
-      const at::Tensor fb = at::where(finite_values(b) & on, 1 - beta, 0.0).to(s.scalar_type());
-      ds = fa * (-q * dm_dp * p) + fb * (b + p - p * dm_dp * p);
-      dt = fa * (a + q - q * dm_dq * q) + fb * (-p * dm_dq * q);
-    }
-  }
-  if (!grads) return r;
-  const int64_t k = s_raw.size(-1);
-  // Back to the support's log-probabilities: through the tail (-a_tail p_j / (1 - mass) where the clamp
-  // passes) or the renormalization (a_j - softmax_j * sum(a)).
-  const auto chain = [&](const at::Tensor& d, const at::Tensor& raw, const at::Tensor& log_mass) {
-    const at::Tensor a = w * d;
-    if (tail) {
-      const at::Tensor entries = a.narrow(-1, 0, k), bucket = a.narrow(-1, k, 1);
-      const at::Tensor factor = at::where(log_mass <= kTailLogMassMax, bucket / at::expm1(log_mass), zero);
-      return at::where(support_on, entries + factor * raw.exp(), zero);
-    }
-    const at::Tensor sum = a.sum(-1, true);
-    return at::where(support_on, a - (raw - log_mass).exp() * sum, zero);
-  };
-  if (mask[0]) {
-    const at::Tensor g = chain(ds, s_raw, ls);
-    // -p * sum(G) everywhere, then G added at the ids (index_put_ with accumulation: an op every device's own
-    // kernels run; a masked entry's id 0 adds its G of 0).
-    const int64_t vocab = log_p.size(-1);
-    const at::Tensor ids = c.ids.reshape({-1, k});
-    const at::Tensor rows = at::arange(ids.size(0), ids.options()).unsqueeze(1).expand_as(ids);
-    at::Tensor gs = (-log_p.exp() * g.sum(-1, true)).reshape({-1, vocab});
-    gs = gs.index_put({rows, ids}, g.reshape({-1, k}), /*accumulate=*/true).view(log_p.sizes()) / temperature;
-    r.gs = slope.defined() ? gs * slope : gs;
-  }
-  if (mask[1]) r.gt = chain(dt, t_raw, lt);
+  const at::Tensor neg_inf = at::full({}, -std::numeric_limits<double>::infinity(), log_p.options());
+  const SupportTerms terms = sparse_support_terms(at::where(support_on, log_p.gather(-1, c.ids), neg_inf),
+                                                  c.teacher, support_on, scalars, w, mask);
+  Made r{terms.f, at::Tensor(), terms.gt};
+  if (!terms.g.defined()) return r;
+  // -p * sum(G) everywhere, then G added at the ids (index_put_ with accumulation: an op every device's own
+  // kernels run; a masked entry's id 0 adds its G of 0).
+  const int64_t k = c.ids.size(-1), vocab = log_p.size(-1);
+  const at::Tensor ids = c.ids.reshape({-1, k});
+  const at::Tensor rows = at::arange(ids.size(0), ids.options()).unsqueeze(1).expand_as(ids);
+  at::Tensor gs = (-log_p.exp() * terms.g.sum(-1, true)).reshape({-1, vocab});
+  gs = gs.index_put({rows, ids}, terms.g.reshape({-1, k}), /*accumulate=*/true).view(log_p.sizes()) / temperature;
+  r.gs = slope.defined() ? gs * slope : gs;
   return r;
 }
 
@@ -208,6 +134,82 @@ at::Tensor empty_sparse_forward(const RowCall& c, const at::Tensor& keep) {
 }
 
 }  // namespace
+
+SupportTerms sparse_support_terms(const at::Tensor& s_raw, const at::Tensor& teacher, const at::Tensor& support_on,
+                                  const DeclaredScalars& scalars, const at::Tensor& w, std::array<bool, 2> mask) {
+  const double beta = scalars.real(kBeta);
+  const bool tail = scalars.tail();
+  const at::Tensor neg_inf = at::full({}, -std::numeric_limits<double>::infinity(), s_raw.options());
+  const at::Tensor t_raw = at::where(support_on, teacher, neg_inf);
+  const at::Tensor ls = at::logsumexp(s_raw, -1, true), lt = at::logsumexp(t_raw, -1, true);
+  at::Tensor s, t;
+  if (tail) {
+    s = at::cat({s_raw, at::log(-at::expm1(ls.clamp_max(kTailLogMassMax)))}, -1);
+    t = at::cat({t_raw, at::log(-at::expm1(lt.clamp_max(kTailLogMassMax)))}, -1);
+  } else {
+    s = s_raw - ls;
+    t = t_raw - lt;
+  }
+  const at::Tensor on = tail ? at::cat({support_on, at::ones_like(support_on.narrow(-1, 0, 1))}, -1) : support_on;
+  const at::Tensor zero = at::zeros({}, s.options());
+  const at::Tensor s0 = at::where(on, s, zero), t0 = at::where(on, t, zero);
+  const at::Tensor p = at::where(on, s.exp(), zero), q = at::where(on, t.exp(), zero);
+  SupportTerms r;
+  // Each entry's value and, for the gradients, its derivatives w.r.t. s and t (0 where off, or where
+  // nan_to_num's input is not finite: its gradient passes only finite values).
+  at::Tensor ds, dt;
+  const bool grads = w.defined() && (mask[0] || mask[1]);
+  if (beta == 0) {
+    const at::Tensor a = q * (t0 - s0);
+    r.f = nan_to_zero(a);
+    if (grads) {
+      const at::Tensor ok = finite_values(a) & on;
+      ds = at::where(ok, -q, zero);
+      dt = at::where(ok, a + q, zero);
+    }
+  } else if (beta == 1) {
+    const at::Tensor a = p * (s0 - t0);
+    r.f = nan_to_zero(a);
+    if (grads) {
+      const at::Tensor ok = finite_values(a) & on;
+      ds = at::where(ok, a + p, zero);
+      dt = at::where(ok, -p, zero);
+    }
+  } else {
+    const double tiny = s.scalar_type() == at::kDouble ? std::numeric_limits<double>::min()
+                                                        : static_cast<double>(std::numeric_limits<float>::min());
+    const at::Tensor mixture = (1 - beta) * p + beta * q;
+    const at::Tensor m = at::where(on, at::log(mixture.clamp_min(tiny)), zero);
+    const at::Tensor a = q * (t0 - m), b = p * (s0 - m);
+    r.f = beta * nan_to_zero(a) + (1 - beta) * nan_to_zero(b);
+    if (grads) {
+      const at::Tensor active = (mixture >= tiny) & on;
+      const at::Tensor dm_dp = at::where(active, (1 - beta) / mixture, zero);
+      const at::Tensor dm_dq = at::where(active, beta / mixture, zero);
+      const at::Tensor fa = at::where(finite_values(a) & on, beta, 0.0).to(s.scalar_type());
+      const at::Tensor fb = at::where(finite_values(b) & on, 1 - beta, 0.0).to(s.scalar_type());
+      ds = fa * (-q * dm_dp * p) + fb * (b + p - p * dm_dp * p);
+      dt = fa * (a + q - q * dm_dq * q) + fb * (-p * dm_dq * q);
+    }
+  }
+  if (!grads) return r;
+  const int64_t k = s_raw.size(-1);
+  // Back to the support's log-probabilities: through the tail (-a_tail p_j / (1 - mass) where the clamp
+  // passes) or the renormalization (a_j - softmax_j * sum(a)).
+  const auto chain = [&](const at::Tensor& d, const at::Tensor& raw, const at::Tensor& log_mass) {
+    const at::Tensor a = w * d;
+    if (tail) {
+      const at::Tensor entries = a.narrow(-1, 0, k), bucket = a.narrow(-1, k, 1);
+      const at::Tensor factor = at::where(log_mass <= kTailLogMassMax, bucket / at::expm1(log_mass), zero);
+      return at::where(support_on, entries + factor * raw.exp(), zero);
+    }
+    const at::Tensor sum = a.sum(-1, true);
+    return at::where(support_on, a - (raw - log_mass).exp() * sum, zero);
+  };
+  if (mask[0]) r.g = chain(ds, s_raw, ls);
+  if (mask[1]) r.gt = chain(dt, t_raw, lt);
+  return r;
+}
 
 at::Tensor forward(SparseJsd, const RowCall& c) {
   const at::Tensor keep = keep_mask(c.labels, c.ignore_index);

@@ -336,6 +336,8 @@ SupportIds support_ids(const char* op, const RowArgs& r, const RowInputs& inputs
     }
   }
   if (out.on.defined()) out.ids = at::where(out.on, out.ids, 0);
+  // A dropped row's ids are not checked: 0 there too, so that no backend's gather reads outside the row.
+  if (keep.defined()) out.ids = at::where(keep.reshape({rows, 1}).to(out.ids.device(), at::kBool), out.ids, 0);
   return out;
 }
 

@@ -101,6 +101,14 @@ aclnnStatus aclnnLogSoftmaxGetWorkspaceSize(
 aclnnStatus aclnnLogSoftmaxBackwardGetWorkspaceSize(
     const aclTensor* gradOutput, const aclTensor* output, int64_t dim, aclTensor* out, uint64_t* workspaceSize,
     aclOpExecutor** executor);
+// The sparse JSD's (npu/sparse_jsd.cpp): ops-nn v9.1.0 index/gather_elements_v2/docs/aclnnGather.md and
+// index/scatter_elements_v2/docs/aclnnScatter&aclnnInplaceScatter.md (reduce: 0 replace, 1 add, 2 multiply).
+aclnnStatus aclnnGatherGetWorkspaceSize(
+    const aclTensor* self, const int64_t dim, const aclTensor* index, aclTensor* out, uint64_t* workspaceSize,
+    aclOpExecutor** executor);
+aclnnStatus aclnnScatterGetWorkspaceSize(
+    const aclTensor* self, int64_t dim, const aclTensor* index, const aclTensor* src, int64_t reduce, aclTensor* out,
+    uint64_t* workspaceSize, aclOpExecutor** executor);
 }
 
 namespace npu_loss::npu {

@@ -153,16 +153,17 @@ namespace {
 
 using composite::KeptRows;
 
-// The chunk's weights ('none'): its grad_output rows as float32 over T (with labels, the kept rows' placed at
-// their rows and the dropped rows 0).
+// The chunk's weights ('none'): its grad_output rows (`width` per row: V, or a support's entries) as float32
+// times `factor` (1 / T; 1 for a support's, whose member applies it) (with labels, the kept rows' placed at their
+// rows and the dropped rows 0).
 at::Tensor chunk_weights(const Weight& w, const std::optional<KeptRows>& kept, const at::Tensor& keep, int64_t first,
-                         int64_t n, int64_t vocab, double inv_t) {
+                         int64_t n, int64_t width, double factor) {
   at::Tensor rows;
   if (!kept) {
     rows = w.rows.narrow(0, first, n);
   } else {
     // index_put_, as the composite's: an op every chip's aclnn has.
-    rows = at::zeros({n, vocab}, w.rows.options().dtype(at::kFloat));
+    rows = at::zeros({n, width}, w.rows.options().dtype(at::kFloat));
     const int64_t here = kept->between(first, first + n);
     if (here > 0) {
       rows.index_put_({keep.narrow(0, first, n).nonzero().squeeze(1)},
@@ -170,7 +171,7 @@ at::Tensor chunk_weights(const Weight& w, const std::optional<KeptRows>& kept, c
     }
   }
   at::Tensor scaled = f32_like(rows);
-  const at::Scalar s(inv_t);
+  const at::Scalar s(factor);
   NPU_LOSS_EXEC_ACLNN(aclnnMuls, rows, s, scaled);
   return scaled;
 }
@@ -179,6 +180,7 @@ at::Tensor chunk_weights(const Weight& w, const std::optional<KeptRows>& kept, c
 // its member's math, and what to make.
 struct FrameCall {
   const RowCall& c;
+  const char* forward_op;  // for the messages of the support's check
   const char* backward_op;
   const NpuRowMath& math;
   std::array<bool, 2> mask;  // the gradients wanted
@@ -197,6 +199,9 @@ struct Plan {
   std::optional<KeptRows> kept;
   at::Tensor drop;
   int64_t vocab = 0, rows = 0, chunk = 0;
+  int64_t entries = 0;   // the values per row: V, or a support's K + 1 (K without the tail)
+  bool support = false;  // a teacher over a support (TeacherForm::Support)
+  SupportIds ids;        // its ids, checked, and its mask
   double inv_t = 1;
   bool none = false, scaled = false;
   at::ScalarType result;
@@ -219,6 +224,9 @@ Plan plan_call(const FrameCall& jc) {
   }
   p.vocab = c.student.size(-1);
   p.rows = c.student.numel() / p.vocab;
+  p.support = c.scalars.args->teacher == TeacherForm::Support;
+  p.entries = p.support ? c.teacher.size(-1) + (c.scalars.tail() ? 1 : 0) : p.vocab;
+  if (p.support) p.ids = support_ids(jc.forward_op, *c.scalars.args, c.inputs, p.keep, p.rows, p.vocab);
   p.inv_t = 1.0 / c.scalars.temperature();
   p.none = c.reduction == kNone;
   p.scaled = jc.with_values && scales_rows(c.student, c.teacher, jc.mask);
@@ -237,8 +245,10 @@ Results allocate(const FrameCall& jc, const Plan& p) {
   r.gt = composite::gradient_or_empty(c.teacher, jc.mask[1]);
   r.row_scale = at::ones(composite::leading_shape(c.student), c.student.options().dtype(at::kFloat));
   if (jc.with_values && p.none) {
-    r.value = p.kept ? at::empty({p.kept->total(), p.vocab}, c.student.options().dtype(p.result))
-                     : at::empty(c.student.sizes(), c.student.options().dtype(p.result));
+    std::vector<int64_t> shape(c.student.sizes().begin(), c.student.sizes().end());
+    shape.back() = p.entries;
+    r.value = p.kept ? at::empty({p.kept->total(), p.entries}, c.student.options().dtype(p.result))
+                     : at::empty(shape, c.student.options().dtype(p.result));
   }
   return r;
 }
@@ -282,7 +292,7 @@ at::Tensor total_of(const RowCall& c, const Plan& p, const at::Tensor& parts) {
   const at::ScalarType dtype = at::kFloat;
   NPU_LOSS_EXEC_ACLNN(aclnnReduceSum, parts, dim, keep_dim, dtype, total);
   if (c.reduction == kMean) {
-    const at::Scalar count(static_cast<double>(p.kept ? p.kept->total() : p.rows) * static_cast<double>(p.vocab));
+    const at::Scalar count(static_cast<double>(p.kept ? p.kept->total() : p.rows) * static_cast<double>(p.entries));
     at::Tensor mean = at::empty({}, parts.options());
     NPU_LOSS_EXEC_ACLNN(aclnnDivs, total, count, mean);
     total = mean;
@@ -298,9 +308,9 @@ Results run(const FrameCall& jc, Weight w) {
   const RowCall& c = jc.c;
   const Plan p = plan_call(jc);
   if (w.rows.defined() && p.kept) check_grad_output_rows(jc.backward_op, w.rows, p.kept->total());
-  if (w.mean) w.scalar /= static_cast<double>(p.kept ? p.kept->total() : p.rows) * static_cast<double>(p.vocab);
+  if (w.mean) w.scalar /= static_cast<double>(p.kept ? p.kept->total() : p.rows) * static_cast<double>(p.entries);
   Results r = allocate(jc, p);
-  w.scalar *= p.inv_t;
+  if (!p.support) w.scalar *= p.inv_t;  // a support's member applies 1 / T to the student's side alone
   if (jc.mask[0] || jc.mask[1]) {
     w.scalar_tensor = at::scalar_tensor(w.scalar, c.student.options().dtype(at::kFloat));
   }
@@ -319,7 +329,8 @@ Results run(const FrameCall& jc, Weight w) {
       const bool drops = p.kept && p.kept->between(row0, row0 + n) < n;
       const at::Tensor d = drops ? p.drop.narrow(0, row0, n) : at::Tensor();
       const at::Tensor wrows =
-          w.rows.defined() ? chunk_weights(w, p.kept, p.keep, row0, n, p.vocab, p.inv_t) : at::Tensor();
+          w.rows.defined() ? chunk_weights(w, p.kept, p.keep, row0, n, p.entries, p.support ? 1.0 : p.inv_t)
+                           : at::Tensor();
       ChunkOut o;
       if (parts.defined()) o.part = parts.select(0, index);
       o.values = jc.with_values && p.none;
@@ -330,7 +341,9 @@ Results run(const FrameCall& jc, Weight w) {
       // float16's row scales are taken on the float32 rows (composite/rows.cpp's with_grads).
       o.gs = p.scaled && gs_rows.defined() ? f32_like(gs_rows) : gs_rows;
       o.gt = p.scaled && gt_rows.defined() ? f32_like(gt_rows) : gt_rows;
-      jc.math.chunk({c, zs.narrow(0, start, n), zt.narrow(0, start, n), p.inv_t, w, wrows, d, jc.mask}, o);
+      const at::Tensor ids = p.support ? p.ids.ids.narrow(0, row0, n) : at::Tensor();
+      const at::Tensor on = p.support && p.ids.on.defined() ? p.ids.on.narrow(0, row0, n) : at::Tensor();
+      jc.math.chunk({c, zs.narrow(0, start, n), zt.narrow(0, start, n), ids, on, p.inv_t, w, wrows, d, jc.mask}, o);
       finish_chunk(p, o, gs_rows, gt_rows, r, row0, n, d);
     }
     first += zs.size(0);
@@ -405,7 +418,7 @@ std::optional<Results> run_or_rejected(const FrameCall& jc, const Weight& w) {
 // A call of the member `Loss` as the frame runs it.
 template <typename Loss>
 FrameCall frame_of(const RowCall& c, std::array<bool, 2> mask, bool with_values, int64_t chunk = 0) {
-  return {c, Loss::decl.backward, npu_row_math<Loss>(), mask, with_values, chunk};
+  return {c, Loss::decl.forward, Loss::decl.backward, npu_row_math<Loss>(), mask, with_values, chunk};
 }
 
 // The frame's three ops for a member `Loss` with an aclnn path.
@@ -439,7 +452,7 @@ struct NpuPathRows {
     if (c.reduction == kNone) {
       const bool labels = c.labels.has_value() && c.labels->defined();
       // One row per row (the logits' shape) or one per row kept (checked in run()).
-      w.rows = labels ? grad_output : grad_output.contiguous().view({-1, c.student.size(-1)});
+      w.rows = labels ? grad_output : grad_output.contiguous().view({-1, grad_output.size(-1)});
     } else {
       w.scalar = grad_output.item<double>();
       w.mean = c.reduction == kMean;

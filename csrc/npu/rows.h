@@ -51,11 +51,14 @@ struct ChunkOut {
 };
 
 // One chunk as a member's math gets it: n rows of each side's logits (in their own dtype, untransformed), 1 / T,
-// every element's weight of the gradients (w; and wrows, float32 (n, V) over T, for the backward of 'none'), the
+// every element's weight of the gradients (w; and wrows, float32 (n, V) over T, for the backward of 'none'; for a
+// teacher over a support (TeacherForm::Support), each entry's, without the 1 / T: w.scalar, or wrows (n, K + 1)
+// or (n, K), and the teacher its (n, K) values), the
 // rows the labels drop (drop: (n, 1) bool; undefined when the chunk keeps every row) and the gradients wanted.
 struct RowChunk {
   const RowCall& call;
   at::Tensor student, teacher;
+  at::Tensor ids, on;  // a teacher over a support: the chunk's rows of its checked ids and its mask (or undefined)
   double inv_t;
   const Weight& w;
   at::Tensor wrows, drop;

@@ -372,11 +372,21 @@ EMU_API aclnnStatus aclnnIndexSelectGetWorkspaceSize(const aclTensor* self, int6
                      o.numel() == 0);
 }
 ACLNN_RUN(aclnnIndexSelect)
+// aclnnGather as ops-nn v9.1.0 documents it (index/gather_elements_v2/docs/aclnnGather.md; docs/aclnn_reference.md,
+// section 11): listed on the Atlas A2 and A3 series alone (ops_rows.cpp's table); 161002 for an index other than
+// INT32 or INT64, ranks above 8 or unequal, out not of self's dtype and index's shape, dim out of range.
 EMU_API aclnnStatus aclnnGatherGetWorkspaceSize(const aclTensor* self, int64_t dim, const aclTensor* index,
                                                 aclTensor* out, uint64_t* ws, aclOpExecutor** ex) {
-  ACLNN_CHECK_NOTNULL("aclnnGather", self, index, out);
+  const char* api = "aclnnGather";
+  ACLNN_CHECK_NOTNULL(api, self, index, out);
   auto a = T(self), i = T(index), o = T(out);
-  return emu::submit("aclnnGather", ws, ex, [=] { o.write(at::gather(a.get(), dim, i.get())); }, o.numel() == 0);
+  if (i.dtype != ACL_INT32 && i.dtype != ACL_INT64) return emu::reject(api, ACLNN_ERR_PARAM_INVALID, "index dtype");
+  if (a.dim() > 8 || i.dim() != a.dim() || o.sizes != i.sizes || o.dtype != a.dtype ||
+      dim < -std::max<int64_t>(a.dim(), 1) || dim >= std::max<int64_t>(a.dim(), 1)) {
+    return emu::reject(api, ACLNN_ERR_PARAM_INVALID, "shapes, ranks, dtypes or dim");
+  }
+  if (const aclnnStatus st = emu::documented(api, {&a, &o})) return st;
+  return emu::submit(api, ws, ex, [=] { o.write(at::gather(a.get(), dim, i.get())); }, o.numel() == 0);
 }
 ACLNN_RUN(aclnnGather)
 
@@ -384,9 +394,19 @@ ACLNN_RUN(aclnnGather)
 EMU_API aclnnStatus aclnnScatterGetWorkspaceSize(const aclTensor* self, int64_t dim, const aclTensor* index,
                                                  const aclTensor* src, int64_t reduction, aclTensor* out,
                                                  uint64_t* ws, aclOpExecutor** ex) {
-  ACLNN_CHECK_NOTNULL("aclnnScatter", self, index, src, out);
+  const char* api = "aclnnScatter";
+  ACLNN_CHECK_NOTNULL(api, self, index, src, out);
   auto a = T(self), i = T(index), s = T(src), o = T(out);
-  return emu::submit("aclnnScatter", ws, ex, [=] {
+  // ops-nn v9.1.0 index/scatter_elements_v2/docs/aclnnScatter&aclnnInplaceScatter.md: listed on A2, A3 and 950
+  // (ops_rows.cpp's table); 161002 for an index other than INT32 or INT64, ranks above 8 or unequal, self, src
+  // and out of different dtypes, out not of self's shape.
+  if (i.dtype != ACL_INT32 && i.dtype != ACL_INT64) return emu::reject(api, ACLNN_ERR_PARAM_INVALID, "index dtype");
+  if (a.dim() > 8 || i.dim() != a.dim() || s.dim() != a.dim() || o.sizes != a.sizes || s.dtype != a.dtype ||
+      o.dtype != a.dtype) {
+    return emu::reject(api, ACLNN_ERR_PARAM_INVALID, "shapes, ranks or dtypes");
+  }
+  if (const aclnnStatus st = emu::documented(api, {&a, &s, &o})) return st;
+  return emu::submit(api, ws, ex, [=] {
     at::Tensor x = a.get();
     if (reduction == 1) {
       o.write(at::scatter(x, dim, i.get(), s.get(), "add"));

@@ -1,5 +1,7 @@
-// The aclnn APIs of the generalized JSD's NPU path (csrc/losses.h, GeneralizedJsd::aclnn_apis), as the CANN
-// documents list them chip by chip (docs/aclnn_reference.md, section 10):
+// The aclnn APIs of the row members' NPU paths (csrc/losses.h, GeneralizedJsd::aclnn_apis and
+// SparseJsd::aclnn_apis), as the CANN documents list them chip by chip (docs/aclnn_reference.md, sections 10
+// and 11; ops-nn v9.1.0 index/gather_elements_v2/docs/aclnnGather.md and
+// index/scatter_elements_v2/docs/aclnnScatter&aclnnInplaceScatter.md for the sparse JSD's gather and scatter):
 //   ops-math v9.1.0: math/log_add_exp/docs/aclnnLogAddExp.md, math/add/docs/aclnnAdd&aclnnInplaceAdd.md,
 //     math/add/docs/aclnnAdds.md, math/sub/docs/aclnnSub&aclnnInplaceSub.md, math/mul/docs/aclnnMul&aclnnInplaceMul.md,
 //     math/mul/docs/aclnnMuls&aclnnInplaceMuls.md, math/div/docs/aclnnDivs&aclnnInplaceDivs.md,
@@ -66,6 +68,9 @@ const std::map<std::string, Listing>& listings() {
       {"aclnnInplaceMaskedFillScalar", {kTrainingAndInference, kBf16}},
       {"aclnnLogSoftmax", {kTrainingAndInference, kBf16}},
       {"aclnnLogSoftmaxBackward", {kTrainingAndInference, kBf16}},
+      // the sparse JSD's (ops-nn v9.1.0, docs/aclnn_reference.md section 11): the A2 and A3 series alone
+      {"aclnnGather", {k910B, k910B}},
+      {"aclnnScatter", {k910B | k950, kBf16}},  // A2, A3 and 950
   };
   return table;
 }

@@ -193,3 +193,50 @@ def test_matches_trls_top_1_and_sampled_token(beta, add_tail, which):
         for name, a, b in zip(("student", "top-1", "actual"), _grads(ours, *leaves), _grads(theirs, *leaves)):
             a = torch.zeros_like(b) if a is None else a
             torch.testing.assert_close(a, b, rtol=rtol, atol=atol, msg=f"{name} gradient, {what}")
+
+
+# ---- the op from hidden states, against TRL's own functions on the logits made ----
+
+@pytest.mark.parametrize("add_tail", [True, False])
+@pytest.mark.parametrize("beta", [0.0, 0.5, 1.0])
+def test_fused_form_matches_trl_on_the_supports_it_builds(beta, add_tail):
+    """fused_linear_sparse_jsd_loss (the logits made a chunk of rows at a time) against TRL's loss methods on the
+    logits x @ w.T: beta 0 over the teacher's top-8 (TRL's _compute_server_forward_kl_loss), 0 < beta <= 1 over
+    [the teacher's top-1, the sampled token] (its _compute_server_sparse_top_1_divergence_loss). The value and the
+    gradients of the hidden states, the weight and the teacher's log-probabilities, float64."""
+    gen = torch.Generator().manual_seed(30)
+    x = torch.randn(3, 5, 12, generator=gen, dtype=torch.float64).requires_grad_()
+    w = (torch.randn(VOCAB, 12, generator=gen, dtype=torch.float64) * 0.6).requires_grad_()
+    labels = _labels(30)
+    teacher_all = F.log_softmax(torch.randn(3, 5, VOCAB, generator=gen, dtype=torch.float64) * 3, -1)
+    for temperature in (1.0, 2.0):
+        what = f"beta={beta} tail={add_tail} T={temperature}"
+        log_p = F.log_softmax(x @ w.T / temperature, -1)
+        if beta == 0:
+            top, ids = teacher_all.topk(8, -1)
+            top = top.detach().requires_grad_()
+            theirs = TRL_FORWARD_KL(_trainer(0.0, add_tail), {"topk_logprobs": top, "topk_token_ids": ids}, log_p,
+                                    labels)
+            teacher, mask, leaves = top, None, (x, w, top)
+        else:
+            top1, top1_ids = teacher_all.max(-1)
+            sampled = torch.randint(0, VOCAB, (3, 5), generator=gen)
+            sampled[1, :3] = top1_ids[1, :3]
+            actual = teacher_all.gather(-1, sampled.unsqueeze(-1)).squeeze(-1).detach().requires_grad_()
+            top1 = top1.detach().requires_grad_()
+            result = {"topk_logprobs": top1.unsqueeze(-1), "topk_token_ids": top1_ids.unsqueeze(-1),
+                      "actual_logprobs": actual}
+            theirs = TRL_TOP_1(_trainer(beta, add_tail), result, log_p, sampled, labels)
+            if beta == 1:
+                teacher, ids, mask, leaves = actual.unsqueeze(-1), sampled.unsqueeze(-1), None, (x, w, actual)
+            else:
+                teacher = torch.stack([top1, actual], -1)
+                ids = torch.stack([top1_ids, sampled], -1)
+                mask = torch.stack([torch.ones_like(sampled, dtype=torch.bool), sampled != top1_ids], -1)
+                leaves = (x, w, top1, actual)
+        ours = npu_loss_ops.fused_linear_sparse_jsd_loss(x, w, teacher, ids, labels, support_mask=mask, beta=beta,
+                                                         temperature=temperature, add_tail=add_tail, chunk_size=4)
+        torch.testing.assert_close(ours, theirs, rtol=1e-10, atol=1e-13, msg=f"value, {what}")
+        for a, b in zip(_grads(ours, *leaves), _grads(theirs, *leaves)):
+            a = torch.zeros_like(b) if a is None else a
+            torch.testing.assert_close(a, b, rtol=1e-10, atol=1e-13, msg=f"gradient, {what}")

@@ -116,3 +116,60 @@ def read_csv_with_meta(path: str, ints: tuple[str, ...], floats: tuple[str, ...]
 def ratio_with_spread(ours: dict, base: dict) -> tuple[float, float, float]:
     """ours / base: the medians' ratio and its spread (ours' p20 / base's p80 .. ours' p80 / base's p20)."""
     return ours["median_s"] / base["median_s"], ours["p20_s"] / base["p80_s"], ours["p80_s"] / base["p20_s"]
+
+
+# ---- the workers' shared lines (bench_distill.py, bench_fused_linear.py, bench_sparse.py, bench_fused_sparse.py):
+# each WORKER is WORKER_PRELUDE and its own body, which builds its inputs and a `step()` and calls measure() ----
+
+WORKER_PRELUDE = r'''
+import ctypes, json, os, sys, time
+import torch
+import torch.nn.functional as F
+cfg = json.loads(sys.argv[1])
+torch.set_num_threads(cfg["threads"])
+sys.path.insert(0, os.path.join(cfg["repo"], "tests"))
+import npu_loss_ops
+
+
+def status(field):
+    with open("/proc/self/status") as f:
+        for line in f:
+            if line.startswith(field):
+                return int(line.split()[1]) * 1024
+
+
+def measure(step, warm_calls, reset, unit_bytes, counted_bytes=0, trim=False):
+    """The workers' protocol: `warm_calls` calls of step() timed together (a compiling call among them), reset()
+    (the warm calls' gradients dropped, which the peak would count again), the peak resident size of one call above
+    the process's size before it, less `counted_bytes` (the gradients a table does not count), in units of
+    `unit_bytes` (with `trim`, the C library's freed heap returned first, so that a new allocation shows), then
+    cfg["reps"] - 1 more timed calls: (times, peak, warm_s)."""
+    start = time.perf_counter()
+    for _ in range(warm_calls):
+        step()
+    warm_s = time.perf_counter() - start
+    reset()
+    if trim:
+        ctypes.CDLL("libc.so.6").malloc_trim(0)
+    with open("/proc/self/clear_refs", "w") as f:
+        f.write("5")
+    before = status("VmRSS:")
+    start = time.perf_counter()
+    step()
+    times = [time.perf_counter() - start]
+    peak = (status("VmHWM:") - before - counted_bytes) / unit_bytes
+    for _ in range(cfg["reps"] - 1):
+        start = time.perf_counter()
+        step()
+        times.append(time.perf_counter() - start)
+    return times, peak, warm_s
+
+
+def relative_error(got, want):
+    """max |got - want| / max |want|, a block of 64 rows at a time (no float32 copy of a whole N x V gradient)."""
+    diff = scale = 0.0
+    for a, b in zip(got.split(64), want.split(64)):
+        diff = max(diff, (a.float() - b.float()).abs().max().item())
+        scale = max(scale, b.float().abs().max().item())
+    return diff / max(scale, 1e-30)
+'''

@@ -43,8 +43,8 @@ import time
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
 
-from bench_common import (REPO, cpu_model, git_revision, load_average, quantile, ratio_with_spread,  # noqa: E402
-                          read_csv_with_meta, run_worker, write_csv_with_meta)
+from bench_common import (REPO, WORKER_PRELUDE, cpu_model, git_revision, load_average, quantile,  # noqa: E402
+                          ratio_with_spread, read_csv_with_meta, run_worker, write_csv_with_meta)
 from loss_bench.progress import Progress  # noqa: E402
 
 METHODS = ("ours", "liger", "matmul", "matmul-chunked", "trl")
@@ -61,22 +61,7 @@ QUICK_GRID = [(d, 512, 256, 32768, wh) for d in ("float32", "bfloat16") for wh i
 TARGETS = {"matmul": 1.1, "liger": 1.0}
 MEMORY_BOUND = 0.25
 
-WORKER = r"""
-import json, math, os, sys, time
-import torch
-cfg = json.loads(sys.argv[1])
-torch.set_num_threads(cfg["threads"])
-sys.path.insert(0, os.path.join(cfg["repo"], "tests"))
-import npu_loss_ops
-import torch.nn.functional as F
-
-
-def status(field):
-    with open("/proc/self/status") as f:
-        for line in f:
-            if line.startswith(field):
-                return int(line.split()[1]) * 1024
-
+WORKER = WORKER_PRELUDE + r"""
 
 n, h, v, dtype, wh = cfg["n"], cfg["h"], cfg["v"], getattr(torch, cfg["dtype"]), cfg["wh"]
 gen = torch.Generator().manual_seed(0)
@@ -147,27 +132,15 @@ def step():
     fn()
 
 
-start = time.perf_counter()
-for _ in range(2 if method == "liger" else 1):  # Liger: the compiling call and a warm one
-    step()
-warm_s = time.perf_counter() - start
-xs.grad = ws.grad = None
-grad_bytes = (xs.numel() + ws.numel()) * xs.element_size()
-with open("/proc/self/clear_refs", "w") as f:
-    f.write("5")
-before = status("VmRSS:")
-start = time.perf_counter()
-step()
-times = [time.perf_counter() - start]
-peak = (status("VmHWM:") - before - grad_bytes) / (n * v * xs.element_size())
-for _ in range(cfg["reps"] - 1):
-    start = time.perf_counter()
-    step()
-    times.append(time.perf_counter() - start)
+def reset():
+    xs.grad = ws.grad = None
+
+
+times, peak, warm_s = measure(step, 2 if method == "liger" else 1, reset,  # Liger: the compiling call and a warm one
+                              n * v * xs.element_size(), counted_bytes=(xs.numel() + ws.numel()) * xs.element_size())
 err = None
 if method in ("liger", "trl"):
     grad = ws.grad
-    step_ours = ours
     xs.grad = ws.grad = None
     ours()
     err = float((grad.float() - ws.grad.float()).abs().max() / ws.grad.float().abs().max().clamp(min=1e-30))

@@ -35,8 +35,8 @@ import time
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
 
-from bench_common import (REPO, cpu_model, git_revision, load_average, quantile, ratio_with_spread,  # noqa: E402
-                          read_csv_with_meta, run_worker, write_csv_with_meta)
+from bench_common import (REPO, WORKER_PRELUDE, cpu_model, git_revision, load_average, quantile,  # noqa: E402
+                          ratio_with_spread, read_csv_with_meta, run_worker, write_csv_with_meta)
 from loss_bench.progress import Progress  # noqa: E402
 
 METHODS = ("ours", "matmul", "matmul-chunked", "trl")
@@ -48,23 +48,7 @@ QUICK_GRID = [(d, 512, 256, 32768, 8) for d in ("float32", "bfloat16")]
 TARGET = 1.1  # ours / the three matmuls alone
 MEMORY_BOUND = 0.2
 
-WORKER = r"""
-import json, os, sys, time
-import torch
-import torch.nn.functional as F
-cfg = json.loads(sys.argv[1])
-torch.set_num_threads(cfg["threads"])
-sys.path.insert(0, os.path.join(cfg["repo"], "tests"))
-import npu_loss_ops
-
-
-def status(field):
-    with open("/proc/self/status") as f:
-        for line in f:
-            if line.startswith(field):
-                return int(line.split()[1]) * 1024
-
-
+WORKER = WORKER_PRELUDE + r"""
 n, h, v, k, dtype = cfg["n"], cfg["h"], cfg["v"], cfg["k"], getattr(torch, cfg["dtype"])
 gen = torch.Generator().manual_seed(0)
 x = torch.randn(n, h, generator=gen).to(dtype).requires_grad_()
@@ -120,23 +104,12 @@ def step():
     fn()
 
 
-start = time.perf_counter()
-step()
-warm_s = time.perf_counter() - start
-x.grad = w.grad = None
-grad_bytes = (x.numel() + w.numel()) * x.element_size()
-__import__("ctypes").CDLL("libc.so.6").malloc_trim(0)
-with open("/proc/self/clear_refs", "w") as f:
-    f.write("5")
-before = status("VmRSS:")
-start = time.perf_counter()
-step()
-times = [time.perf_counter() - start]
-peak = (status("VmHWM:") - before - grad_bytes) / (n * v * x.element_size())
-for _ in range(cfg["reps"] - 1):
-    start = time.perf_counter()
-    step()
-    times.append(time.perf_counter() - start)
+def reset():
+    x.grad = w.grad = None
+
+
+times, peak, warm_s = measure(step, 1, reset, n * v * x.element_size(),
+                              counted_bytes=(x.numel() + w.numel()) * x.element_size(), trim=True)
 err = None
 if method == "trl":
     grad = w.grad

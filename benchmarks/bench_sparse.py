@@ -52,8 +52,8 @@ import time
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
 
-from bench_common import (REPO, cpu_model, git_revision, load_average, quantile, ratio_with_spread,  # noqa: E402
-                          read_csv_with_meta, run_worker, write_csv_with_meta)
+from bench_common import (REPO, WORKER_PRELUDE, cpu_model, git_revision, load_average, quantile,  # noqa: E402
+                          ratio_with_spread, read_csv_with_meta, run_worker, write_csv_with_meta)
 from distill_bounds import bandwidth_gbs, fresh_write_s  # noqa: E402
 from loss_bench.progress import Progress  # noqa: E402
 
@@ -65,23 +65,9 @@ TARGETS = {"trl": 0.2, "trl-compiled": 0.5}
 
 # ---- the worker: one method, one configuration, in its own process ----
 
-WORKER = r"""
-import json, os, sys, time
-import torch
-import torch.nn.functional as F
-cfg = json.loads(sys.argv[1])
-torch.set_num_threads(cfg["threads"])
-sys.path.insert(0, os.path.join(cfg["repo"], "tests"))
-import npu_loss_ops
+WORKER = WORKER_PRELUDE + r"""
 
 TEMPERATURE = 1.0  # TRL divides the logits by its temperature even at 1, which copies them; ours does not need to
-
-
-def status(field):
-    with open("/proc/self/status") as f:
-        for line in f:
-            if line.startswith(field):
-                return int(line.split()[1]) * 1024
 
 
 def trl_function():
@@ -150,32 +136,19 @@ def step():
     fn(student, teacher, ids, labels, mask).backward()
 
 
-start = time.perf_counter()
-for _ in range(3 if cfg["method"] == "trl-compiled" else 1):  # the compiling call and two warm ones; eager: one
-    step()
-warm_s = time.perf_counter() - start
-student.grad = None  # the warm calls' gradient is not an input: the peak counts it again
-with open("/proc/self/clear_refs", "w") as f:
-    f.write("5")
-before = status("VmRSS:")
-start = time.perf_counter()
-step()
-times = [time.perf_counter() - start]
-peak = (status("VmHWM:") - before) / (n * v * student.element_size())
-for _ in range(cfg["reps"] - 1):
-    start = time.perf_counter()
-    step()
-    times.append(time.perf_counter() - start)
+def reset():
+    student.grad = None  # the warm calls' gradient is not an input: the peak counts it again
+
+
+# the compiling call and two warm ones; eager: one
+times, peak, warm_s = measure(step, 3 if cfg["method"] == "trl-compiled" else 1, reset,
+                              n * v * student.element_size())
 err = None
-if cfg["method"] != "ours":  # the baseline's student gradient against ours, a block of rows at a time
+if cfg["method"] != "ours":  # the baseline's student gradient against ours
     grad = student.grad
     student.grad = None
     ours_function(student, teacher, ids, labels, mask).backward()
-    diff = scale = 0.0
-    for a, b in zip(grad.split(64), student.grad.split(64)):
-        diff = max(diff, (a.float() - b.float()).abs().max().item())
-        scale = max(scale, b.float().abs().max().item())
-    err = diff / max(scale, 1e-30)
+    err = relative_error(grad, student.grad)
 print(json.dumps({"times": times, "peak": peak, "warm_s": warm_s, "grad_err": err, "source": source,
                   "isa": npu_loss_ops.build_info()["cpu_isa"], "kept": int((labels != -100).sum()),
                   "masked": int((~mask).sum())}))

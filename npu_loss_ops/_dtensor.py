@@ -505,6 +505,15 @@ def any_dtensor(*tensors: object) -> bool:
     return module is not None and any(isinstance(t, module.DTensor) for t in tensors)
 
 
+def vocabulary_split(*logits: object) -> bool:
+    """Whether any argument is a DTensor whose last (vocabulary) dimension is sharded: the family's functions then
+    compute on the split (npu_loss_ops/_vocab_parallel.py)."""
+    module = sys.modules.get(_DTENSOR_MODULE)
+    return module is not None and any(
+        isinstance(t, module.DTensor) and any(p.is_shard() and p.dim % t.dim() == t.dim() - 1 for p in t.placements)
+        for t in logits)
+
+
 def install() -> None:
     """Registers the rules now if torch.distributed.tensor is imported, else as soon as it is."""
     if not torch.distributed.is_available():

@@ -36,7 +36,7 @@ from torch._jit_internal import is_scripting as _is_scripting
 from torch.nn import _reduction as _Reduction
 from torch.overrides import handle_torch_function, has_torch_function_variadic
 
-from . import _C, _dtensor, _scalars  # type: ignore[attr-defined]  # _C: compiled, no Python source
+from . import _C, _dtensor, _scalars, _vocab_parallel  # type: ignore[attr-defined]  # _C: compiled, no Python source
 from ._reduction import get_enum as _reduction_enum
 
 __all__ = ["smooth_l1_loss", "huber_loss", "l1_loss", "kl_div", "mse_loss", "generalized_jsd_loss",
@@ -488,6 +488,25 @@ def _reduced(op_name: str, call: Callable[[int], Tensor], reduction: str, labels
     return torch.where(count > 0, total / count.clamp(min=1), torch.full_like(total, float("nan")))
 
 
+def _on_vocabulary_split(op: str, group: Any, student_logits: Tensor, reduction: str,
+                         num_items_in_batch: int | float | Tensor | None, scalars: dict[str, Any],
+                         call: Callable[[], Any]) -> Any:
+    """A family function's call on logits split over the vocabulary (a `group`, or DTensor placements), after the
+    checks its ops make of the same arguments."""
+    if not isinstance(reduction, str):
+        raise TypeError(f"{op}: reduction must be a str, got {reduction!r} ({type(reduction).__name__})")
+    _scalars.check(op, **scalars)
+    _family_reduction(op, reduction)
+    if group is not None:
+        _vocab_parallel.check_group(op, group)
+        if _dtensor.any_dtensor(student_logits):
+            raise ValueError(f"{op}: vocab_parallel_group is for plain tensors (each rank's slice); DTensor logits "
+                             "placed Shard(-1) are split without it")
+    if num_items_in_batch is not None:
+        _check_num_items(num_items_in_batch, student_logits, op)
+    return call()
+
+
 # The rows of float32 (float64) logits a pass of _student_entropy takes at once: about 2**24 elements.
 _ENTROPY_CHUNK_ELEMENTS = 1 << 24
 
@@ -537,6 +556,7 @@ def generalized_jsd_loss(
     student_softcap: float | None = None,
     teacher_softcap: float | None = None,
     return_entropy: bool = False,
+    vocab_parallel_group: Any = None,
 ) -> Tensor | tuple[Tensor, Tensor]:
     """The generalized Jensen-Shannon divergence of the GKD paper between the student's and the teacher's
     distributions over a vocabulary, row by row: TRL's ``GKDTrainer.generalized_jsd_loss`` (trl 1.16), to the
@@ -583,6 +603,12 @@ def generalized_jsd_loss(
             ``p = softmax(x_s / temperature)`` (TRL's ``log Z - sum(p * z)``): float32, of the leading shape
             ``(...)``, 0 on the rows ``labels`` drops, with no gradient. Made in a pass of its own over the
             student's logits, in row chunks. Default: ``False``
+        vocab_parallel_group (ProcessGroup, optional): the vocabulary is split over this group's ranks (Megatron-LM's
+            and MindSpeed's ``ColumnParallelLinear``): each rank passes its contiguous slice ``(..., V_r)`` of both
+            logits, the ranks in group order, and the same rows and labels. Only per-row floats cross the group;
+            the result is the whole call's on every rank ('none': the rank's slice of it), the gradients each
+            rank's slice (docs/usage.md, "Distributed distillation"). DTensor logits placed ``Shard(-1)`` take
+            the same path without it. Default: ``None``
 
     Returns:
         The loss, or ``(loss, entropy)`` with ``return_entropy``.
@@ -600,11 +626,23 @@ def generalized_jsd_loss(
                            num_items_in_batch=num_items_in_batch, ignore_index=ignore_index,
                            student_logit_scale=student_logit_scale, teacher_logit_scale=teacher_logit_scale,
                            student_softcap=student_softcap, teacher_softcap=teacher_softcap,
-                           return_entropy=return_entropy)
-    if return_entropy is not False:
-        if not isinstance(return_entropy, bool):
-            raise TypeError(f"generalized_jsd_loss: return_entropy must be a bool, got {return_entropy!r} "
-                            f"({type(return_entropy).__name__})")
+                           return_entropy=return_entropy, vocab_parallel_group=vocab_parallel_group)
+    if return_entropy is not False and not isinstance(return_entropy, bool):
+        raise TypeError(f"generalized_jsd_loss: return_entropy must be a bool, got {return_entropy!r} "
+                        f"({type(return_entropy).__name__})")
+    if vocab_parallel_group is not None or _dtensor.vocabulary_split(student_logits, teacher_logits):
+        return _on_vocabulary_split(
+            "generalized_jsd_loss", vocab_parallel_group, student_logits, reduction, num_items_in_batch,
+            dict(beta=beta, temperature=temperature, ignore_index=ignore_index, student_logit_scale=student_logit_scale,
+                 teacher_logit_scale=teacher_logit_scale, student_softcap=student_softcap,
+                 teacher_softcap=teacher_softcap),
+            lambda: _vocab_parallel.generalized_jsd_loss(
+                student_logits, teacher_logits, labels, group=vocab_parallel_group, beta=beta,
+                temperature=temperature, reduction=reduction, num_items_in_batch=num_items_in_batch,
+                ignore_index=ignore_index, student_logit_scale=student_logit_scale,
+                teacher_logit_scale=teacher_logit_scale, student_softcap=student_softcap,
+                teacher_softcap=teacher_softcap, return_entropy=return_entropy))
+    if return_entropy:
         value = generalized_jsd_loss(student_logits, teacher_logits, labels, beta, temperature, reduction,
                                      num_items_in_batch, ignore_index=ignore_index,
                                      student_logit_scale=student_logit_scale, teacher_logit_scale=teacher_logit_scale,

@@ -1,0 +1,490 @@
+"""The distillation family over a vocabulary split across ranks (docs/usage.md, "Distributed distillation").
+
+Each rank of a process group holds a contiguous slice of every row's vocabulary: Megatron-LM's and MindSpeed's
+``ColumnParallelLinear`` logits (the ``vocab_parallel_group=`` keyword), or DTensor logits placed ``Shard(-1)``.
+A row's log-softmax needs two statistics of the whole row, its max and its sum of exponentials; every term of a
+divergence is then local to the slice holding its entry, and the loss is the sum of the ranks' sums. So, per chunk
+of rows, only per-row floats cross the group:
+
+  1. the max of each side's transformed, tempered logits (all-reduce MAX, 2 floats per row);
+  2. each side's sum of exponentials below that max (all-reduce SUM, 2 floats per row);
+  3. where a gradient is made, each side's sum over the row of the loss's derivative w.r.t. its log-probabilities
+     (the log-softmax's backward needs it), and the entropy's ``sum(p * z)`` (all-reduce SUM, up to 3 per row);
+
+and once per call the loss's sum (one float) and, on a token-sharded mesh, the count of kept rows. Nothing of
+size V ever crosses: the payload of a call depends on the rows alone.
+
+The gradients are made in the forward, chunk by chunk, as the family's kernels make them, when autograd will need
+them; the backward of a reduced loss scales them by its grad_output, locally. The backward of ``'none'`` (an
+elementwise grad_output) recomputes each chunk's terms from the logits and the saved row statistics, with step 3's
+all-reduce: every rank of the group must call it, as every rank calls the forward.
+
+The arithmetic is torch's, in float32 (float64 for float64 logits), one chunk of rows at a time.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from torch import Tensor
+
+# Rows per chunk: about 2**22 elements of the whole vocabulary, so that each rank's temporaries are 1/P of one
+# process's (every rank of a group takes the same chunks: the count depends on the global V alone).
+_CHUNK_ELEMENTS = 1 << 22
+
+
+def _dist() -> Any:
+    import torch.distributed as dist
+
+    return dist
+
+
+@dataclass(frozen=True)
+class Split:
+    """Where the calling rank's slice lies, and who shares its rows."""
+
+    group: Any  # the ranks over which the vocabulary is split, in order of their slices
+    rows_group: Any  # the ranks over which the rows are split (a 2-D mesh's token dimension), or None
+    vocab: int  # the whole vocabulary
+    offset: int  # this rank's first entry
+    local: int  # its slice's width
+
+
+def split_of(op: str, group: Any, local: int, rows: int, kept: int, rows_group: Any = None) -> Split:
+    """The split of `group`, from one all-gather of three integers per rank: its rows, its slice's width and its
+    kept rows, which must agree for every rank (a clear error where they do not, before any chunk is taken)."""
+    dist = _dist()
+    if not dist.is_available() or not dist.is_initialized():
+        raise RuntimeError(f"{op}: vocab_parallel_group needs torch.distributed initialized (init_process_group)")
+    size = dist.get_world_size(group)
+    mine = torch.tensor([rows, local, kept], dtype=torch.int64, device=_collective_device(group))
+    every = [torch.empty_like(mine) for _ in range(size)]
+    dist.all_gather(every, mine, group=group)
+    table = torch.stack(every).cpu().tolist()
+    rank = dist.get_rank(group)
+    for i, (r, _, k) in enumerate(table):
+        if r != rows or k != kept:
+            raise ValueError(
+                f"{op}: the ranks of vocab_parallel_group must pass the same rows (each its slice of the vocabulary): "
+                f"rank {rank} has {rows} rows with {kept} kept, rank {i} has {r} with {k} kept")
+    widths = [w for _, w, _ in table]
+    vocab = sum(widths)
+    if vocab == 0:
+        raise ValueError(f"{op}: the vocabulary split over vocab_parallel_group is empty on every rank")
+    return Split(group, rows_group, vocab, sum(widths[:rank]), local)
+
+
+def _collective_device(group: Any) -> torch.device:
+    """Where a collective's tensors must live for `group`'s backend: the host for gloo, the device otherwise."""
+    dist = _dist()
+    backend = dist.get_backend(group)
+    if backend == "gloo":
+        return torch.device("cpu")
+    if backend == "hccl":
+        return torch.device("npu", torch.npu.current_device())  # type: ignore[attr-defined]
+    return torch.device("cuda", torch.cuda.current_device())
+
+
+def _all_reduce(x: Tensor, group: Any, op: str = "sum") -> Tensor:
+    """`x` reduced over `group` (a copy on the group's device when `x` lives elsewhere, then back)."""
+    dist = _dist()
+    device = _collective_device(group)
+    y = x if x.device == device else x.to(device)
+    dist.all_reduce(y, op=dist.ReduceOp.MAX if op == "max" else dist.ReduceOp.SUM, group=group)
+    return y if y.device == x.device else y.to(x.device)
+
+
+def chunk_rows(vocab: int) -> int:
+    return max(1, _CHUNK_ELEMENTS // max(vocab, 1))
+
+
+@dataclass(frozen=True)
+class Transform:
+    """One side's logit transform: times `scale`, then softcap * tanh(. / softcap), then / temperature."""
+
+    scale: float
+    softcap: float | None
+    temperature: float
+
+    def __call__(self, x: Tensor, acc: torch.dtype) -> tuple[Tensor, Tensor | float]:
+        """The transformed logits in `acc` and dz/dx (a tensor where the softcap makes it elementwise)."""
+        y = x.to(acc) * self.scale
+        if self.softcap is None:
+            return y / self.temperature, self.scale / self.temperature
+        h = torch.tanh(y / self.softcap)
+        return h * (self.softcap / self.temperature), (1.0 - h * h) * (self.scale / self.temperature)
+
+
+def _row_max(z: Tensor) -> Tensor:
+    if z.size(-1) == 0:
+        return z.new_full(z.shape[:-1], -math.inf)
+    return z.amax(-1)
+
+
+def log_normalizers(zs: list[Tensor], group: Any) -> list[Tensor]:
+    """Each (C, V_local) side's log-sum-exp over the whole row: its max (all-reduce MAX), then its sum of
+    exponentials below it (all-reduce SUM), 2 floats per row and side."""
+    peak = _all_reduce(torch.stack([_row_max(z) for z in zs]), group, "max")
+    # A row whose every logit is -inf has peak -inf: shift by 0 instead, giving log(0) = -inf, as log_softmax does.
+    shift = torch.where(torch.isfinite(peak), peak, torch.zeros_like(peak))
+    sums = _all_reduce(torch.stack([(z - shift[i, :, None]).exp().sum(-1) for i, z in enumerate(zs)]), group)
+    return [shift[i] + sums[i].log() for i in range(len(zs))]
+
+
+def jsd_terms(s: Tensor, t: Tensor, beta: float, need: bool) -> tuple[Tensor, Tensor | None, Tensor | None]:
+    """The generalized JSD's elementwise values of log-probabilities s (student) and t (teacher), TRL's formulas,
+    and with `need` their derivatives w.r.t. s and t (the mixture's log-mixture m drops out of both)."""
+    if beta == 0.0:
+        q = t.exp()
+        value = q * (t - s)
+        return value, (-q if need else None), (value + q if need else None)
+    if beta == 1.0:
+        p = s.exp()
+        value = p * (s - t)
+        return value, (value + p if need else None), (-p if need else None)
+    m = torch.logaddexp(s + math.log(1.0 - beta), t + math.log(beta))
+    bq = beta * t.exp()
+    bp = (1.0 - beta) * s.exp()
+    ds = bp * (s - m)
+    dt = bq * (t - m)
+    return ds + dt, (ds if need else None), (dt if need else None)
+
+
+@dataclass(frozen=True)
+class JsdCall:
+    """One generalized JSD call on a split: its scalars, and which gradients autograd will need."""
+
+    split: Split
+    beta: float
+    student: Transform
+    teacher: Transform
+    keep: Tensor | None  # (R,) bool of the rows kept, or None (every row)
+    none: bool  # reduction 'none': the elementwise values of the kept rows
+    entropy: bool
+
+
+def _rows_of(keep: Tensor | None, start: int, stop: int) -> Tensor | None:
+    return None if keep is None else keep[start:stop].nonzero().squeeze(-1)
+
+
+def _take(x: Tensor, start: int, stop: int, rows: Tensor | None) -> Tensor:
+    part = x[start:stop]
+    return part if rows is None else part.index_select(0, rows)
+
+
+def _put(out: Tensor, start: int, stop: int, rows: Tensor | None, values: Tensor) -> None:
+    if rows is None:
+        out[start:stop] = values
+    else:
+        out[start:stop].index_copy_(0, rows, values.to(out.dtype))
+
+
+def jsd_forward(call: JsdCall, xs: Tensor, xt: Tensor, grads: tuple[bool, bool]
+                ) -> tuple[Tensor, Tensor | None, Tensor | None, Tensor | None, Tensor]:
+    """The loss over (R, V_local) logits: the global sum (0-dim), or 'none''s (kept, V_local) values; the gradients
+    of the sum w.r.t. each side where `grads` asks (R, V_local, the rows dropped 0); the entropy per row (R,) when
+    asked; and each kept row's two log-normalizers (kept, 2), which 'none''s backward reads."""
+    acc = torch.float64 if torch.float64 in (xs.dtype, xt.dtype) else torch.float32
+    result = torch.promote_types(xs.dtype, xt.dtype)
+    rows, width = xs.shape
+    kept = rows if call.keep is None else int(call.keep.sum())
+    step = chunk_rows(call.split.vocab)
+    total = torch.zeros((), dtype=acc, device=xs.device)
+    values = xs.new_empty((kept, width), dtype=result) if call.none else None
+    gs = torch.zeros_like(xs) if grads[0] else None
+    gt = torch.zeros_like(xt) if grads[1] else None
+    entropy = torch.zeros(rows, dtype=torch.float32, device=xs.device) if call.entropy else None
+    stats = xs.new_empty((kept, 2), dtype=acc)
+    done = 0
+    for start in range(0, rows, step):
+        stop = min(rows, start + step)
+        picked = _rows_of(call.keep, start, stop)
+        zs, dzs = call.student(_take(xs, start, stop, picked), acc)
+        zt, dzt = call.teacher(_take(xt, start, stop, picked), acc)
+        lse_s, lse_t = log_normalizers([zs, zt], call.split.group)
+        n = zs.size(0)
+        stats[done:done + n, 0] = lse_s
+        stats[done:done + n, 1] = lse_t
+        s = zs - lse_s[:, None]
+        t = zt - lse_t[:, None]
+        value, a_s, a_t = jsd_terms(s, t, call.beta, grads[0] or grads[1])
+        if values is not None:
+            values[done:done + n] = value.to(result)
+        else:
+            total += value.sum()
+        done += n
+        sums = []
+        if grads[0]:
+            sums.append(a_s.sum(-1))  # type: ignore[union-attr]
+        if grads[1]:
+            sums.append(a_t.sum(-1))  # type: ignore[union-attr]
+        if entropy is not None:
+            sums.append((s.exp() * zs).sum(-1))
+        if not sums:
+            continue
+        reduced = list(_all_reduce(torch.stack(sums), call.split.group).unbind(0))
+        if grads[0]:
+            grad = (a_s - s.exp() * reduced.pop(0)[:, None]) * dzs  # type: ignore[operator]
+            _put(gs, start, stop, picked, grad)  # type: ignore[arg-type]
+        if grads[1]:
+            grad = (a_t - t.exp() * reduced.pop(0)[:, None]) * dzt  # type: ignore[operator]
+            _put(gt, start, stop, picked, grad)  # type: ignore[arg-type]
+        if entropy is not None:
+            _put(entropy, start, stop, picked, (lse_s - reduced.pop(0)).float())
+    if values is None:
+        total = _all_reduce(total, call.split.group)
+        if call.split.rows_group is not None:
+            total = _all_reduce(total, call.split.rows_group)
+        return total.to(result), gs, gt, entropy, stats
+    return values, gs, gt, entropy, stats
+
+
+def jsd_backward_none(call: JsdCall, xs: Tensor, xt: Tensor, stats: Tensor, grad: Tensor,
+                      grads: tuple[bool, bool]) -> tuple[Tensor | None, Tensor | None]:
+    """'none''s vector-Jacobian product: each kept row's terms again from the logits and its saved normalizers,
+    weighted by `grad` (kept, V_local), with one all-reduce of the weighted derivatives' row sums per chunk."""
+    acc = stats.dtype
+    rows = xs.size(0)
+    step = chunk_rows(call.split.vocab)
+    gs = torch.zeros_like(xs) if grads[0] else None
+    gt = torch.zeros_like(xt) if grads[1] else None
+    done = 0
+    for start in range(0, rows, step):
+        stop = min(rows, start + step)
+        picked = _rows_of(call.keep, start, stop)
+        zs, dzs = call.student(_take(xs, start, stop, picked), acc)
+        zt, dzt = call.teacher(_take(xt, start, stop, picked), acc)
+        n = zs.size(0)
+        s = zs - stats[done:done + n, 0:1]
+        t = zt - stats[done:done + n, 1:2]
+        g = grad[done:done + n].to(acc)
+        done += n
+        _, d_s, d_t = jsd_terms(s, t, call.beta, True)
+        a = [g * d for d, wanted in zip((d_s, d_t), grads) if wanted]
+        reduced = list(_all_reduce(torch.stack([x.sum(-1) for x in a]), call.split.group).unbind(0))
+        if grads[0]:
+            _put(gs, start, stop, picked, (a.pop(0) - s.exp() * reduced.pop(0)[:, None]) * dzs)  # type: ignore[arg-type]
+        if grads[1]:
+            _put(gt, start, stop, picked, (a.pop(0) - t.exp() * reduced.pop(0)[:, None]) * dzt)  # type: ignore[arg-type]
+    return gs, gt
+
+
+class _Jsd(torch.autograd.Function):
+    """The generalized JSD on a split, over (R, V_local) logits: the global sum, or 'none''s values."""
+
+    @staticmethod
+    def forward(ctx: Any, xs: Tensor, xt: Tensor, call: JsdCall) -> tuple[Tensor, Tensor]:  # type: ignore[override]
+        grads = (ctx.needs_input_grad[0], ctx.needs_input_grad[1])  # False under no_grad
+        # The reduced loss's gradients are made here; 'none''s in the backward, which knows its grad_output.
+        made = (False, False) if call.none else grads
+        value, gs, gt, entropy, stats = jsd_forward(call, xs.detach(), xt.detach(), made)
+        ctx.call = call
+        ctx.grads = grads
+        if call.none:
+            ctx.save_for_backward(xs, xt, stats)
+        else:
+            ctx.save_for_backward(gs, gt)
+        ctx.mark_non_differentiable(entropy if entropy is not None else stats)
+        return value, (entropy if entropy is not None else stats)
+
+    @staticmethod
+    def backward(ctx: Any, grad: Tensor, _unused: Tensor) -> tuple[Tensor | None, Tensor | None, None]:  # type: ignore[override]
+        call: JsdCall = ctx.call
+        if call.none:
+            xs, xt, stats = ctx.saved_tensors
+            gs, gt = jsd_backward_none(call, xs, xt, stats, grad, ctx.grads)
+            return gs, gt, None
+        gs, gt = ctx.saved_tensors
+        return (None if gs is None else gs * grad.to(gs.dtype),
+                None if gt is None else gt * grad.to(gt.dtype), None)
+
+
+def generalized_jsd(student: Tensor, teacher: Tensor, labels: Tensor | None, split: Split, *, beta: float,
+                    temperature: float, reduction: str, ignore_index: int, student_logit_scale: float,
+                    teacher_logit_scale: float, student_softcap: float | None, teacher_softcap: float | None,
+                    return_entropy: bool) -> tuple[Tensor, Tensor | None, Tensor | None]:
+    """The op on one rank's (..., V_local) slices: the sum over the whole split (0-dim, every rank the same) or
+    'none''s local (kept, V_local) values (the logits' shape without labels); the entropy per row (the leading
+    shape) when asked; the count of kept rows over the split (None without labels)."""
+    lead = student.shape[:-1]
+    xs = student.reshape(-1, student.size(-1))
+    xt = teacher.reshape(-1, teacher.size(-1))
+    keep = None if labels is None else (labels.reshape(-1) != ignore_index)
+    call = JsdCall(split, beta, Transform(student_logit_scale, student_softcap, temperature),
+                   Transform(teacher_logit_scale, teacher_softcap, temperature), keep, reduction == "none",
+                   return_entropy)
+    value, extra = _Jsd.apply(xs, xt, call)
+    entropy = extra.view(lead) if return_entropy else None
+    if reduction == "none" and labels is None:
+        value = value.view(student.shape)
+    count = None
+    if keep is not None:
+        count = keep.sum()
+        if split.rows_group is not None:
+            count = _all_reduce(count, split.rows_group)
+    return value, entropy, count
+
+
+# ---- the entry points: a ProcessGroup (Megatron's slices) or DTensor logits placed Shard(-1) ----------------------
+
+
+def check_group(op: str, group: Any) -> None:
+    dist = _dist()
+    if not dist.is_available() or not isinstance(group, dist.ProcessGroup):
+        raise TypeError(f"{op}: vocab_parallel_group must be a torch.distributed ProcessGroup or None, got "
+                        f"{type(group).__name__}")
+
+
+def vocab_mesh_dim(tensor: Any) -> int | None:
+    """The mesh dimension over which a DTensor's last (vocabulary) dimension is sharded, or None."""
+    for i, placement in enumerate(tensor.placements):
+        if placement.is_shard() and placement.dim % tensor.dim() == tensor.dim() - 1:
+            return i
+    return None
+
+
+@dataclass(frozen=True)
+class _Layout:
+    """A DTensor call's mesh: the vocabulary's mesh dimension, the token one (or None), their groups, and the
+    global shape of the student's logits."""
+
+    mesh: Any
+    vocab_dim: int
+    token: tuple[int, int] | None  # (mesh dimension, tensor dimension) of a token split
+    shape: tuple[int, ...]
+
+
+def _layout(op: str, student: Any, teacher: Any, names: tuple[str, str]) -> _Layout:
+    from torch.distributed.tensor import DTensor
+
+    if not isinstance(student, DTensor) or not isinstance(teacher, DTensor):
+        raise ValueError(f"{op}: {names[0]} and {names[1]} must both be DTensors when one is split over the "
+                         "vocabulary")
+    if teacher.device_mesh != student.device_mesh or tuple(teacher.placements) != tuple(student.placements):
+        raise ValueError(f"{op}: {names[1]} must be split as {names[0]} is, on the same mesh: got "
+                         f"{tuple(teacher.placements)} against {tuple(student.placements)}")
+    vocab = vocab_mesh_dim(student)
+    assert vocab is not None
+    token = None
+    for i, placement in enumerate(student.placements):
+        if i == vocab or placement.is_replicate():
+            continue
+        if not placement.is_shard():
+            raise ValueError(f"{op}: {names[0]} placed {placement} on mesh dimension {i}; with the vocabulary split "
+                             "only Replicate or one Shard of a token dimension is taken")
+        if token is not None:
+            raise ValueError(f"{op}: {names[0]} shards tokens over two mesh dimensions; shard one token dimension "
+                             "alongside the vocabulary")
+        token = (i, placement.dim % student.dim())
+    return _Layout(student.device_mesh, vocab, token, tuple(student.shape))
+
+
+def _local_labels(op: str, labels: Any, layout: _Layout, token_replicated: bool) -> Tensor | None:
+    """The calling rank's rows of `labels`: a DTensor redistributed to the logits' token placement (replicated over
+    the vocabulary), or a plain tensor of the whole leading shape where the tokens are not split."""
+    from torch.distributed.tensor import DTensor, Replicate, Shard
+
+    if labels is None:
+        return None
+    token = None if token_replicated else layout.token
+    if isinstance(labels, DTensor):
+        want = [Replicate()] * layout.mesh.ndim
+        if token is not None:
+            want[token[0]] = Shard(token[1])
+        return labels.redistribute(layout.mesh, want).to_local()
+    if token is not None:
+        raise ValueError(f"{op}: labels must be a DTensor sharded as the logits' tokens are ({layout.token}) when "
+                         "the logits are split over tokens and the vocabulary")
+    return labels
+
+
+def _dtensor_result(value: Tensor, layout: _Layout, placements: list[Any], shape: tuple[int, ...]) -> Any:
+    from torch.distributed.tensor import DTensor
+
+    stride = tuple(math.prod(shape[i + 1:]) for i in range(len(shape)))
+    return DTensor.from_local(value, layout.mesh, placements, run_check=False, shape=torch.Size(shape), stride=stride)
+
+
+def generalized_jsd_loss(student: Any, teacher: Any, labels: Any, *, group: Any, beta: float, temperature: float,
+                         reduction: str, num_items_in_batch: Any, ignore_index: int, student_logit_scale: float,
+                         teacher_logit_scale: float, student_softcap: float | None, teacher_softcap: float | None,
+                         return_entropy: bool) -> Any:
+    """functional.generalized_jsd_loss on a split: `group` given (plain tensors, each rank its slice), or DTensor
+    logits whose placements shard the vocabulary (group None)."""
+    op = "generalized_jsd_loss"
+    how = "sum" if num_items_in_batch is not None else reduction
+    layout = None
+    if group is None:
+        from torch.distributed.tensor import Replicate, Shard
+
+        layout = _layout(op, student, teacher, ("student_logits", "teacher_logits"))
+        gather_tokens = how == "none" and labels is not None and layout.token is not None
+        if gather_tokens:  # 'none''s kept rows differ from rank to rank: every rank takes every row
+            want = list(student.placements)
+            want[layout.token[0]] = Replicate()  # type: ignore[index]
+            student, teacher = student.redistribute(layout.mesh, want), teacher.redistribute(layout.mesh, want)
+            layout = _Layout(layout.mesh, layout.vocab_dim, None, layout.shape)
+        labels = _local_labels(op, labels, layout, False)
+        group = layout.mesh.get_group(layout.vocab_dim)
+        rows_group = None if layout.token is None else layout.mesh.get_group(layout.token[0])
+        shape = layout.shape
+        student, teacher = student.to_local(), teacher.to_local()
+    else:
+        rows_group = None
+        shape = tuple(student.shape[:-1]) + (-1,)
+    if student.shape != teacher.shape:
+        raise RuntimeError(f"{op}: student_logits and teacher_logits must have the same shape on each rank, got "
+                           f"{tuple(student.shape)} and {tuple(teacher.shape)}")
+    if labels is not None and tuple(labels.shape) != tuple(student.shape[:-1]):
+        raise RuntimeError(f"{op}: labels must have the logits' leading shape {tuple(student.shape[:-1])}, got "
+                           f"{tuple(labels.shape)}")
+    rows = math.prod(student.shape[:-1])
+    kept = rows if labels is None else int((labels != ignore_index).sum())
+    split = split_of(op, group, student.size(-1), rows, kept, rows_group)
+    if layout is None:
+        shape = shape[:-1] + (split.vocab,)
+    value, entropy, count = generalized_jsd(
+        student, teacher, labels, split, beta=beta, temperature=temperature, reduction=how,
+        ignore_index=ignore_index, student_logit_scale=student_logit_scale, teacher_logit_scale=teacher_logit_scale,
+        student_softcap=student_softcap, teacher_softcap=teacher_softcap, return_entropy=return_entropy)
+    value = _divided(value, how, num_items_in_batch, count, shape, split.vocab)
+    if layout is not None:
+        from torch.distributed.tensor import Replicate, Shard
+
+        replicated = [Replicate()] * layout.mesh.ndim
+        if how == "none":
+            placements = list(replicated)
+            placements[layout.vocab_dim] = Shard(value.dim() - 1)
+            if layout.token is not None:
+                placements[layout.token[0]] = Shard(layout.token[1])
+            full = layout.shape if labels is None else (value.size(0), split.vocab)
+            value = _dtensor_result(value, layout, placements, full)
+        else:
+            value = _dtensor_result(value, layout, replicated, ())
+        if entropy is not None:
+            placements = list(replicated)
+            if layout.token is not None:
+                placements[layout.token[0]] = Shard(layout.token[1])
+            entropy = _dtensor_result(entropy, layout, placements, layout.shape[:-1])
+    return value if entropy is None else (value, entropy)
+
+
+def _divided(total: Tensor, how: str, num_items_in_batch: Any, count: Tensor | None, shape: tuple[int, ...],
+             vocab: int) -> Tensor:
+    """The family's reductions of the split's sum (functional._reduced's, with the whole shape's counts)."""
+    if num_items_in_batch is not None:
+        if isinstance(num_items_in_batch, Tensor):
+            num_items_in_batch = num_items_in_batch.to(total.device)
+        return total / num_items_in_batch
+    if how in ("sum", "none"):
+        return total
+    if how == "batchmean":
+        if count is None:
+            return total / max(shape[0] if shape else 1, 1)
+        return total / count.clamp(min=1)
+    if count is None:
+        return total / (math.prod(shape[:-1]) * vocab)
+    entries = count * vocab
+    return torch.where(entries > 0, total / entries.clamp(min=1), torch.full_like(total, float("nan")))

@@ -381,23 +381,23 @@ def _layout(op: str, student: Any, teacher: Any, names: tuple[str, str]) -> _Lay
     return _Layout(student.device_mesh, vocab, token, tuple(student.shape))
 
 
-def _local_labels(op: str, labels: Any, layout: _Layout, token_replicated: bool) -> Tensor | None:
-    """The calling rank's rows of `labels`: a DTensor redistributed to the logits' token placement (replicated over
-    the vocabulary), or a plain tensor of the whole leading shape where the tokens are not split."""
+def _local_rows(op: str, name: str, tensor: Any, layout: _Layout) -> Any:
+    """The calling rank's rows of a tensor of the logits' leading shape (labels, a served teacher's (..., K)): a
+    DTensor redistributed to the logits' token placement (replicated over the vocabulary), differentiably, or a
+    plain tensor of the whole leading shape where the tokens are not split."""
     from torch.distributed.tensor import DTensor, Replicate, Shard
 
-    if labels is None:
+    if tensor is None:
         return None
-    token = None if token_replicated else layout.token
-    if isinstance(labels, DTensor):
+    if isinstance(tensor, DTensor):
         want = [Replicate()] * layout.mesh.ndim
-        if token is not None:
-            want[token[0]] = Shard(token[1])
-        return labels.redistribute(layout.mesh, want).to_local()
-    if token is not None:
-        raise ValueError(f"{op}: labels must be a DTensor sharded as the logits' tokens are ({layout.token}) when "
-                         "the logits are split over tokens and the vocabulary")
-    return labels
+        if layout.token is not None:
+            want[layout.token[0]] = Shard(layout.token[1])
+        return tensor.redistribute(layout.mesh, want).to_local()
+    if layout.token is not None:
+        raise ValueError(f"{op}: {name} must be a DTensor sharded as the logits' tokens are when the logits are "
+                         "split over tokens and the vocabulary")
+    return tensor
 
 
 def _dtensor_result(value: Tensor, layout: _Layout, placements: list[Any], shape: tuple[int, ...]) -> Any:
@@ -426,7 +426,7 @@ def generalized_jsd_loss(student: Any, teacher: Any, labels: Any, *, group: Any,
             want[layout.token[0]] = Replicate()  # type: ignore[index]
             student, teacher = student.redistribute(layout.mesh, want), teacher.redistribute(layout.mesh, want)
             layout = _Layout(layout.mesh, layout.vocab_dim, None, layout.shape)
-        labels = _local_labels(op, labels, layout, False)
+        labels = _local_rows(op, "labels", labels, layout)
         group = layout.mesh.get_group(layout.vocab_dim)
         rows_group = None if layout.token is None else layout.mesh.get_group(layout.token[0])
         shape = layout.shape
@@ -488,3 +488,247 @@ def _divided(total: Tensor, how: str, num_items_in_batch: Any, count: Tensor | N
         return total / (math.prod(shape[:-1]) * vocab)
     entries = count * vocab
     return torch.where(entries > 0, total / entries.clamp(min=1), torch.full_like(total, float("nan")))
+
+
+# ---- a served teacher's sparse support (sparse_jsd_loss) -----------------------------------------------------------
+#
+# The teacher's ids are global; each rank reads the student's logits at the ids in its slice and 0 elsewhere, and
+# one all-reduce SUM of those (C, K) floats gives every rank the whole support's log-probabilities. The support's
+# terms are then the same on every rank, and so is the derivative of the loss w.r.t. each of them (G): the
+# log-softmax's backward, -p * sum(G) everywhere plus G at the ids, is local without another collective. The
+# backward recomputes the chunk's exponentials from the logits and the saved normalizers.
+
+
+def support_terms(s: Tensor, t: Tensor, mask: Tensor, beta: float, add_tail: bool, tiny: float) -> Tensor:
+    """TRL 1.16's served-teacher divergence per entry from the support's log-probabilities s, t (n, K), masked
+    entries excluded (tests/reference.py's sparse_jsd_reference, the same formulas): (n, K + 1) with the tail.
+    The mixture is clamped at `tiny`, the smallest normal of the dtype the call computes in, as the kernels do."""
+    neg_inf = torch.full((), -math.inf, dtype=s.dtype, device=s.device)
+    s = torch.where(mask, s, neg_inf)
+    t = torch.where(mask, t, neg_inf)
+    if add_tail:
+        def with_tail(x: Tensor) -> Tensor:
+            log_sum = torch.logsumexp(x, dim=-1, keepdim=True).clamp(max=-1e-7)
+            return torch.cat([x, torch.log(-torch.expm1(log_sum))], dim=-1)
+
+        s, t = with_tail(s), with_tail(t)
+        mask = torch.cat([mask, torch.ones_like(mask[..., :1])], dim=-1)
+    else:
+        s = s - torch.logsumexp(s, dim=-1, keepdim=True)
+        t = t - torch.logsumexp(t, dim=-1, keepdim=True)
+    zero = torch.zeros((), dtype=s.dtype, device=s.device)
+    s0, t0 = torch.where(mask, s, zero), torch.where(mask, t, zero)
+    p, q = torch.where(mask, s.exp(), zero), torch.where(mask, t.exp(), zero)
+    if beta == 0.0:
+        return torch.nan_to_num(q * (t0 - s0), nan=0.0)
+    if beta == 1.0:
+        return torch.nan_to_num(p * (s0 - t0), nan=0.0)
+    m = torch.where(mask, torch.log(((1 - beta) * p + beta * q).clamp_min(tiny)), zero)
+    return beta * torch.nan_to_num(q * (t0 - m), nan=0.0) + (1 - beta) * torch.nan_to_num(p * (s0 - m), nan=0.0)
+
+
+def check_support_ids(op: str, ids: Tensor, mask: Tensor, vocab: int, keep: Tensor | None) -> None:
+    """The family's checks of a support's ids on the kept rows, against the whole vocabulary: an IndexError for an
+    id outside [0, V) where the mask is true, a ValueError for an id twice in a row (naming the row and entries)."""
+    on = mask if keep is None else mask & keep[:, None]
+    bad = on & ((ids < 0) | (ids >= vocab))
+    if bool(bad.any()):
+        row, entry = (int(i) for i in bad.nonzero()[0])
+        raise IndexError(f"{op}: teacher_token_ids[{row}, {entry}] = {int(ids[row, entry])} is outside the "
+                         f"vocabulary [0, {vocab})")
+    k = ids.size(-1)
+    if k < 2:
+        return
+    # Entries off the mask take distinct negative stand-ins, so that only true repeats sort next to each other.
+    stand_in = -1 - torch.arange(k, device=ids.device).expand_as(ids)
+    ordered, where = torch.where(on, ids.long(), stand_in).sort(-1)
+    repeat = ordered[:, 1:] == ordered[:, :-1]
+    if bool(repeat.any()):
+        row, j = (int(i) for i in repeat.nonzero()[0])
+        first, second = sorted((int(where[row, j]), int(where[row, j + 1])))
+        raise ValueError(f"{op}: teacher_token_ids[{row}] has the id {int(ordered[row, j])} at entries {first} and "
+                         f"{second}; mask the repeats with support_mask")
+
+
+@dataclass(frozen=True)
+class SparseCall:
+    split: Split
+    student: Transform
+    beta: float
+    add_tail: bool
+    keep: Tensor | None
+    none: bool
+
+
+def _support_chunk(call: SparseCall, ids: Tensor, mask: Tensor, start: int, stop: int, picked: Tensor | None
+                   ) -> tuple[Tensor, Tensor, Tensor]:
+    """A chunk's ids relative to this rank's slice (clamped into it), which of them it holds, and the mask."""
+    rel = _take(ids, start, stop, picked).long() - call.split.offset
+    on = _take(mask, start, stop, picked)
+    inside = on & (rel >= 0) & (rel < call.split.local)
+    return rel.clamp(0, max(call.split.local - 1, 0)), inside, on
+
+
+def sparse_forward(call: SparseCall, x: Tensor, logprobs: Tensor, ids: Tensor, mask: Tensor
+                   ) -> tuple[Tensor, Tensor, Tensor]:
+    """The loss over (R, V_local) logits and the (R, K) support: the global sum (0-dim) or 'none''s (kept, K(+1))
+    values; each kept row's support log-probabilities (kept, K) and normalizer (kept,), which the backward reads."""
+    acc = torch.float64 if torch.float64 in (x.dtype, logprobs.dtype) else torch.float32
+    result = torch.promote_types(x.dtype, logprobs.dtype)
+    rows, k = ids.shape
+    kept = rows if call.keep is None else int(call.keep.sum())
+    step = chunk_rows(call.split.vocab)
+    total = torch.zeros((), dtype=acc, device=x.device)
+    values = x.new_empty((kept, k + call.add_tail), dtype=result) if call.none else None
+    support = x.new_empty((kept, k), dtype=acc)
+    lse_all = x.new_empty((kept,), dtype=acc)
+    done = 0
+    for start in range(0, rows, step):
+        stop = min(rows, start + step)
+        picked = _rows_of(call.keep, start, stop)
+        z, _ = call.student(_take(x, start, stop, picked), acc)
+        (lse,) = log_normalizers([z], call.split.group)
+        rel, inside, on = _support_chunk(call, ids, mask, start, stop, picked)
+        at = z.gather(1, rel) if z.size(1) else torch.zeros(rel.shape, dtype=acc, device=x.device)
+        s = _all_reduce(torch.where(inside, at, torch.zeros((), dtype=acc, device=x.device)), call.split.group)
+        s = s - lse[:, None]
+        n = s.size(0)
+        support[done:done + n] = s
+        lse_all[done:done + n] = lse
+        value = support_terms(s.double(), _take(logprobs, start, stop, picked).double(), on, call.beta, call.add_tail,
+                              torch.finfo(acc).tiny)
+        if values is not None:
+            values[done:done + n] = value.to(result)
+        else:
+            total += value.sum()
+        done += n
+    if values is not None:
+        return values, support, lse_all
+    # Every rank of the group holds the whole support's terms: the sum crosses only a token split.
+    if call.split.rows_group is not None:
+        total = _all_reduce(total, call.split.rows_group)
+    return total.to(result), support, lse_all
+
+
+def sparse_backward(call: SparseCall, x: Tensor, logprobs: Tensor, ids: Tensor, mask: Tensor, support: Tensor,
+                    lse_all: Tensor, grad: Tensor, grads: tuple[bool, bool]) -> tuple[Tensor | None, Tensor | None]:
+    """The gradients w.r.t. the rank's logits slice and the teacher's log-probabilities: the support's G by
+    autograd on (n, K), then the log-softmax's backward on the slice, with no collective."""
+    acc = support.dtype
+    rows = ids.size(0)
+    step = chunk_rows(call.split.vocab)
+    gx = torch.zeros_like(x) if grads[0] else None
+    gl = torch.zeros_like(logprobs) if grads[1] else None
+    done = 0
+    for start in range(0, rows, step):
+        stop = min(rows, start + step)
+        picked = _rows_of(call.keep, start, stop)
+        rel, inside, on = _support_chunk(call, ids, mask, start, stop, picked)
+        n = rel.size(0)
+        s = support[done:done + n].detach().double().requires_grad_()
+        t = _take(logprobs, start, stop, picked).detach().double().requires_grad_()
+        w = grad[done:done + n].double() if call.none else grad.double()
+        lse = lse_all[done:done + n]
+        done += n
+        with torch.enable_grad():
+            terms = support_terms(s, t, on, call.beta, call.add_tail, torch.finfo(acc).tiny)
+            g_s, g_t = torch.autograd.grad((terms * w).sum(), (s, t))
+        g_s = g_s.to(acc)
+        if gl is not None:
+            _put(gl, start, stop, picked, g_t)
+        if gx is not None:
+            z, dz = call.student(_take(x, start, stop, picked), acc)
+            dense = (z - lse[:, None]).exp() * -g_s.sum(-1, keepdim=True)
+            if dense.size(1):
+                dense.scatter_add_(1, rel, torch.where(inside, g_s, torch.zeros((), dtype=acc, device=x.device)))
+            _put(gx, start, stop, picked, dense * dz)
+    return gx, gl
+
+
+class _SparseJsd(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx: Any, x: Tensor, logprobs: Tensor, ids: Tensor, mask: Tensor,  # type: ignore[override]
+                call: SparseCall) -> Tensor:
+        value, support, lse = sparse_forward(call, x.detach(), logprobs.detach(), ids, mask)
+        ctx.call = call
+        ctx.save_for_backward(x, logprobs, ids, mask, support, lse)
+        return value
+
+    @staticmethod
+    def backward(ctx: Any, grad: Tensor) -> tuple[Tensor | None, ...]:  # type: ignore[override]
+        x, logprobs, ids, mask, support, lse = ctx.saved_tensors
+        gx, gl = sparse_backward(ctx.call, x, logprobs, ids, mask, support, lse, grad,
+                                 (ctx.needs_input_grad[0], ctx.needs_input_grad[1]))
+        return gx, gl, None, None, None
+
+
+def sparse_jsd_loss(student: Any, teacher_logprobs: Any, teacher_token_ids: Any, labels: Any, *, group: Any,
+                    support_mask: Any, beta: float, temperature: float, add_tail: bool, reduction: str,
+                    num_items_in_batch: Any, ignore_index: int, student_logit_scale: float,
+                    student_softcap: float | None) -> Any:
+    """functional.sparse_jsd_loss on a split: each rank its slice of the student's logits, the served teacher's
+    (..., K) whole (its ids global)."""
+    op = "sparse_jsd_loss"
+    how = "sum" if num_items_in_batch is not None else reduction
+    layout = None
+    if group is None:
+        from torch.distributed.tensor import DTensor
+
+        if not isinstance(student, DTensor):
+            raise ValueError(f"{op}: student_logits must be the DTensor split over the vocabulary")
+        layout = _layout(op, student, student, ("student_logits", "student_logits"))
+        if how == "none" and labels is not None and layout.token is not None:
+            raise ValueError(f"{op}: reduction='none' with labels on logits split over tokens and the vocabulary: "
+                             "the kept rows differ from rank to rank; pass labels=None, or replicate the tokens")
+        teacher_logprobs, teacher_token_ids, support_mask, labels = (
+            _local_rows(op, name, tensor, layout) for name, tensor in (
+                ("teacher_logprobs", teacher_logprobs), ("teacher_token_ids", teacher_token_ids),
+                ("support_mask", support_mask), ("labels", labels)))
+        group = layout.mesh.get_group(layout.vocab_dim)
+        rows_group = None if layout.token is None else layout.mesh.get_group(layout.token[0])
+        student = student.to_local()
+    else:
+        rows_group = None
+    lead = tuple(student.shape[:-1])
+    for name, tensor in (("teacher_logprobs", teacher_logprobs), ("teacher_token_ids", teacher_token_ids),
+                         ("support_mask", support_mask)):
+        if tensor is not None and (tensor.dim() != len(lead) + 1 or tuple(tensor.shape[:-1]) != lead
+                                   or tensor.shape[-1] != teacher_logprobs.shape[-1]):
+            raise RuntimeError(f"{op}: {name} must be (..., K) of the logits' leading shape {lead}, got "
+                               f"{tuple(tensor.shape)}")
+    if labels is not None and tuple(labels.shape) != lead:
+        raise RuntimeError(f"{op}: labels must have the logits' leading shape {lead}, got {tuple(labels.shape)}")
+    if teacher_token_ids.dtype.is_floating_point or teacher_token_ids.dtype == torch.bool:
+        raise TypeError(f"{op}: teacher_token_ids must be of an integer dtype, got {teacher_token_ids.dtype}")
+    rows = math.prod(lead)
+    k = teacher_logprobs.size(-1)
+    x = student.reshape(rows, student.size(-1))
+    logprobs = teacher_logprobs.reshape(rows, k)
+    ids = teacher_token_ids.reshape(rows, k)
+    mask = (torch.ones_like(ids, dtype=torch.bool) if support_mask is None else support_mask.reshape(rows, k).bool())
+    keep = None if labels is None else labels.reshape(-1) != ignore_index
+    split = split_of(op, group, student.size(-1), rows, rows if keep is None else int(keep.sum()), rows_group)
+    check_support_ids(op, ids, mask, split.vocab, keep)
+    call = SparseCall(split, Transform(student_logit_scale, student_softcap, temperature), beta, add_tail, keep,
+                      how == "none")
+    value = _SparseJsd.apply(x, logprobs, ids, mask, call)
+    if how == "none" and labels is None:
+        value = value.view(lead + (k + add_tail,))
+    count = None
+    if keep is not None:
+        count = keep.sum()
+        if rows_group is not None:
+            count = _all_reduce(count, rows_group)
+    shape = (layout.shape[:-1] if layout is not None else lead) + (k + add_tail,)
+    value = _divided(value, how, num_items_in_batch, count, shape, k + add_tail)
+    if layout is not None:
+        from torch.distributed.tensor import Replicate, Shard
+
+        placements = [Replicate()] * layout.mesh.ndim
+        if how == "none":
+            if layout.token is not None:
+                placements[layout.token[0]] = Shard(layout.token[1])
+            value = _dtensor_result(value, layout, placements, shape if labels is None else tuple(value.shape))
+        else:
+            value = _dtensor_result(value, layout, placements, ())
+    return value

@@ -789,6 +789,7 @@ def sparse_jsd_loss(
     ignore_index: int = -100,
     student_logit_scale: float = 1.0,
     student_softcap: float | None = None,
+    vocab_parallel_group: Any = None,
 ) -> Tensor:
     """The generalized JSD between a student's distribution and a served teacher's sparse one, row by row: the
     teacher gives, for each row, only its top-k log-probabilities and their token ids (a vLLM server's
@@ -829,6 +830,10 @@ def sparse_jsd_loss(
         ignore_index (int): Default: ``-100``
         student_logit_scale (float), student_softcap (float, optional): the student's logit transform, as
             ``generalized_jsd_loss`` takes it.
+        vocab_parallel_group (ProcessGroup, optional): the student's vocabulary is split over this group's ranks,
+            as :func:`generalized_jsd_loss` takes it: each rank passes its slice of ``student_logits`` and the
+            served teacher's ``(..., K)`` whole, its ids global (each rank reads those in its slice). DTensor logits
+            placed ``Shard(-1)`` take the same path without it. Default: ``None``
 
     Returns:
         The loss, in the promoted dtype of ``student_logits`` and ``teacher_logprobs``.
@@ -845,7 +850,18 @@ def sparse_jsd_loss(
                            student_logits, teacher_logprobs, teacher_token_ids, labels, support_mask=support_mask,
                            beta=beta, temperature=temperature, add_tail=add_tail, reduction=reduction,
                            num_items_in_batch=num_items_in_batch, ignore_index=ignore_index,
-                           student_logit_scale=student_logit_scale, student_softcap=student_softcap)
+                           student_logit_scale=student_logit_scale, student_softcap=student_softcap,
+                           vocab_parallel_group=vocab_parallel_group)
+    if vocab_parallel_group is not None or _dtensor.vocabulary_split(student_logits):
+        return _on_vocabulary_split(
+            "sparse_jsd_loss", vocab_parallel_group, student_logits, reduction, num_items_in_batch,
+            dict(beta=beta, temperature=temperature, add_tail=add_tail, ignore_index=ignore_index,
+                 student_logit_scale=student_logit_scale, student_softcap=student_softcap),
+            lambda: _vocab_parallel.sparse_jsd_loss(
+                student_logits, teacher_logprobs, teacher_token_ids, labels, group=vocab_parallel_group,
+                support_mask=support_mask, beta=beta, temperature=temperature, add_tail=add_tail,
+                reduction=reduction, num_items_in_batch=num_items_in_batch, ignore_index=ignore_index,
+                student_logit_scale=student_logit_scale, student_softcap=student_softcap))
     if not torch.compiler.is_compiling():
         if not isinstance(reduction, str):
             raise TypeError(f"sparse_jsd_loss: reduction must be a str, got {reduction!r} ({type(reduction).__name__})")

@@ -732,3 +732,281 @@ def sparse_jsd_loss(student: Any, teacher_logprobs: Any, teacher_token_ids: Any,
         else:
             value = _dtensor_result(value, layout, placements, ())
     return value
+
+
+# ---- the linear form (fused_linear_jsd_loss): lm_head weights split by rows (vocabulary entries) ------------------
+#
+# Each chunk's logits slice is made from the replicated hidden states and the rank's rows of each weight, used as
+# the logits form uses them, and becomes the gradients of the weights' rows and biases, and the rank's partial
+# gradient of the hidden states, before the next chunk. The hard loss (cross entropy on the student's transformed,
+# untempered logits) adds a third side to the normalizers where T != 1 and, in the per-row all-reduce, the label's
+# logit from the rank that holds it.
+
+
+@dataclass(frozen=True)
+class LinearCall:
+    split: Split
+    beta: float
+    student: Transform
+    teacher: Transform
+    keep: Tensor | None
+    labels: Tensor | None  # (R,) where the hard loss is computed
+    soft: float  # weight_soft_loss / the JSD's divisor
+    hard: float  # weight_hard_loss / the cross entropy's divisor (0 where it is not computed)
+    chunk: int
+    entropy: bool
+    reduce_input_grads: bool  # DTensor: the hidden states' gradient made whole over the group (one N x H each)
+
+
+def _logits(h: Tensor, w: Tensor, b: Tensor | None) -> Tensor:
+    return h @ w.t() if b is None else torch.addmm(b, h, w.t())
+
+
+def linear_forward(call: LinearCall, hs: Tensor, ws: Tensor, bs: Tensor | None, ht: Tensor, wt: Tensor,
+                   bt: Tensor | None, grads: tuple[bool, bool]) -> tuple[Tensor, Tensor, Tensor | None, list[Any]]:
+    """The JSD's and the cross entropy's global sums (0-dim, float64), the entropy per row (or None), and the
+    gradients of the weighted loss w.r.t. (hs, ws, bs, ht, wt, bt) where `grads` asks for a side."""
+    acc = torch.float64 if torch.float64 in (hs.dtype, ht.dtype) else torch.float32
+    rows = hs.size(0)
+    group = call.split.group
+    soft = torch.zeros((), dtype=torch.float64, device=hs.device)
+    hard = torch.zeros((), dtype=torch.float64, device=hs.device)
+    entropy = torch.zeros(rows, dtype=torch.float32, device=hs.device) if call.entropy else None
+    out: list[Any] = [None] * 6
+    if grads[0]:
+        out[0:3] = [torch.zeros_like(hs), torch.zeros_like(ws), None if bs is None else torch.zeros_like(bs)]
+    if grads[1]:
+        out[3:6] = [torch.zeros_like(ht), torch.zeros_like(wt), None if bt is None else torch.zeros_like(bt)]
+    with_hard = call.labels is not None
+    untempered = Transform(call.student.scale, call.student.softcap, 1.0)
+    own_normalizer = with_hard and call.student.temperature != 1.0
+    for start in range(0, rows, call.chunk):
+        stop = min(rows, start + call.chunk)
+        picked = _rows_of(call.keep, start, stop)
+        h_s, h_t = _take(hs, start, stop, picked), _take(ht, start, stop, picked)
+        if h_s.size(0) == 0:
+            continue
+        x_s, x_t = _logits(h_s, ws, bs), _logits(h_t, wt, bt)
+        zs, dzs = call.student(x_s, acc)
+        zt, dzt = call.teacher(x_t, acc)
+        sides = [zs, zt]
+        if own_normalizer:
+            u, du = untempered(x_s, acc)
+            sides.append(u)
+        lse = log_normalizers(sides, group)
+        s = zs - lse[0][:, None]
+        t = zt - lse[1][:, None]
+        value, a_s, a_t = jsd_terms(s, t, call.beta, any(grads))
+        soft += value.sum().double()
+        sums = []
+        if grads[0]:
+            sums.append(a_s.sum(-1))  # type: ignore[union-attr]
+        if grads[1]:
+            sums.append(a_t.sum(-1))  # type: ignore[union-attr]
+        if entropy is not None:
+            sums.append((s.exp() * zs).sum(-1))
+        if with_hard:
+            if not own_normalizer:
+                u, du = zs, dzs
+            label = _take(call.labels, start, stop, picked).long() - call.split.offset  # type: ignore[arg-type]
+            mine = (label >= 0) & (label < call.split.local)
+            at = label.clamp(0, max(call.split.local - 1, 0))
+            at_u = u.gather(1, at[:, None]).squeeze(1) if u.size(1) else torch.zeros_like(lse[0])
+            sums.append(torch.where(mine, at_u, torch.zeros_like(at_u)))
+        reduced = list(_all_reduce(torch.stack(sums), group).unbind(0)) if sums else []
+        if grads[0]:
+            g = (a_s - s.exp() * reduced.pop(0)[:, None]) * (dzs * call.soft)  # type: ignore[operator]
+        if grads[1]:
+            gt = (a_t - t.exp() * reduced.pop(0)[:, None]) * (dzt * call.soft)  # type: ignore[operator]
+        if entropy is not None:
+            _put(entropy, start, stop, picked, (lse[0] - reduced.pop(0)).float())
+        if with_hard:
+            lse_u = lse[2] if own_normalizer else lse[0] * 1.0
+            # Untempered log-sum-exp where T = 1: zs is u itself.
+            hard += (lse_u - reduced.pop(0)).sum().double()
+            if grads[0] and call.hard != 0.0:
+                prob = (u - lse_u[:, None]).exp()
+                prob[mine.nonzero().squeeze(-1), at[mine]] -= 1.0
+                g = g + prob * (du * call.hard)
+        for side, grad in ((0, g if grads[0] else None), (3, gt if grads[1] else None)):
+            if grad is None:
+                continue
+            h = h_s if side == 0 else h_t
+            grad = grad.to(h.dtype)
+            _put(out[side], start, stop, picked, grad @ (ws if side == 0 else wt))
+            out[side + 1].addmm_(grad.t(), h)
+            if out[side + 2] is not None:
+                out[side + 2] += grad.sum(0)
+    soft = _all_reduce(soft, group)
+    if call.split.rows_group is not None:
+        soft = _all_reduce(soft, call.split.rows_group)
+        hard = _all_reduce(hard, call.split.rows_group)
+    if call.reduce_input_grads:
+        for side in (0, 3):
+            if out[side] is not None:
+                out[side] = _all_reduce(out[side], group)
+    return soft, hard, entropy, out
+
+
+class _LinearJsd(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx: Any, hs: Tensor, ws: Tensor, bs: Tensor | None, ht: Tensor, wt: Tensor,  # type: ignore[override]
+                bt: Tensor | None, call: LinearCall) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+        need = ctx.needs_input_grad
+        grads = (any(need[0:3]), any(need[3:6]))
+        soft, hard, entropy, out = linear_forward(call, hs.detach(), ws.detach(), None if bs is None else bs.detach(),
+                                                  ht.detach(), wt.detach(), None if bt is None else bt.detach(), grads)
+        ctx.grads = [g if wanted else None for g, wanted in zip(out, need[:6])]
+        loss = (soft * call.soft + hard * call.hard).to(torch.promote_types(hs.dtype, ht.dtype))
+        if entropy is None:
+            entropy = torch.zeros(0, dtype=torch.float32, device=hs.device)
+        ctx.mark_non_differentiable(soft, hard, entropy)
+        return loss, soft, hard, entropy
+
+    @staticmethod
+    def backward(ctx: Any, grad: Tensor, *_unused: Tensor) -> tuple[Tensor | None, ...]:  # type: ignore[override]
+        return (*(None if g is None else g * grad.to(g.dtype) for g in ctx.grads), None)
+
+
+def _weight_split(op: str, weight: Any, inputs: Any, name: str) -> int | None:
+    """The mesh dimension over which a DTensor lm_head weight's rows (vocabulary) are split, where the hidden states
+    are replicated across it (a vocabulary split); None where they are not split, or where the hidden states are
+    sharded across it too: FSDP's Shard(0), which the caller gathers once."""
+    from torch.distributed.tensor import DTensor
+
+    if not isinstance(weight, DTensor):
+        return None
+    for i, placement in enumerate(weight.placements):
+        if placement.is_shard() and placement.dim % 2 == 0:
+            if isinstance(inputs, DTensor) and inputs.device_mesh == weight.device_mesh \
+                    and not inputs.placements[i].is_replicate():
+                return None
+            return i
+    return None
+
+
+def fsdp_gathered(weight: Any, inputs: Any) -> Any:
+    """A DTensor lm_head weight whose rows are sharded over a mesh dimension across which its hidden states are
+    sharded too (FSDP), replicated over it: gathered once, as TRL gathers it, so that the op's rules take it."""
+    from torch.distributed.tensor import DTensor, Replicate
+
+    if not isinstance(weight, DTensor) or not isinstance(inputs, DTensor):
+        return weight
+    placements = list(weight.placements)
+    for i, placement in enumerate(placements):
+        if placement.is_shard() and placement.dim % 2 == 0 and not inputs.placements[i].is_replicate():
+            placements[i] = Replicate()
+    return weight if placements == list(weight.placements) else weight.redistribute(weight.device_mesh, placements)
+
+
+def vocabulary_split_weights(*pairs: tuple[Any, Any]) -> bool:
+    """Whether any (weight, hidden states) pair is a DTensor vocabulary split (not FSDP's)."""
+    return any(_weight_split("", w, h, "") is not None for w, h in pairs)
+
+
+def fused_linear_jsd_loss(student_input: Any, student_weight: Any, teacher_input: Any, teacher_weight: Any,
+                          labels: Any, *, group: Any, student_bias: Any, teacher_bias: Any, beta: float,
+                          temperature: float, ignore_index: int, reduction: str, weight_hard_loss: float,
+                          weight_soft_loss: float, chunk_size: int | None, student_logit_scale: float,
+                          teacher_logit_scale: float, student_softcap: float | None, teacher_softcap: float | None,
+                          return_soft_hard_loss: bool, return_entropy: bool) -> tuple[Any, Any, Any, Any]:
+    """functional.fused_linear_jsd_loss on a split: each rank its rows of both weights (and biases), the hidden
+    states whole. Returns (loss, soft, hard, entropy) as the op does."""
+    op = "fused_linear_jsd_loss"
+    mesh = None
+    if group is None:
+        from torch.distributed.tensor import DTensor, Replicate, Shard
+
+        dims = {_weight_split(op, student_weight, student_input, "student_weight"),
+                _weight_split(op, teacher_weight, teacher_input, "teacher_weight")}
+        if len(dims) != 1 or None in dims:
+            raise ValueError(f"{op}: teacher_weight must be split over the vocabulary as student_weight is, on the "
+                             f"same mesh dimension: got {getattr(student_weight, 'placements', None)} and "
+                             f"{getattr(teacher_weight, 'placements', None)}")
+        vocab_dim = dims.pop()
+        mesh = student_weight.device_mesh
+        if teacher_weight.device_mesh != mesh:
+            raise ValueError(f"{op}: teacher_weight must be on student_weight's mesh")
+        token = None
+        for tensor, name in ((student_input, "student_input"), (teacher_input, "teacher_input")):
+            if not isinstance(tensor, DTensor) or tensor.device_mesh != mesh:
+                raise ValueError(f"{op}: {name} must be a DTensor on the weights' mesh, replicated over the "
+                                 "vocabulary's mesh dimension")
+            for i, placement in enumerate(tensor.placements):
+                if placement.is_shard():
+                    if placement.dim % tensor.dim() == tensor.dim() - 1 or token not in (None, (i, placement.dim)):
+                        raise ValueError(f"{op}: {name} placed {tuple(tensor.placements)}: only one token "
+                                         "dimension may be sharded, on a mesh dimension of its own")
+                    token = (i, placement.dim % tensor.dim())
+        for bias, weight, name in ((student_bias, student_weight, "student_bias"),
+                                   (teacher_bias, teacher_weight, "teacher_bias")):
+            if bias is not None and (not isinstance(bias, DTensor)
+                                     or list(bias.placements) != [p if not p.is_shard() else Shard(0)
+                                                                  for p in weight.placements]):
+                raise ValueError(f"{op}: {name} must be a DTensor split as its weight's rows are")
+        layout = _Layout(mesh, vocab_dim, token, ())
+        labels = _local_rows(op, "labels", labels, layout)
+        group = mesh.get_group(vocab_dim)
+        rows_group = None if token is None else mesh.get_group(token[0])
+        tensors = [None if t is None else t.to_local() for t in
+                   (student_input, student_weight, student_bias, teacher_input, teacher_weight, teacher_bias)]
+        student_input, student_weight, student_bias, teacher_input, teacher_weight, teacher_bias = tensors
+    else:
+        rows_group = None
+    lead = tuple(student_input.shape[:-1])
+    if tuple(teacher_input.shape[:-1]) != lead:
+        raise RuntimeError(f"{op}: teacher_input's leading shape {tuple(teacher_input.shape[:-1])} is not "
+                           f"student_input's {lead}")
+    for weight, inputs, name in ((student_weight, student_input, "student_weight"),
+                                 (teacher_weight, teacher_input, "teacher_weight")):
+        if weight.dim() != 2 or weight.size(1) != inputs.size(-1):
+            raise RuntimeError(f"{op}: {name} must be (V_r, H) with H = {inputs.size(-1)}, got {tuple(weight.shape)}")
+    if teacher_weight.size(0) != student_weight.size(0):
+        raise RuntimeError(f"{op}: each rank's rows of teacher_weight ({teacher_weight.size(0)}) and student_weight "
+                           f"({student_weight.size(0)}) must be the same slice of the vocabulary")
+    if weight_hard_loss != 0.0 and labels is None:
+        raise ValueError(f"{op}: weight_hard_loss={weight_hard_loss} needs labels")
+    rows = math.prod(lead)
+    hs = student_input.reshape(rows, student_input.size(-1))
+    ht = teacher_input.reshape(rows, teacher_input.size(-1))
+    keep = None if labels is None else labels.reshape(-1) != ignore_index
+    kept = rows if keep is None else int(keep.sum())
+    split = split_of(op, group, student_weight.size(0), rows, kept, rows_group)
+    count = float(kept)
+    if rows_group is not None:
+        count = float(_all_reduce(torch.tensor(kept, dtype=torch.float64), rows_group))
+    hard_labels = None
+    if labels is not None and (weight_hard_loss != 0.0 or return_soft_hard_loss):
+        hard_labels = labels.reshape(-1)
+        wrong = keep & ((hard_labels < 0) | (hard_labels >= split.vocab))  # type: ignore[operator]
+        if bool(wrong.any()):
+            row = int(wrong.nonzero()[0])
+            raise ValueError(f"{op}: labels[{row}] = {int(hard_labels[row])} is outside the vocabulary "
+                             f"[0, {split.vocab}) where the cross entropy reads it")
+    soft_div = {"sum": 1.0, "batchmean": max(count, 1.0), "mean": max(count, 1.0) * split.vocab}[reduction]
+    hard_div = 1.0 if reduction == "sum" else max(count, 1.0)
+    if chunk_size is None:
+        # The family's default, an eighth of the rows (each rank's buffers an eighth of its N x V_r), within 1 GiB
+        # of the whole vocabulary's float32 logits, so that every rank takes the same chunks.
+        chunk_size = max(1, min(-(-rows // 8), (1 << 28) // max(split.vocab, 1)))
+    call = LinearCall(split, beta, Transform(student_logit_scale, student_softcap, temperature),
+                      Transform(teacher_logit_scale, teacher_softcap, temperature), keep, hard_labels,
+                      weight_soft_loss / soft_div, weight_hard_loss / hard_div, chunk_size, return_entropy,
+                      mesh is not None)
+    loss, soft, hard, entropy = _LinearJsd.apply(hs, student_weight, student_bias, ht, teacher_weight, teacher_bias,
+                                                 call)
+    result = torch.promote_types(hs.dtype, ht.dtype)
+    soft, hard = (soft / soft_div).to(result), (hard / hard_div).to(result)
+    entropy = entropy.view(lead) if return_entropy else entropy
+    if mesh is not None:
+        from torch.distributed.tensor import Replicate, Shard
+
+        layout = _Layout(mesh, vocab_dim, token, ())
+        replicated = [Replicate()] * mesh.ndim
+        loss, soft, hard = (_dtensor_result(x, layout, replicated, ()) for x in (loss, soft, hard))
+        if return_entropy:
+            placements = list(replicated)
+            if token is not None:
+                placements[token[0]] = Shard(token[1])
+            entropy = DTensor.from_local(entropy, mesh, placements, run_check=False)
+    return loss, soft, hard, entropy

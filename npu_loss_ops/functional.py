@@ -691,6 +691,7 @@ def fused_linear_jsd_loss(
     student_softcap: float | None = None,
     teacher_softcap: float | None = None,
     return_entropy: bool = False,
+    vocab_parallel_group: Any = None,
 ) -> Tensor | tuple[Tensor, ...]:
     """The generalized JSD between a student's and a teacher's distributions, from their hidden states and
     ``lm_head`` weights, without making the N x V logits (docs/semantics.md, "The fused linear JSD")::
@@ -738,6 +739,13 @@ def fused_linear_jsd_loss(
         return_entropy (bool): also return the student's entropy per row, as ``generalized_jsd_loss`` makes it
             (float32, of the leading shape, 0 on dropped rows, no gradient), made from each chunk's logits (on
             the CPU in the kernel's own passes). Default: ``False``
+        vocab_parallel_group (ProcessGroup, optional): the vocabulary is split over this group's ranks (Megatron's
+            ``ColumnParallelLinear``): each rank passes its contiguous rows ``(V_r, H)`` of both weights (and
+            biases), the ranks in group order, and the hidden states whole. Only per-row floats cross the group.
+            The hidden states' gradient is then each rank's partial sum: Megatron's ``ColumnParallelLinear``
+            all-reduces it in its own backward, so it is not summed here (DTensor weights placed ``Shard(0)``,
+            which take this path without the keyword, get it whole: one N x H all-reduce per input).
+            Default: ``None``
 
     Returns:
         The 0-dim loss in the promoted dtype of the two inputs; ``(loss, soft_loss, hard_loss)`` with
@@ -761,12 +769,32 @@ def fused_linear_jsd_loss(
                        return_soft_hard_loss=return_soft_hard_loss, student_logit_scale=student_logit_scale,
                        teacher_logit_scale=teacher_logit_scale, student_softcap=student_softcap,
                        teacher_softcap=teacher_softcap, return_entropy=return_entropy)
-        _dtensor.check_vocabulary_split("fused_linear_jsd_loss", weights=(("student_weight", student_weight),
-                                                                           ("teacher_weight", teacher_weight)))
-    results: tuple[Tensor, Tensor, Tensor, Tensor] = torch.ops.npu_loss.fused_linear_jsd_loss(
-        student_input, student_weight, teacher_input, teacher_weight, labels, student_bias, teacher_bias, reduction,
-        beta, temperature, student_logit_scale, teacher_logit_scale, student_softcap, teacher_softcap, ignore_index,
-        weight_hard_loss, weight_soft_loss, chunk_size, return_soft_hard_loss, return_entropy)
+    split = vocab_parallel_group is not None
+    if _dtensor.any_dtensor(student_weight, teacher_weight):
+        pairs = ((student_weight, student_input), (teacher_weight, teacher_input))
+        split = split or _vocab_parallel.vocabulary_split_weights(*pairs)
+        if not split:  # FSDP's Shard(0) of the rows, the hidden states sharded alike: gathered once, as TRL does
+            student_weight, teacher_weight = (_vocab_parallel.fsdp_gathered(w, h) for w, h in pairs)
+            student_bias, teacher_bias = (None if b is None else _vocab_parallel.fsdp_gathered(b, h)
+                                          for b, h in ((student_bias, student_input), (teacher_bias, teacher_input)))
+    results: tuple[Tensor, Tensor, Tensor, Tensor]
+    if split:
+        results = _on_vocabulary_split(
+            "fused_linear_jsd_loss", vocab_parallel_group, student_input, reduction, None, {},
+            lambda: _vocab_parallel.fused_linear_jsd_loss(
+                student_input, student_weight, teacher_input, teacher_weight, labels, group=vocab_parallel_group,
+                student_bias=student_bias, teacher_bias=teacher_bias, beta=beta, temperature=temperature,
+                ignore_index=ignore_index, reduction=reduction, weight_hard_loss=weight_hard_loss,
+                weight_soft_loss=weight_soft_loss, chunk_size=chunk_size, student_logit_scale=student_logit_scale,
+                teacher_logit_scale=teacher_logit_scale, student_softcap=student_softcap,
+                teacher_softcap=teacher_softcap, return_soft_hard_loss=return_soft_hard_loss,
+                return_entropy=return_entropy))
+    else:
+        results = torch.ops.npu_loss.fused_linear_jsd_loss(
+            student_input, student_weight, teacher_input, teacher_weight, labels, student_bias, teacher_bias,
+            reduction, beta, temperature, student_logit_scale, teacher_logit_scale, student_softcap,
+            teacher_softcap, ignore_index, weight_hard_loss, weight_soft_loss, chunk_size, return_soft_hard_loss,
+            return_entropy)
     loss, soft, hard, entropy = results
     parts = (soft, hard) if return_soft_hard_loss else ()
     if return_entropy:

@@ -948,8 +948,20 @@ def fused_linear_jsd_loss(student_input: Any, student_weight: Any, teacher_input
         labels = _local_rows(op, "labels", labels, layout)
         group = mesh.get_group(vocab_dim)
         rows_group = None if token is None else mesh.get_group(token[0])
-        tensors = [None if t is None else t.to_local() for t in
-                   (student_input, student_weight, student_bias, teacher_input, teacher_weight, teacher_bias)]
+        # A weight replicated over a token split gets each token rank's share of its gradient: Partial there (the
+        # sum DTensor makes where it is read, as data parallelism's gradient reduction does), never a V x H
+        # collective in the loss.
+        from torch.distributed.tensor import Partial
+
+        def local(t: Any, of_weight: bool) -> Any:
+            if t is None or not of_weight or token is None:
+                return None if t is None else t.to_local()
+            grads = list(t.placements)
+            grads[token[0]] = Partial()
+            return t.to_local(grad_placements=grads)
+
+        tensors = [local(t, i % 3 != 0) for i, t in enumerate(
+            (student_input, student_weight, student_bias, teacher_input, teacher_weight, teacher_bias))]
         student_input, student_weight, student_bias, teacher_input, teacher_weight, teacher_bias = tensors
     else:
         rows_group = None

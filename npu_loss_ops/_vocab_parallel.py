@@ -30,9 +30,10 @@ from typing import Any
 import torch
 from torch import Tensor
 
-# Rows per chunk: about 2**22 elements of the whole vocabulary, so that each rank's temporaries are 1/P of one
-# process's (every rank of a group takes the same chunks: the count depends on the global V alone).
-_CHUNK_ELEMENTS = 1 << 22
+# Rows per chunk of the logits forms: about 2**19 elements of a rank's slice (V / P of them per row). A chunk's
+# half-dozen buffers (Workspace) are then near 12 MB, about 2 % of one rank's N x V / P gradient at N 2,048 and
+# V 151,936, whatever P (every rank of a group takes the same chunks: the count depends on the global V and P).
+_CHUNK_ELEMENTS = 1 << 19
 
 
 def _dist() -> Any:
@@ -96,8 +97,9 @@ def _all_reduce(x: Tensor, group: Any, op: str = "sum") -> Tensor:
     return y if y.device == x.device else y.to(x.device)
 
 
-def chunk_rows(vocab: int) -> int:
-    return max(1, _CHUNK_ELEMENTS // max(vocab, 1))
+def chunk_rows(split: Split) -> int:
+    ranks = _dist().get_world_size(split.group)
+    return max(1, _CHUNK_ELEMENTS * ranks // max(split.vocab, 1))
 
 
 @dataclass(frozen=True)
@@ -165,20 +167,131 @@ class JsdCall:
     entropy: bool
 
 
-def _rows_of(keep: Tensor | None, start: int, stop: int) -> Tensor | None:
-    return None if keep is None else keep[start:stop].nonzero().squeeze(-1)
+def _chunks(keep: Tensor | None, rows: int, step: int) -> Any:
+    """The chunks of rows, `step` kept rows each (the last fewer): slices without labels, else index tensors of the
+    kept rows. Every chunk but the last has the same shape, so that the C library's allocator reuses each chunk's
+    temporaries for the next (chunks of varying sizes let the heap grow over a call, 60 MB at N 2,048)."""
+    if keep is None:
+        for start in range(0, rows, step):
+            yield slice(start, min(rows, start + step))
+        return
+    kept = keep.nonzero().squeeze(-1)
+    for start in range(0, kept.numel(), step):
+        yield kept[start:start + step]
 
 
-def _take(x: Tensor, start: int, stop: int, rows: Tensor | None) -> Tensor:
-    part = x[start:stop]
-    return part if rows is None else part.index_select(0, rows)
+def _take(x: Tensor, rows: Any) -> Tensor:
+    return x[rows] if isinstance(rows, slice) else x.index_select(0, rows)
 
 
-def _put(out: Tensor, start: int, stop: int, rows: Tensor | None, values: Tensor) -> None:
-    if rows is None:
-        out[start:stop] = values
+def _put(out: Tensor, rows: Any, values: Tensor) -> None:
+    if isinstance(rows, slice):
+        out[rows] = values
     else:
-        out[start:stop].index_copy_(0, rows, values.to(out.dtype))
+        out.index_copy_(0, rows, values.to(out.dtype))
+
+
+class Workspace:
+    """A call's chunk buffers, (C, V_local) each in the dtype the call computes in, made once per call and used in
+    place by every chunk: the C library's allocator then sees no chunk-sized allocation after the first chunk
+    (temporaries made and freed per chunk let its heap keep 60 MB more than they use, at N 2,048)."""
+
+    def __init__(self, rows: int, width: int, dtype: torch.dtype, device: torch.device) -> None:
+        self.shape = (rows, width)
+        self.dtype = dtype
+        self.device = device
+        self.buffers: dict[str, Tensor] = {}
+
+    def __call__(self, name: str, n: int) -> Tensor:
+        buffer = self.buffers.get(name)
+        if buffer is None:
+            buffer = self.buffers[name] = torch.empty(self.shape, dtype=self.dtype, device=self.device)
+        return buffer[:n]
+
+
+def transform_into(side: Transform, x: Tensor, out: Tensor, slope: Tensor | None) -> Tensor | float:
+    """`out` := the transformed, tempered `x`; returns dz/dx: a number, or (with a softcap) `slope` filled (None
+    where no gradient is wanted)."""
+    if out.data_ptr() != x.data_ptr() or out.dtype != x.dtype:
+        out.copy_(x)
+    if side.scale != 1.0:
+        out.mul_(side.scale)
+    if side.softcap is None:
+        if side.temperature != 1.0:
+            out.div_(side.temperature)
+        return side.scale / side.temperature
+    out.div_(side.softcap).tanh_()
+    if slope is not None:
+        torch.mul(out, out, out=slope).neg_().add_(1.0).mul_(side.scale / side.temperature)
+    out.mul_(side.softcap / side.temperature)
+    return slope if slope is not None else 0.0
+
+
+def normalizers_into(zs: list[Tensor], group: Any, scratch: Tensor) -> list[Tensor]:
+    """log_normalizers with `scratch` (the chunk's shape) for the exponentials."""
+    peak = _all_reduce(torch.stack([_row_max(z) for z in zs]), group, "max")
+    shift = torch.where(torch.isfinite(peak), peak, torch.zeros_like(peak))
+    sums = []
+    for i, z in enumerate(zs):
+        torch.sub(z, shift[i, :, None], out=scratch).exp_()
+        sums.append(scratch.sum(-1))
+    total = _all_reduce(torch.stack(sums), group)
+    return [shift[i] + total[i].log() for i in range(len(zs))]
+
+
+def jsd_chunk_terms(beta: float, a: Tensor, b: Tensor, lse_s: Tensor, lse_t: Tensor, work: list[Tensor],
+                    entropy: bool, values: Tensor | None) -> tuple[Tensor, Tensor, Tensor, list[Tensor]]:
+    """One chunk's generalized JSD in place: `a`, `b` (the transformed logits) become s, t; returns the chunk's sum,
+    the buffers holding dL/ds and dL/dt, and the row sums the group adds (those two, then the entropy's sum(p z)).
+    `work`: three buffers of the chunk's shape; `values`: 'none''s rows, written."""
+    c, d, e = work
+    a.sub_(lse_s[:, None])
+    b.sub_(lse_t[:, None])
+    sums = []
+    entropy_sum = None
+    if entropy:  # sum(p z) = sum(p s) + lse * sum(p) over the slice
+        torch.exp(a, out=e)
+        mass = e.sum(-1)
+        entropy_sum = e.mul_(a).sum(-1) + lse_s * mass
+    if beta == 0.0:  # q (t - s); dL/ds = -q, dL/dt = q (t - s) + q
+        torch.exp(b, out=c)
+        torch.sub(b, a, out=d).mul_(c)
+        total = d.sum()
+        if values is not None:
+            values.copy_(d)
+        a_s, a_t = c.neg_(), d.sub_(c)
+    elif beta == 1.0:  # p (s - t); dL/ds = p (s - t) + p, dL/dt = -p
+        torch.exp(a, out=c)
+        torch.sub(a, b, out=d).mul_(c)
+        total = d.sum()
+        if values is not None:
+            values.copy_(d)
+        a_t, a_s = c.neg_(), d.sub_(c)
+    else:  # m = logaddexp(s + log(1 - beta), t + log(beta)); dL/ds = (1 - beta) p (s - m), dL/dt = beta q (t - m)
+        torch.add(a, math.log(1.0 - beta), out=c)
+        torch.add(b, math.log(beta), out=d)
+        torch.logaddexp(c, d, out=c)
+        torch.sub(a, c, out=d).mul_(torch.exp(a, out=e).mul_(1.0 - beta))
+        torch.sub(b, c, out=c).mul_(torch.exp(b, out=e).mul_(beta))
+        a_s, a_t = d, c
+        total = a_s.sum() + a_t.sum()
+        if values is not None:
+            torch.add(a_s, a_t, out=values) if values.dtype == a_s.dtype else values.copy_(a_s + a_t)
+    sums += [a_s.sum(-1), a_t.sum(-1)]
+    if entropy_sum is not None:
+        sums.append(entropy_sum)
+    return total, a_s, a_t, sums
+
+
+def log_softmax_backward_into(grad: Tensor, logp: Tensor, row_sum: Tensor, slope: Tensor | float,
+                              scratch: Tensor) -> Tensor:
+    """`grad` := (grad - exp(logp) * row_sum) * slope in place: the log-softmax's backward, then the transform's."""
+    grad.sub_(torch.exp(logp, out=scratch).mul_(row_sum[:, None]))
+    if isinstance(slope, Tensor):
+        grad.mul_(slope)
+    elif slope != 1.0:
+        grad.mul_(slope)
+    return grad
 
 
 def jsd_forward(call: JsdCall, xs: Tensor, xt: Tensor, grads: tuple[bool, bool]
@@ -190,7 +303,8 @@ def jsd_forward(call: JsdCall, xs: Tensor, xt: Tensor, grads: tuple[bool, bool]
     result = torch.promote_types(xs.dtype, xt.dtype)
     rows, width = xs.shape
     kept = rows if call.keep is None else int(call.keep.sum())
-    step = chunk_rows(call.split.vocab)
+    step = min(chunk_rows(call.split), max(kept, 1))
+    work = Workspace(step, width, acc, xs.device)
     total = torch.zeros((), dtype=acc, device=xs.device)
     values = xs.new_empty((kept, width), dtype=result) if call.none else None
     gs = torch.zeros_like(xs) if grads[0] else None
@@ -198,41 +312,29 @@ def jsd_forward(call: JsdCall, xs: Tensor, xt: Tensor, grads: tuple[bool, bool]
     entropy = torch.zeros(rows, dtype=torch.float32, device=xs.device) if call.entropy else None
     stats = xs.new_empty((kept, 2), dtype=acc)
     done = 0
-    for start in range(0, rows, step):
-        stop = min(rows, start + step)
-        picked = _rows_of(call.keep, start, stop)
-        zs, dzs = call.student(_take(xs, start, stop, picked), acc)
-        zt, dzt = call.teacher(_take(xt, start, stop, picked), acc)
-        lse_s, lse_t = log_normalizers([zs, zt], call.split.group)
-        n = zs.size(0)
+    for chunk in _chunks(call.keep, rows, step):
+        x_s, x_t = _take(xs, chunk), _take(xt, chunk)
+        n = x_s.size(0)
+        a, b = work("s", n), work("t", n)
+        slope_s = transform_into(call.student, x_s, a, work("slope_s", n) if grads[0] else None)
+        slope_t = transform_into(call.teacher, x_t, b, work("slope_t", n) if grads[1] else None)
+        scratch = [work("c", n), work("d", n), work("e", n)]
+        lse_s, lse_t = normalizers_into([a, b], call.split.group, scratch[0])
         stats[done:done + n, 0] = lse_s
         stats[done:done + n, 1] = lse_t
-        s = zs - lse_s[:, None]
-        t = zt - lse_t[:, None]
-        value, a_s, a_t = jsd_terms(s, t, call.beta, grads[0] or grads[1])
-        if values is not None:
-            values[done:done + n] = value.to(result)
-        else:
-            total += value.sum()
+        part, a_s, a_t, sums = jsd_chunk_terms(call.beta, a, b, lse_s, lse_t, scratch, call.entropy,
+                                               None if values is None else values[done:done + n])
+        total += part
         done += n
-        sums = []
-        if grads[0]:
-            sums.append(a_s.sum(-1))  # type: ignore[union-attr]
-        if grads[1]:
-            sums.append(a_t.sum(-1))  # type: ignore[union-attr]
-        if entropy is not None:
-            sums.append((s.exp() * zs).sum(-1))
-        if not sums:
+        if not (grads[0] or grads[1] or call.entropy):
             continue
-        reduced = list(_all_reduce(torch.stack(sums), call.split.group).unbind(0))
+        row_s, row_t, *rest = _all_reduce(torch.stack(sums), call.split.group).unbind(0)
         if grads[0]:
-            grad = (a_s - s.exp() * reduced.pop(0)[:, None]) * dzs  # type: ignore[operator]
-            _put(gs, start, stop, picked, grad)  # type: ignore[arg-type]
+            _put(gs, chunk, log_softmax_backward_into(a_s, a, row_s, slope_s, scratch[2]))  # type: ignore[arg-type]
         if grads[1]:
-            grad = (a_t - t.exp() * reduced.pop(0)[:, None]) * dzt  # type: ignore[operator]
-            _put(gt, start, stop, picked, grad)  # type: ignore[arg-type]
+            _put(gt, chunk, log_softmax_backward_into(a_t, b, row_t, slope_t, scratch[2]))  # type: ignore[arg-type]
         if entropy is not None:
-            _put(entropy, start, stop, picked, (lse_s - reduced.pop(0)).float())
+            _put(entropy, chunk, (lse_s - rest[0]).float())
     if values is None:
         total = _all_reduce(total, call.split.group)
         if call.split.rows_group is not None:
@@ -247,15 +349,13 @@ def jsd_backward_none(call: JsdCall, xs: Tensor, xt: Tensor, stats: Tensor, grad
     weighted by `grad` (kept, V_local), with one all-reduce of the weighted derivatives' row sums per chunk."""
     acc = stats.dtype
     rows = xs.size(0)
-    step = chunk_rows(call.split.vocab)
+    step = chunk_rows(call.split)
     gs = torch.zeros_like(xs) if grads[0] else None
     gt = torch.zeros_like(xt) if grads[1] else None
     done = 0
-    for start in range(0, rows, step):
-        stop = min(rows, start + step)
-        picked = _rows_of(call.keep, start, stop)
-        zs, dzs = call.student(_take(xs, start, stop, picked), acc)
-        zt, dzt = call.teacher(_take(xt, start, stop, picked), acc)
+    for chunk in _chunks(call.keep, rows, step):
+        zs, dzs = call.student(_take(xs, chunk), acc)
+        zt, dzt = call.teacher(_take(xt, chunk), acc)
         n = zs.size(0)
         s = zs - stats[done:done + n, 0:1]
         t = zt - stats[done:done + n, 1:2]
@@ -265,10 +365,21 @@ def jsd_backward_none(call: JsdCall, xs: Tensor, xt: Tensor, stats: Tensor, grad
         a = [g * d for d, wanted in zip((d_s, d_t), grads) if wanted]
         reduced = list(_all_reduce(torch.stack([x.sum(-1) for x in a]), call.split.group).unbind(0))
         if grads[0]:
-            _put(gs, start, stop, picked, (a.pop(0) - s.exp() * reduced.pop(0)[:, None]) * dzs)  # type: ignore[arg-type]
+            _put(gs, chunk, (a.pop(0) - s.exp() * reduced.pop(0)[:, None]) * dzs)  # type: ignore[arg-type]
         if grads[1]:
-            _put(gt, start, stop, picked, (a.pop(0) - t.exp() * reduced.pop(0)[:, None]) * dzt)  # type: ignore[arg-type]
+            _put(gt, chunk, (a.pop(0) - t.exp() * reduced.pop(0)[:, None]) * dzt)  # type: ignore[arg-type]
     return gs, gt
+
+
+def scaled_in_place(ctx: Any, name: str, grad: Tensor) -> list[Tensor | None]:
+    """The gradients a forward made (kept on `ctx` under `name`), scaled by the backward's grad_output in place and
+    handed over, so that no second copy of them exists: a second backward of the same call is a RuntimeError."""
+    made = getattr(ctx, name)
+    if made is None:
+        raise RuntimeError("a loss on a vocabulary split makes its gradients in the forward and hands them to its "
+                           "first backward: a second backward of the same call is not supported")
+    setattr(ctx, name, None)
+    return [None if g is None else g.mul_(grad.to(g.dtype)) for g in made]
 
 
 class _Jsd(torch.autograd.Function):
@@ -285,7 +396,7 @@ class _Jsd(torch.autograd.Function):
         if call.none:
             ctx.save_for_backward(xs, xt, stats)
         else:
-            ctx.save_for_backward(gs, gt)
+            ctx.grads_made = [gs, gt]
         ctx.mark_non_differentiable(entropy if entropy is not None else stats)
         return value, (entropy if entropy is not None else stats)
 
@@ -296,9 +407,8 @@ class _Jsd(torch.autograd.Function):
             xs, xt, stats = ctx.saved_tensors
             gs, gt = jsd_backward_none(call, xs, xt, stats, grad, ctx.grads)
             return gs, gt, None
-        gs, gt = ctx.saved_tensors
-        return (None if gs is None else gs * grad.to(gs.dtype),
-                None if gt is None else gt * grad.to(gt.dtype), None)
+        gs, gt = scaled_in_place(ctx, "grads_made", grad)
+        return gs, gt, None
 
 
 def generalized_jsd(student: Tensor, teacher: Tensor, labels: Tensor | None, split: Split, *, beta: float,
@@ -560,11 +670,10 @@ class SparseCall:
     none: bool
 
 
-def _support_chunk(call: SparseCall, ids: Tensor, mask: Tensor, start: int, stop: int, picked: Tensor | None
-                   ) -> tuple[Tensor, Tensor, Tensor]:
+def _support_chunk(call: SparseCall, ids: Tensor, mask: Tensor, chunk: Any) -> tuple[Tensor, Tensor, Tensor]:
     """A chunk's ids relative to this rank's slice (clamped into it), which of them it holds, and the mask."""
-    rel = _take(ids, start, stop, picked).long() - call.split.offset
-    on = _take(mask, start, stop, picked)
+    rel = _take(ids, chunk).long() - call.split.offset
+    on = _take(mask, chunk)
     inside = on & (rel >= 0) & (rel < call.split.local)
     return rel.clamp(0, max(call.split.local - 1, 0)), inside, on
 
@@ -577,25 +686,23 @@ def sparse_forward(call: SparseCall, x: Tensor, logprobs: Tensor, ids: Tensor, m
     result = torch.promote_types(x.dtype, logprobs.dtype)
     rows, k = ids.shape
     kept = rows if call.keep is None else int(call.keep.sum())
-    step = chunk_rows(call.split.vocab)
+    step = chunk_rows(call.split)
     total = torch.zeros((), dtype=acc, device=x.device)
     values = x.new_empty((kept, k + call.add_tail), dtype=result) if call.none else None
     support = x.new_empty((kept, k), dtype=acc)
     lse_all = x.new_empty((kept,), dtype=acc)
     done = 0
-    for start in range(0, rows, step):
-        stop = min(rows, start + step)
-        picked = _rows_of(call.keep, start, stop)
-        z, _ = call.student(_take(x, start, stop, picked), acc)
+    for chunk in _chunks(call.keep, rows, step):
+        z, _ = call.student(_take(x, chunk), acc)
         (lse,) = log_normalizers([z], call.split.group)
-        rel, inside, on = _support_chunk(call, ids, mask, start, stop, picked)
+        rel, inside, on = _support_chunk(call, ids, mask, chunk)
         at = z.gather(1, rel) if z.size(1) else torch.zeros(rel.shape, dtype=acc, device=x.device)
         s = _all_reduce(torch.where(inside, at, torch.zeros((), dtype=acc, device=x.device)), call.split.group)
         s = s - lse[:, None]
         n = s.size(0)
         support[done:done + n] = s
         lse_all[done:done + n] = lse
-        value = support_terms(s.double(), _take(logprobs, start, stop, picked).double(), on, call.beta, call.add_tail,
+        value = support_terms(s.double(), _take(logprobs, chunk).double(), on, call.beta, call.add_tail,
                               torch.finfo(acc).tiny)
         if values is not None:
             values[done:done + n] = value.to(result)
@@ -616,17 +723,15 @@ def sparse_backward(call: SparseCall, x: Tensor, logprobs: Tensor, ids: Tensor, 
     autograd on (n, K), then the log-softmax's backward on the slice, with no collective."""
     acc = support.dtype
     rows = ids.size(0)
-    step = chunk_rows(call.split.vocab)
+    step = chunk_rows(call.split)
     gx = torch.zeros_like(x) if grads[0] else None
     gl = torch.zeros_like(logprobs) if grads[1] else None
     done = 0
-    for start in range(0, rows, step):
-        stop = min(rows, start + step)
-        picked = _rows_of(call.keep, start, stop)
-        rel, inside, on = _support_chunk(call, ids, mask, start, stop, picked)
+    for chunk in _chunks(call.keep, rows, step):
+        rel, inside, on = _support_chunk(call, ids, mask, chunk)
         n = rel.size(0)
         s = support[done:done + n].detach().double().requires_grad_()
-        t = _take(logprobs, start, stop, picked).detach().double().requires_grad_()
+        t = _take(logprobs, chunk).detach().double().requires_grad_()
         w = grad[done:done + n].double() if call.none else grad.double()
         lse = lse_all[done:done + n]
         done += n
@@ -635,13 +740,13 @@ def sparse_backward(call: SparseCall, x: Tensor, logprobs: Tensor, ids: Tensor, 
             g_s, g_t = torch.autograd.grad((terms * w).sum(), (s, t))
         g_s = g_s.to(acc)
         if gl is not None:
-            _put(gl, start, stop, picked, g_t)
+            _put(gl, chunk, g_t)
         if gx is not None:
-            z, dz = call.student(_take(x, start, stop, picked), acc)
+            z, dz = call.student(_take(x, chunk), acc)
             dense = (z - lse[:, None]).exp() * -g_s.sum(-1, keepdim=True)
             if dense.size(1):
                 dense.scatter_add_(1, rel, torch.where(inside, g_s, torch.zeros((), dtype=acc, device=x.device)))
-            _put(gx, start, stop, picked, dense * dz)
+            _put(gx, chunk, dense * dz)
     return gx, gl
 
 
@@ -758,8 +863,8 @@ class LinearCall:
     reduce_input_grads: bool  # DTensor: the hidden states' gradient made whole over the group (one N x H each)
 
 
-def _logits(h: Tensor, w: Tensor, b: Tensor | None) -> Tensor:
-    return h @ w.t() if b is None else torch.addmm(b, h, w.t())
+def _logits_into(h: Tensor, w: Tensor, b: Tensor | None, out: Tensor) -> Tensor:
+    return torch.mm(h, w.t(), out=out) if b is None else torch.addmm(b, h, w.t(), out=out)
 
 
 def linear_forward(call: LinearCall, hs: Tensor, ws: Tensor, bs: Tensor | None, ht: Tensor, wt: Tensor,
@@ -780,63 +885,57 @@ def linear_forward(call: LinearCall, hs: Tensor, ws: Tensor, bs: Tensor | None, 
     with_hard = call.labels is not None
     untempered = Transform(call.student.scale, call.student.softcap, 1.0)
     own_normalizer = with_hard and call.student.temperature != 1.0
-    for start in range(0, rows, call.chunk):
-        stop = min(rows, start + call.chunk)
-        picked = _rows_of(call.keep, start, stop)
-        h_s, h_t = _take(hs, start, stop, picked), _take(ht, start, stop, picked)
-        if h_s.size(0) == 0:
-            continue
-        x_s, x_t = _logits(h_s, ws, bs), _logits(h_t, wt, bt)
-        zs, dzs = call.student(x_s, acc)
-        zt, dzt = call.teacher(x_t, acc)
-        sides = [zs, zt]
-        if own_normalizer:
-            u, du = untempered(x_s, acc)
-            sides.append(u)
-        lse = log_normalizers(sides, group)
-        s = zs - lse[0][:, None]
-        t = zt - lse[1][:, None]
-        value, a_s, a_t = jsd_terms(s, t, call.beta, any(grads))
-        soft += value.sum().double()
-        sums = []
-        if grads[0]:
-            sums.append(a_s.sum(-1))  # type: ignore[union-attr]
-        if grads[1]:
-            sums.append(a_t.sum(-1))  # type: ignore[union-attr]
+    width = ws.size(0)
+    work = Workspace(min(call.chunk, max(rows, 1)), width, acc, hs.device)
+    # The products in the inputs' dtype where it is not the one the call computes in (bfloat16, float16).
+    raw = {side: Workspace(work.shape[0], width, dtype, hs.device) for side, dtype in (("s", hs.dtype), ("t", ht.dtype))
+           if dtype != acc}
+    for chunk in _chunks(call.keep, rows, call.chunk):
+        h_s, h_t = _take(hs, chunk), _take(ht, chunk)
+        n = h_s.size(0)
+        a, b = work("s", n), work("t", n)
+        x_s = _logits_into(h_s, ws, bs, raw["s"]("x", n) if "s" in raw else a)
+        x_t = _logits_into(h_t, wt, bt, raw["t"]("x", n) if "t" in raw else b)
+        if own_normalizer:  # the hard loss's untempered logits, before the JSD's transform overwrites x_s
+            u = work("u", n)
+            transform_into(untempered, x_s, u, None)
+        slope_s = transform_into(call.student, x_s, a, work("slope_s", n) if grads[0] else None)
+        slope_t = transform_into(call.teacher, x_t, b, work("slope_t", n) if grads[1] else None)
+        scratch = [work("c", n), work("d", n), work("e", n)]
+        lse = normalizers_into([a, b, u] if own_normalizer else [a, b], group, scratch[0])
+        part, a_s, a_t, sums = jsd_chunk_terms(call.beta, a, b, lse[0], lse[1], scratch, call.entropy, None)
+        soft += part.double()
+        if with_hard:  # the label's log-probability of the untempered logits, from the rank that holds it
+            log_u = u.sub_(lse[2][:, None]) if own_normalizer else a
+            label = _take(call.labels, chunk).long() - call.split.offset  # type: ignore[arg-type]
+            mine = ((label >= 0) & (label < width)).nonzero().squeeze(-1)
+            at = label[mine]
+            sums.append(torch.zeros_like(lse[0]).index_put_((mine,), log_u[mine, at]))
+        reduced = _all_reduce(torch.stack(sums), group).unbind(0)
         if entropy is not None:
-            sums.append((s.exp() * zs).sum(-1))
+            _put(entropy, chunk, (lse[0] - reduced[2]).float())
         if with_hard:
-            if not own_normalizer:
-                u, du = zs, dzs
-            label = _take(call.labels, start, stop, picked).long() - call.split.offset  # type: ignore[arg-type]
-            mine = (label >= 0) & (label < call.split.local)
-            at = label.clamp(0, max(call.split.local - 1, 0))
-            at_u = u.gather(1, at[:, None]).squeeze(1) if u.size(1) else torch.zeros_like(lse[0])
-            sums.append(torch.where(mine, at_u, torch.zeros_like(at_u)))
-        reduced = list(_all_reduce(torch.stack(sums), group).unbind(0)) if sums else []
-        if grads[0]:
-            g = (a_s - s.exp() * reduced.pop(0)[:, None]) * (dzs * call.soft)  # type: ignore[operator]
-        if grads[1]:
-            gt = (a_t - t.exp() * reduced.pop(0)[:, None]) * (dzt * call.soft)  # type: ignore[operator]
-        if entropy is not None:
-            _put(entropy, start, stop, picked, (lse[0] - reduced.pop(0)).float())
-        if with_hard:
-            lse_u = lse[2] if own_normalizer else lse[0] * 1.0
-            # Untempered log-sum-exp where T = 1: zs is u itself.
-            hard += (lse_u - reduced.pop(0)).sum().double()
-            if grads[0] and call.hard != 0.0:
-                prob = (u - lse_u[:, None]).exp()
-                prob[mine.nonzero().squeeze(-1), at[mine]] -= 1.0
-                g = g + prob * (du * call.hard)
-        for side, grad in ((0, g if grads[0] else None), (3, gt if grads[1] else None)):
-            if grad is None:
+            hard -= reduced[-1].sum().double()
+        for side in (0, 1):
+            if not grads[side]:
                 continue
-            h = h_s if side == 0 else h_t
-            grad = grad.to(h.dtype)
-            _put(out[side], start, stop, picked, grad @ (ws if side == 0 else wt))
-            out[side + 1].addmm_(grad.t(), h)
-            if out[side + 2] is not None:
-                out[side + 2] += grad.sum(0)
+            logp, slope, h = (a, slope_s, h_s) if side == 0 else (b, slope_t, h_t)
+            g = log_softmax_backward_into(a_s if side == 0 else a_t, logp, reduced[side], slope, scratch[2])
+            if call.soft != 1.0:
+                g.mul_(call.soft)
+            if side == 0 and with_hard and call.hard != 0.0:  # + hard * (softmax(u) - one_hot) * du/dx
+                prob = torch.exp(log_u, out=scratch[2])
+                prob[mine, at] -= 1.0
+                du = slope * call.student.temperature
+                g.add_(prob.mul_(du) if isinstance(du, Tensor) else prob, alpha=call.hard * (
+                    1.0 if isinstance(du, Tensor) else du))
+            if h.dtype != acc:
+                g = (raw["s" if side == 0 else "t"])("g", n).copy_(g)
+            weight = ws if side == 0 else wt
+            _put(out[3 * side], chunk, g @ weight)
+            out[3 * side + 1].addmm_(g.t(), h)
+            if out[3 * side + 2] is not None:
+                out[3 * side + 2] += g.sum(0)
     soft = _all_reduce(soft, group)
     if call.split.rows_group is not None:
         soft = _all_reduce(soft, call.split.rows_group)
@@ -856,7 +955,7 @@ class _LinearJsd(torch.autograd.Function):
         grads = (any(need[0:3]), any(need[3:6]))
         soft, hard, entropy, out = linear_forward(call, hs.detach(), ws.detach(), None if bs is None else bs.detach(),
                                                   ht.detach(), wt.detach(), None if bt is None else bt.detach(), grads)
-        ctx.grads = [g if wanted else None for g, wanted in zip(out, need[:6])]
+        ctx.grads_made = [g if wanted else None for g, wanted in zip(out, need[:6])]
         loss = (soft * call.soft + hard * call.hard).to(torch.promote_types(hs.dtype, ht.dtype))
         if entropy is None:
             entropy = torch.zeros(0, dtype=torch.float32, device=hs.device)
@@ -865,7 +964,7 @@ class _LinearJsd(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx: Any, grad: Tensor, *_unused: Tensor) -> tuple[Tensor | None, ...]:  # type: ignore[override]
-        return (*(None if g is None else g * grad.to(g.dtype) for g in ctx.grads), None)
+        return (*scaled_in_place(ctx, "grads_made", grad), None)
 
 
 def _weight_split(op: str, weight: Any, inputs: Any, name: str) -> int | None:

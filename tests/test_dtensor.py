@@ -116,8 +116,8 @@ def _cases() -> list[Case]:
 # The row losses (generalized JSD): logits (4, 6, 11), the labels of (4, 6) placed as the student's leading
 # dimensions are (some ignored, so that the ranks' counts of kept rows differ). Token dimensions 0 and 1 sharded,
 # replicated, or one side sharded and the other not; every reduction, labels or not, num_items_in_batch;
-# the backward op called directly. Refused with a ValueError: the vocabulary dimension sharded, and 'none' with
-# labels through the Python API (its row count is in the labels' values, and DTensor needs every result's
+# the backward op called directly; the vocabulary dimension sharded on both sides (computed on the split,
+# tests/test_vocab_parallel.py has its matrix). Refused with a ValueError: 'none' with labels through the Python API (its row count is in the labels' values, and DTensor needs every result's
 # shape before the call).
 ROW_SHAPE = (4, 6, 11)
 ROW_PAIRS = [("S0", "S0"), ("S1", "S1"), ("S0", "R"), ("R", "R"), ("S1/S0", "R/S0")]
@@ -160,7 +160,6 @@ SPARSE_SHAPE = (*ROW_SHAPE[:-1], 3)
 
 
 CASES = _cases() + _row_cases()
-JSD_REFUSED = "loss-jsd-vocabulary-studentS2-teacherS2"
 
 
 def _inputs(case: Case) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
@@ -315,14 +314,20 @@ def _run_elementwise(case: Case, distribute) -> dict[str, object]:
 
 
 # The layouts the family refuses, each raising the documented ValueError itself (not as the __cause__ of DTensor's
-# "Sharding propagation failed"): name -> (the call, given `distribute`, and the tensor its message names).
+# "Sharding propagation failed"): name -> (the call's two placements, given `distribute`, and the start of its
+# message). A vocabulary split is computed (tests/test_vocab_parallel.py) where both sides are split alike; a teacher
+# split otherwise, and the fused sparse JSD's weight, are refused.
 REFUSED_LAYOUTS = {
-    "refused-jsd-both-vocabulary": ("S2", "S2", "student_logits"),
-    "refused-jsd-student-vocabulary": ("S2", "R", "student_logits"),
-    "refused-jsd-teacher-vocabulary": ("R", "S2", "teacher_logits"),
-    "refused-fused-student_weight-S0": ("S0", "R", "student_weight"),
-    "refused-fused-teacher_weight-S0": ("R", "S0", "teacher_weight"),
-    "refused-fusedsparse-student_weight-S0": ("S0", "R", "student_weight"),
+    "refused-jsd-student-vocabulary": (
+        "S2", "R", "generalized_jsd_loss: teacher_logits must be split as student_logits is"),
+    "refused-jsd-teacher-vocabulary": (
+        "R", "S2", "generalized_jsd_loss: teacher_logits must be split as student_logits is"),
+    "refused-fused-student_weight-S0": (
+        "S0", "R", "fused_linear_jsd_loss: teacher_weight must be split over the vocabulary as student_weight is"),
+    "refused-fused-teacher_weight-S0": (
+        "R", "S0", "fused_linear_jsd_loss: teacher_weight must be split over the vocabulary as student_weight is"),
+    "refused-fusedsparse-student_weight-S0": (
+        "S0", "R", "fused_linear_sparse_jsd_loss: student_weight is sharded on the vocabulary dimension"),
 }
 
 
@@ -463,23 +468,14 @@ def _close(got, expected, what):
 
 @pytest.mark.parametrize("name", list(REFUSED_LAYOUTS))
 def test_refused_layouts_raise_the_documented_class_itself(name, dtensor_results):
-    """A vocabulary split is refused with a ValueError naming the tensor, raised as itself, on the logits (both,
-    the student's alone, the teacher's alone) and on either lm_head weight."""
-    tensor = REFUSED_LAYOUTS[name][2]
-    op = ("generalized_jsd_loss" if "-jsd-" in name else "fused_linear_sparse_jsd_loss" if "-fusedsparse-" in name
-          else "fused_linear_jsd_loss")
-    assert dtensor_results[name].startswith(
-        f"ValueError: {op}: {tensor} is sharded on the vocabulary dimension"), dtensor_results[name]
+    """A teacher split over the vocabulary otherwise than its student (its logits, or either lm_head weight), and the
+    fused sparse JSD's weight split, are refused with a ValueError naming the tensor, raised as itself."""
+    assert dtensor_results[name].startswith(f"ValueError: {REFUSED_LAYOUTS[name][2]}"), dtensor_results[name]
 
 
 @pytest.mark.parametrize("case", CASES, ids=[c.id for c in CASES])
 def test_equals_one_process(case, dtensor_results):
     got = dtensor_results[case.id]
-    if case.id == JSD_REFUSED:
-        # Each rank would need the whole row's softmax: refused, naming the tensor.
-        assert got.get("error", "").startswith("ValueError: generalized_jsd_loss: student_logits is sharded on the "
-                                               "vocabulary"), got
-        return
     if case.id.startswith("loss-jsd-labels-none"):
         # DTensor makes the result's shape before the call; the count of kept rows is in the labels' values.
         assert "ValueError: generalized_jsd_loss: reduction='none' with labels is not supported for DTensor" in got.get(

@@ -68,6 +68,29 @@ def _whole_head(weight: Tensor, bias: Tensor | None, dtype: torch.dtype) -> tupl
     return weight, bias
 
 
+def _vocabulary_mesh_dim(weights: tuple[Tensor, Tensor], hidden: tuple[Tensor, Tensor]) -> int | None:
+    """The mesh dimension over which both heads' rows are split by tensor parallelism (ColwiseParallel's
+    ``Shard(0)``), or None. TRL's hidden states are plain tensors: where they are the same on every rank of that
+    dimension (two floats per rank and side compared, one all-gather), the rows split the vocabulary and the loss is
+    computed on the split; where they differ, the ranks hold different tokens and the rows are FSDP's, gathered once
+    as TRL gathers them (docs/usage.md, "Distributed distillation")."""
+    module = sys.modules.get("torch.distributed.tensor")
+    if module is None or not all(isinstance(w, module.DTensor) for w in weights):
+        return None
+    w_s, w_t = cast(Any, weights[0]), cast(Any, weights[1])
+    dims = [i for i, p in enumerate(w_s.placements) if p.is_shard() and p.dim % 2 == 0]
+    if len(dims) != 1 or w_t.device_mesh != w_s.device_mesh or tuple(w_t.placements) != tuple(w_s.placements):
+        return None
+    import torch.distributed as dist
+
+    group = w_s.device_mesh.get_group(dims[0])
+    mine = torch.stack([torch.stack([h.detach().double().sum(), h.detach().double().square().sum()])
+                        for h in hidden]).reshape(-1).cpu()
+    every = [torch.empty_like(mine) for _ in range(dist.get_world_size(group))]
+    dist.all_gather(every, mine, group=group)
+    return dims[0] if all(bool(torch.equal(e, mine)) for e in every) else None
+
+
 def chunked_divergence_loss(
     student_hidden_states: Tensor,
     teacher_hidden_states: Tensor,
@@ -104,10 +127,13 @@ def chunked_divergence_loss(
     inputs, the package computes the logits in the inputs' dtype and the rest in float32: the loss agrees within
     bfloat16's tolerance there, and within float32's rounding in float32.
     """
-    student_lm_head_weight, student_lm_head_bias = _whole_head(
-        student_lm_head_weight, student_lm_head_bias, student_hidden_states.dtype)
-    teacher_lm_head_weight, teacher_lm_head_bias = _whole_head(
-        teacher_lm_head_weight, teacher_lm_head_bias, teacher_hidden_states.dtype)
+    split = _vocabulary_mesh_dim((student_lm_head_weight, teacher_lm_head_weight),
+                                 (student_hidden_states, teacher_hidden_states))
+    if split is None:
+        student_lm_head_weight, student_lm_head_bias = _whole_head(
+            student_lm_head_weight, student_lm_head_bias, student_hidden_states.dtype)
+        teacher_lm_head_weight, teacher_lm_head_bias = _whole_head(
+            teacher_lm_head_weight, teacher_lm_head_bias, teacher_hidden_states.dtype)
     valid = completion_mask.reshape(-1) != 0
     n_valid = valid.sum()
     # The package's rows: the kept positions' label 0, the others' ignore_index (only which rows count is read).
@@ -115,6 +141,12 @@ def chunked_divergence_loss(
     s_dtype, t_dtype = _compute_dtype(student_hidden_states), _compute_dtype(teacher_hidden_states)
     h_s = student_hidden_states.reshape(-1, student_hidden_states.size(-1))
     h_t = teacher_hidden_states.detach().reshape(-1, teacher_hidden_states.size(-1))
+    if split is not None:  # tensor parallel: the same tokens on every rank, replicated DTensors beside the heads
+        from torch.distributed.tensor import DTensor, Replicate
+
+        mesh = cast(Any, student_lm_head_weight).device_mesh
+        replicated = [Replicate()] * mesh.ndim
+        h_s, h_t, labels = (DTensor.from_local(x, mesh, replicated, run_check=False) for x in (h_s, h_t, labels))
     with _gather_lm_head(student_lm_head_weight, student_lm_head_bias), \
             _gather_lm_head(teacher_lm_head_weight, teacher_lm_head_bias), \
             torch.autocast(h_s.device.type, enabled=False):
@@ -127,6 +159,8 @@ def chunked_divergence_loss(
             temperature=temperature, reduction="sum", student_logit_scale=student_logit_scale,
             teacher_logit_scale=teacher_logit_scale, student_softcap=student_final_logit_softcapping,
             teacher_softcap=teacher_final_logit_softcapping, return_entropy=True)
+    if split is not None:
+        total, entropy = cast(Any, total).to_local(), cast(Any, entropy).to_local()
     loss = total if total.dtype == torch.float64 else total.float()
     if num_items_in_batch is None:
         # Clamped so that a rank whose positions are all masked gives 0, not 0 / 0 (as TRL).

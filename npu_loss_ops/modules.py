@@ -6,14 +6,14 @@ Drop-ins for :class:`torch.nn.SmoothL1Loss`, :class:`torch.nn.HuberLoss`, :class
 :mod:`npu_loss_ops.functional`. They compile with ``torch.jit.script``, alone or inside a model.
 :class:`JSDLoss` is the distillation loss :func:`npu_loss_ops.functional.generalized_jsd_loss` as a module.
 """
-from typing import TypedDict
+from typing import Any, TypedDict
 
 import torch
 from torch import Tensor
 from torch.nn import Module
 from torch.nn.modules.loss import _Loss
 
-from . import functional
+from . import _vocab_parallel, functional
 
 __all__ = ["SmoothL1Loss", "HuberLoss", "L1Loss", "KLDivLoss", "MSELoss", "JSDLoss", "FusedLinearJSDLoss",
            "SparseJSDLoss", "FusedLinearSparseJSDLoss"]
@@ -294,6 +294,13 @@ def _transform_repr(module: "JSDLoss | FusedLinearJSDLoss") -> str:
                    if getattr(module, name) != default)
 
 
+def _group(module: str, group: Any) -> Any:
+    """A module's vocab_parallel_group, checked at construction (functional.generalized_jsd_loss's keyword)."""
+    if group is not None:
+        _vocab_parallel.check_group(module, group)
+    return group
+
+
 class JSDLoss(Module):
     """The generalized Jensen-Shannon divergence between a student's and a teacher's logits:
     :func:`npu_loss_ops.functional.generalized_jsd_loss` (TRL's ``GKDTrainer.generalized_jsd_loss``) as a
@@ -309,6 +316,8 @@ class JSDLoss(Module):
             Default: ``None``
         return_entropy (bool): the call returns ``(loss, entropy)``, the student's entropy per row. Default:
             ``False``
+        vocab_parallel_group (ProcessGroup, optional): the logits' vocabulary split over this group, each rank its
+            slice (docs/usage.md, "Distributed distillation"). Default: ``None``
 
     Raises:
         TypeError, ValueError: at construction, as the function raises them for the same arguments (it checks them,
@@ -322,8 +331,9 @@ class JSDLoss(Module):
     def __init__(self, beta: float = 0.5, temperature: float = 1.0, ignore_index: int = -100,
                  reduction: str = "batchmean", *, student_logit_scale: float = 1.0, teacher_logit_scale: float = 1.0,
                  student_softcap: float | None = None, teacher_softcap: float | None = None,
-                 return_entropy: bool = False) -> None:
+                 return_entropy: bool = False, vocab_parallel_group: Any = None) -> None:
         super().__init__()
+        self.vocab_parallel_group = _group("JSDLoss", vocab_parallel_group)
         # The function's own checks (types, then the op's declared ranges), on meta tensors: nothing is computed.
         functional.generalized_jsd_loss(_meta(1, 1), _meta(1, 1), None, beta, temperature, reduction,
                                         ignore_index=ignore_index, student_logit_scale=student_logit_scale,
@@ -345,7 +355,8 @@ class JSDLoss(Module):
         ``return_entropy``)."""
         return functional.generalized_jsd_loss(
             student_logits, teacher_logits, labels, self.beta, self.temperature, self.reduction, num_items_in_batch,
-            ignore_index=self.ignore_index, **_transform_of(self), return_entropy=self.return_entropy)
+            ignore_index=self.ignore_index, **_transform_of(self), return_entropy=self.return_entropy,
+            vocab_parallel_group=self.vocab_parallel_group)
 
     def extra_repr(self) -> str:
         return (f"beta={self.beta}, temperature={self.temperature}, ignore_index={self.ignore_index}, "
@@ -371,6 +382,9 @@ class FusedLinearJSDLoss(Module):
             only, as :class:`JSDLoss` takes it.
         return_entropy (bool): the call returns ``(loss, entropy)``, the student's entropy per row. Default:
             ``False``
+        vocab_parallel_group (ProcessGroup, optional): both weights' rows split over this group, each rank its
+            contiguous rows; the hidden states' gradient is then each rank's partial sum (docs/usage.md,
+            "Distributed distillation"). Default: ``None``
 
     Raises:
         TypeError, ValueError: at construction, as the function raises them for the same arguments (it checks them,
@@ -386,8 +400,9 @@ class FusedLinearJSDLoss(Module):
                  reduction: str = "batchmean", weight_hard_loss: float = 0.0, weight_soft_loss: float = 1.0,
                  chunk_size: int | None = None, *, student_logit_scale: float = 1.0, teacher_logit_scale: float = 1.0,
                  student_softcap: float | None = None, teacher_softcap: float | None = None,
-                 return_entropy: bool = False) -> None:
+                 return_entropy: bool = False, vocab_parallel_group: Any = None) -> None:
         super().__init__()
+        self.vocab_parallel_group = _group("FusedLinearJSDLoss", vocab_parallel_group)
         # The function's own checks, on meta tensors (labels given: a hard loss needs them).
         functional.fused_linear_jsd_loss(
             _meta(1, 1), _meta(1, 1), _meta(1, 1), _meta(1, 1), _meta(1, dtype=torch.long), beta=beta,
@@ -417,7 +432,8 @@ class FusedLinearJSDLoss(Module):
             student_input, student_weight, teacher_input, teacher_weight, labels, student_bias=student_bias,
             teacher_bias=teacher_bias, beta=self.beta, temperature=self.temperature, ignore_index=self.ignore_index,
             reduction=self.reduction, weight_hard_loss=self.weight_hard_loss, weight_soft_loss=self.weight_soft_loss,
-            chunk_size=self.chunk_size, **_transform_of(self), return_entropy=self.return_entropy)
+            chunk_size=self.chunk_size, **_transform_of(self), return_entropy=self.return_entropy,
+            vocab_parallel_group=self.vocab_parallel_group)
         if self.return_entropy:
             assert isinstance(result, tuple)
             return result[0], result[1]
@@ -442,6 +458,9 @@ class SparseJSDLoss(Module):
         ignore_index (int): the label of the rows left out. Default: ``-100``
         reduction (str): ``'batchmean'``, ``'sum'``, ``'mean'`` or ``'none'``. Default: ``'batchmean'``
         student_logit_scale (float), student_softcap (float, optional): the student's logit transform.
+        vocab_parallel_group (ProcessGroup, optional): the student's vocabulary split over this group, each rank its
+            slice of the logits, the teacher's ids global (docs/usage.md, "Distributed distillation"). Default:
+            ``None``
 
     Raises:
         TypeError, ValueError: at construction, as the function raises them for the same arguments.
@@ -452,8 +471,9 @@ class SparseJSDLoss(Module):
 
     def __init__(self, beta: float = 0.0, temperature: float = 1.0, add_tail: bool = True, ignore_index: int = -100,
                  reduction: str = "batchmean", *, student_logit_scale: float = 1.0,
-                 student_softcap: float | None = None) -> None:
+                 student_softcap: float | None = None, vocab_parallel_group: Any = None) -> None:
         super().__init__()
+        self.vocab_parallel_group = _group("SparseJSDLoss", vocab_parallel_group)
         # The function's own checks (types, then the op's declared ranges), on meta tensors: nothing is computed.
         functional.sparse_jsd_loss(_meta(1, 1), _meta(1, 1), torch.zeros(1, 1, dtype=torch.long, device="meta"),
                                    beta=beta, temperature=temperature, add_tail=add_tail, reduction=reduction,
@@ -475,7 +495,8 @@ class SparseJSDLoss(Module):
             student_logits, teacher_logprobs, teacher_token_ids, labels, support_mask=support_mask, beta=self.beta,
             temperature=self.temperature, add_tail=self.add_tail, reduction=self.reduction,
             num_items_in_batch=num_items_in_batch, ignore_index=self.ignore_index,
-            student_logit_scale=self.student_logit_scale, student_softcap=self.student_softcap)
+            student_logit_scale=self.student_logit_scale, student_softcap=self.student_softcap,
+            vocab_parallel_group=self.vocab_parallel_group)
 
     def extra_repr(self) -> str:
         transform = "".join(f", {name}={getattr(self, name)}" for name, default in

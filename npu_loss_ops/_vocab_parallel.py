@@ -1012,56 +1012,20 @@ def fused_linear_jsd_loss(student_input: Any, student_weight: Any, teacher_input
     """functional.fused_linear_jsd_loss on a split: each rank its rows of both weights (and biases), the hidden
     states whole. Returns (loss, soft, hard, entropy) as the op does."""
     op = "fused_linear_jsd_loss"
-    mesh = None
+    mesh = token = None
+    vocab_dim = 0
     if group is None:
-        from torch.distributed.tensor import DTensor, Replicate, Shard
-
-        dims = {_weight_split(op, student_weight, student_input, "student_weight"),
-                _weight_split(op, teacher_weight, teacher_input, "teacher_weight")}
-        if len(dims) != 1 or None in dims:
-            raise ValueError(f"{op}: teacher_weight must be split over the vocabulary as student_weight is, on the "
-                             f"same mesh dimension: got {getattr(student_weight, 'placements', None)} and "
-                             f"{getattr(teacher_weight, 'placements', None)}")
-        vocab_dim = dims.pop()
-        mesh = student_weight.device_mesh
-        if teacher_weight.device_mesh != mesh:
-            raise ValueError(f"{op}: teacher_weight must be on student_weight's mesh")
-        token = None
-        for tensor, name in ((student_input, "student_input"), (teacher_input, "teacher_input")):
-            if not isinstance(tensor, DTensor) or tensor.device_mesh != mesh:
-                raise ValueError(f"{op}: {name} must be a DTensor on the weights' mesh, replicated over the "
-                                 "vocabulary's mesh dimension")
-            for i, placement in enumerate(tensor.placements):
-                if placement.is_shard():
-                    if placement.dim % tensor.dim() == tensor.dim() - 1 or token not in (None, (i, placement.dim)):
-                        raise ValueError(f"{op}: {name} placed {tuple(tensor.placements)}: only one token "
-                                         "dimension may be sharded, on a mesh dimension of its own")
-                    token = (i, placement.dim % tensor.dim())
-        for bias, weight, name in ((student_bias, student_weight, "student_bias"),
-                                   (teacher_bias, teacher_weight, "teacher_bias")):
-            if bias is not None and (not isinstance(bias, DTensor)
-                                     or list(bias.placements) != [p if not p.is_shard() else Shard(0)
-                                                                  for p in weight.placements]):
-                raise ValueError(f"{op}: {name} must be a DTensor split as its weight's rows are")
-        layout = _Layout(mesh, vocab_dim, token, ())
-        labels = _local_rows(op, "labels", labels, layout)
+        mesh, vocab_dim, token = _linear_layout(
+            op, ((student_input, "student_input"), (teacher_input, "teacher_input")),
+            ((student_weight, student_input, "student_weight"), (teacher_weight, teacher_input, "teacher_weight")))
+        _check_bias(op, ((student_bias, student_weight, "student_bias"), (teacher_bias, teacher_weight,
+                                                                           "teacher_bias")))
+        labels = _local_rows(op, "labels", labels, _Layout(mesh, vocab_dim, token, ()))
         group = mesh.get_group(vocab_dim)
         rows_group = None if token is None else mesh.get_group(token[0])
-        # A weight replicated over a token split gets each token rank's share of its gradient: Partial there (the
-        # sum DTensor makes where it is read, as data parallelism's gradient reduction does), never a V x H
-        # collective in the loss.
-        from torch.distributed.tensor import Partial
-
-        def local(t: Any, of_weight: bool) -> Any:
-            if t is None or not of_weight or token is None:
-                return None if t is None else t.to_local()
-            grads = list(t.placements)
-            grads[token[0]] = Partial()
-            return t.to_local(grad_placements=grads)
-
-        tensors = [local(t, i % 3 != 0) for i, t in enumerate(
-            (student_input, student_weight, student_bias, teacher_input, teacher_weight, teacher_bias))]
-        student_input, student_weight, student_bias, teacher_input, teacher_weight, teacher_bias = tensors
+        student_input, teacher_input = student_input.to_local(), teacher_input.to_local()
+        student_weight, student_bias, teacher_weight, teacher_bias = (
+            _weight_local(t, token) for t in (student_weight, student_bias, teacher_weight, teacher_bias))
     else:
         rows_group = None
     lead = tuple(student_input.shape[:-1])
@@ -1109,15 +1073,291 @@ def fused_linear_jsd_loss(student_input: Any, student_weight: Any, teacher_input
     result = torch.promote_types(hs.dtype, ht.dtype)
     soft, hard = (soft / soft_div).to(result), (hard / hard_div).to(result)
     entropy = entropy.view(lead) if return_entropy else entropy
-    if mesh is not None:
-        from torch.distributed.tensor import Replicate, Shard
+    return _linear_results((loss, soft, hard, entropy), mesh, vocab_dim, token, return_entropy)
 
+
+# ---- the served teacher's linear form (fused_linear_sparse_jsd_loss): the student's weight split by rows --------
+
+
+@dataclass(frozen=True)
+class SparseLinearCall:
+    split: Split
+    student: Transform
+    beta: float
+    add_tail: bool
+    keep: Tensor | None
+    labels: Tensor | None  # (R,) where the hard loss is computed
+    soft: float  # weight_soft_loss / the divergence's divisor
+    hard: float  # weight_hard_loss / the cross entropy's divisor
+    chunk: int
+    entropy: bool
+    reduce_input_grad: bool
+
+
+def sparse_linear_forward(call: SparseLinearCall, hs: Tensor, ws: Tensor, bs: Tensor | None, logprobs: Tensor,
+                          ids: Tensor, mask: Tensor, grads: tuple[bool, bool]
+                          ) -> tuple[Tensor, Tensor, Tensor | None, list[Any]]:
+    """The divergence's and the cross entropy's sums (0-dim, float64), the entropy per row, and the gradients of the
+    weighted loss w.r.t. (hs, ws, bs, logprobs) where `grads` asks (the student's side, the teacher's values)."""
+    acc = torch.float64 if hs.dtype == torch.float64 else torch.float32
+    tiny = torch.finfo(acc).tiny
+    rows, k = ids.shape
+    group = call.split.group
+    width = ws.size(0)
+    soft = torch.zeros((), dtype=torch.float64, device=hs.device)
+    hard = torch.zeros((), dtype=torch.float64, device=hs.device)
+    entropy = torch.zeros(rows, dtype=torch.float32, device=hs.device) if call.entropy else None
+    out: list[Any] = [None] * 4
+    if grads[0]:
+        out[0:3] = [torch.zeros_like(hs), torch.zeros_like(ws), None if bs is None else torch.zeros_like(bs)]
+    if grads[1]:
+        out[3] = torch.zeros_like(logprobs)
+    with_hard = call.labels is not None
+    untempered = Transform(call.student.scale, call.student.softcap, 1.0)
+    own_normalizer = with_hard and call.student.temperature != 1.0
+    work = Workspace(min(call.chunk, max(rows, 1)), width, acc, hs.device)
+    raw = Workspace(work.shape[0], width, hs.dtype, hs.device) if hs.dtype != acc else None
+    zero = torch.zeros((), dtype=acc, device=hs.device)
+    for chunk in _chunks(call.keep, rows, call.chunk):
+        h = _take(hs, chunk)
+        n = h.size(0)
+        a = work("s", n)
+        x = _logits_into(h, ws, bs, raw("x", n) if raw is not None else a)
+        if own_normalizer:
+            u = work("u", n)
+            transform_into(untempered, x, u, None)
+        slope = transform_into(call.student, x, a, work("slope", n) if grads[0] else None)
+        scratch = work("c", n)
+        lse = normalizers_into([a, u] if own_normalizer else [a], group, scratch)
+        rel, inside, on = _support_chunk(call, ids, mask, chunk)  # type: ignore[arg-type]
+        at = a.gather(1, rel) if width else torch.zeros(rel.shape, dtype=acc, device=hs.device)
+        parts = [torch.where(inside, at, zero)]
+        if with_hard:  # the label's untempered logit, from the rank that holds it
+            label = _take(call.labels, chunk).long() - call.split.offset  # type: ignore[arg-type]
+            mine = ((label >= 0) & (label < width)).nonzero().squeeze(-1)
+            u_logits = u if own_normalizer else a
+            parts.append(torch.zeros(n, 1, dtype=acc, device=hs.device).index_put_(
+                (mine, torch.zeros_like(mine)), u_logits[mine, label[mine]]))
+        a.sub_(lse[0][:, None])  # a: the student's log-probabilities over the slice
+        if entropy is not None:  # sum(p z) = sum(p s) + lse * sum(p)
+            p = torch.exp(a, out=scratch)
+            mass = p.sum(-1)
+            parts.append((p.mul_(a).sum(-1) + lse[0] * mass)[:, None])
+        reduced = _all_reduce(torch.cat(parts, dim=1), group)
+        s = reduced[:, :k] - lse[0][:, None]
+        if entropy is not None:
+            _put(entropy, chunk, (lse[0] - reduced[:, -1]).float())
+        t = _take(logprobs, chunk).detach().double().requires_grad_(grads[1])
+        s64 = s.double().requires_grad_(grads[0])
+        with torch.enable_grad():
+            terms = support_terms(s64, t, on, call.beta, call.add_tail, tiny)
+            total = terms.sum()
+            wanted = [x for x, g in ((s64, grads[0]), (t, grads[1])) if g]
+            g_terms = torch.autograd.grad(total, wanted) if wanted else ()
+        soft += total.detach()
+        log_u = None
+        if with_hard:
+            lse_u = lse[1] if own_normalizer else lse[0]
+            hard -= (reduced[:, k] - lse_u).sum().double()
+        if grads[1]:
+            _put(out[3], chunk, g_terms[-1] * call.soft)
+        if not grads[0]:
+            continue
+        g_s = g_terms[0].to(acc)
+        d = work("d", n)
+        # The log-softmax's backward on the slice: -p * sum(G) everywhere, G added at the ids this rank holds.
+        torch.exp(a, out=d).mul_(-g_s.sum(-1, keepdim=True))
+        if width:
+            d.scatter_add_(1, rel, torch.where(inside, g_s, zero))
+        d.mul_(slope).mul_(call.soft)
+        if with_hard and call.hard != 0.0:  # + hard * (softmax(u) - one_hot) * du/dx
+            log_u = u.sub_(lse[1][:, None]) if own_normalizer else a
+            prob = torch.exp(log_u, out=scratch)
+            prob[mine, label[mine]] -= 1.0
+            du = slope * call.student.temperature
+            d.add_(prob.mul_(du) if isinstance(du, Tensor) else prob,
+                   alpha=call.hard * (1.0 if isinstance(du, Tensor) else du))
+        g = raw("g", n).copy_(d) if raw is not None else d
+        _put(out[0], chunk, g @ ws)
+        out[1].addmm_(g.t(), h)
+        if out[2] is not None:
+            out[2] += g.sum(0)
+    # Every rank holds the whole support's terms and the label's log-probability: the sums cross a token split only.
+    if call.split.rows_group is not None:
+        soft = _all_reduce(soft, call.split.rows_group)
+        hard = _all_reduce(hard, call.split.rows_group)
+    if call.reduce_input_grad and out[0] is not None:
+        out[0] = _all_reduce(out[0], group)
+    return soft, hard, entropy, out
+
+
+class _SparseLinearJsd(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx: Any, hs: Tensor, ws: Tensor, bs: Tensor | None, logprobs: Tensor,  # type: ignore[override]
+                ids: Tensor, mask: Tensor, call: SparseLinearCall) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+        need = ctx.needs_input_grad
+        grads = (any(need[0:3]), need[3])
+        soft, hard, entropy, out = sparse_linear_forward(
+            call, hs.detach(), ws.detach(), None if bs is None else bs.detach(), logprobs.detach(), ids, mask, grads)
+        ctx.grads_made = [g if wanted else None for g, wanted in zip(out, need[:4])]
+        loss = (soft * call.soft + hard * call.hard).to(torch.promote_types(hs.dtype, logprobs.dtype))
+        if entropy is None:
+            entropy = torch.zeros(0, dtype=torch.float32, device=hs.device)
+        ctx.mark_non_differentiable(soft, hard, entropy)
+        return loss, soft, hard, entropy
+
+    @staticmethod
+    def backward(ctx: Any, grad: Tensor, *_unused: Tensor) -> tuple[Tensor | None, ...]:  # type: ignore[override]
+        return (*scaled_in_place(ctx, "grads_made", grad), None, None, None)
+
+
+def _linear_layout(op: str, inputs: tuple[tuple[Any, str], ...], weights: tuple[tuple[Any, Any, str], ...]
+                   ) -> tuple[Any, int, tuple[int, int] | None]:
+    """A linear form's DTensor layout: the mesh, the mesh dimension over which every weight's rows are split (the
+    same for each), and the token split of the hidden states (mesh dimension, tensor dimension) or None."""
+    from torch.distributed.tensor import DTensor, Shard
+
+    dims = {_weight_split(op, weight, hidden, name) for weight, hidden, name in weights}
+    if len(dims) != 1 or None in dims:
+        names = " and ".join(f"{name} {tuple(getattr(w, 'placements', ()))}" for w, _, name in weights)
+        raise ValueError(f"{op}: the weights must be split over the vocabulary alike, on one mesh dimension: {names}"
+                         if len(weights) > 1 else f"{op}: {weights[0][2]} must be split over the vocabulary")
+    vocab_dim = dims.pop()
+    mesh = weights[0][0].device_mesh
+    token = None
+    for tensor, name in inputs:
+        if not isinstance(tensor, DTensor) or tensor.device_mesh != mesh:
+            raise ValueError(f"{op}: {name} must be a DTensor on the weights' mesh, replicated over the "
+                             "vocabulary's mesh dimension")
+        for i, placement in enumerate(tensor.placements):
+            if placement.is_shard():
+                if placement.dim % tensor.dim() == tensor.dim() - 1 or token not in (None, (i, placement.dim)):
+                    raise ValueError(f"{op}: {name} placed {tuple(tensor.placements)}: only one token dimension "
+                                     "may be sharded, on a mesh dimension of its own")
+                token = (i, placement.dim % tensor.dim())
+    for weight, _, name in weights:
+        if weight.device_mesh != mesh:
+            raise ValueError(f"{op}: {name} must be on the other weight's mesh")
+    return mesh, vocab_dim, token
+
+
+def _check_bias(op: str, biases: tuple[tuple[Any, Any, str], ...]) -> None:
+    """Each bias given is a DTensor split as its weight's rows are."""
+    from torch.distributed.tensor import DTensor, Shard
+
+    for bias, weight, name in biases:
+        if bias is not None and (not isinstance(bias, DTensor) or list(bias.placements)
+                                 != [Shard(0) if p.is_shard() else p for p in weight.placements]):
+            raise ValueError(f"{op}: {name} must be a DTensor split as its weight's rows are")
+
+
+def _weight_local(tensor: Any, token: tuple[int, int] | None) -> Any:
+    """A weight's (or bias's) rows on this rank; its gradient Partial over a token split (each token rank's share,
+    summed where DTensor reads it), never a V x H collective in the loss."""
+    from torch.distributed.tensor import Partial
+
+    if tensor is None or token is None:
+        return None if tensor is None else tensor.to_local()
+    grads = list(tensor.placements)
+    grads[token[0]] = Partial()
+    return tensor.to_local(grad_placements=grads)
+
+
+def fused_linear_sparse_jsd_loss(student_input: Any, student_weight: Any, teacher_logprobs: Any,
+                                 teacher_token_ids: Any, labels: Any, *, group: Any, student_bias: Any,
+                                 support_mask: Any, beta: float, temperature: float, add_tail: bool, reduction: str,
+                                 num_items_in_batch: Any, ignore_index: int, student_logit_scale: float,
+                                 student_softcap: float | None, weight_hard_loss: float, weight_soft_loss: float,
+                                 chunk_size: int | None, return_soft_hard_loss: bool, return_entropy: bool
+                                 ) -> tuple[Any, Any, Any, Any]:
+    """functional.fused_linear_sparse_jsd_loss on a split: each rank its rows of the student's weight (and bias),
+    the hidden states and the served teacher's (..., K) whole. Returns (loss, soft, hard, entropy)."""
+    op = "fused_linear_sparse_jsd_loss"
+    mesh = token = None
+    vocab_dim = 0
+    if group is None:
+        mesh, vocab_dim, token = _linear_layout(op, ((student_input, "student_input"),),
+                                                ((student_weight, student_input, "student_weight"),))
+        _check_bias(op, ((student_bias, student_weight, "student_bias"),))
         layout = _Layout(mesh, vocab_dim, token, ())
-        replicated = [Replicate()] * mesh.ndim
-        loss, soft, hard = (_dtensor_result(x, layout, replicated, ()) for x in (loss, soft, hard))
-        if return_entropy:
-            placements = list(replicated)
-            if token is not None:
-                placements[token[0]] = Shard(token[1])
-            entropy = DTensor.from_local(entropy, mesh, placements, run_check=False)
+        teacher_logprobs, teacher_token_ids, support_mask, labels = (
+            _local_rows(op, name, tensor, layout) for name, tensor in (
+                ("teacher_logprobs", teacher_logprobs), ("teacher_token_ids", teacher_token_ids),
+                ("support_mask", support_mask), ("labels", labels)))
+        group = mesh.get_group(vocab_dim)
+        rows_group = None if token is None else mesh.get_group(token[0])
+        student_input = student_input.to_local()
+        student_weight, student_bias = _weight_local(student_weight, token), _weight_local(student_bias, token)
+    else:
+        rows_group = None
+    lead = tuple(student_input.shape[:-1])
+    k = teacher_logprobs.size(-1)
+    for name, tensor in (("teacher_logprobs", teacher_logprobs), ("teacher_token_ids", teacher_token_ids),
+                         ("support_mask", support_mask)):
+        if tensor is not None and (tuple(tensor.shape[:-1]) != lead or tensor.size(-1) != k):
+            raise RuntimeError(f"{op}: {name} must be (..., K) of the hidden states' leading shape {lead}, got "
+                               f"{tuple(tensor.shape)}")
+    if student_weight.dim() != 2 or student_weight.size(1) != student_input.size(-1):
+        raise RuntimeError(f"{op}: student_weight must be (V_r, H) with H = {student_input.size(-1)}, got "
+                           f"{tuple(student_weight.shape)}")
+    if labels is not None and tuple(labels.shape) != lead:
+        raise RuntimeError(f"{op}: labels must have the hidden states' leading shape {lead}, got "
+                           f"{tuple(labels.shape)}")
+    if weight_hard_loss != 0.0 and labels is None:
+        raise ValueError(f"{op}: weight_hard_loss={weight_hard_loss} needs labels")
+    rows = math.prod(lead)
+    hs = student_input.reshape(rows, student_input.size(-1))
+    logprobs = teacher_logprobs.reshape(rows, k)
+    ids = teacher_token_ids.reshape(rows, k)
+    mask = torch.ones_like(ids, dtype=torch.bool) if support_mask is None else support_mask.reshape(rows, k).bool()
+    keep = None if labels is None else labels.reshape(-1) != ignore_index
+    kept = rows if keep is None else int(keep.sum())
+    split = split_of(op, group, student_weight.size(0), rows, kept, rows_group)
+    check_support_ids(op, ids, mask, split.vocab, keep)
+    count = float(kept) if rows_group is None else float(_all_reduce(torch.tensor(float(kept)), rows_group))
+    hard_labels = None
+    if labels is not None and (weight_hard_loss != 0.0 or return_soft_hard_loss):
+        hard_labels = labels.reshape(-1)
+        wrong = keep & ((hard_labels < 0) | (hard_labels >= split.vocab))  # type: ignore[operator]
+        if bool(wrong.any()):
+            row = int(wrong.nonzero()[0])
+            raise ValueError(f"{op}: labels[{row}] = {int(hard_labels[row])} is outside the vocabulary "
+                             f"[0, {split.vocab}) where the cross entropy reads it")
+    how = "sum" if num_items_in_batch is not None else reduction
+    entries = k + add_tail
+    soft_div = {"sum": 1.0, "batchmean": max(count, 1.0), "mean": max(count, 1.0) * entries}[how]
+    hard_div = 1.0 if how == "sum" else max(count, 1.0)
+    if chunk_size is None:
+        chunk_size = max(1, min(-(-rows // 8), (1 << 28) // max(split.vocab, 1)))
+    call = SparseLinearCall(split, Transform(student_logit_scale, student_softcap, temperature), beta, add_tail, keep,
+                            hard_labels, weight_soft_loss / soft_div, weight_hard_loss / hard_div, chunk_size,
+                            return_entropy, mesh is not None)
+    loss, soft, hard, entropy = _SparseLinearJsd.apply(hs, student_weight, student_bias, logprobs, ids, mask, call)
+    result = torch.promote_types(hs.dtype, logprobs.dtype)
+    soft, hard = (soft / soft_div).to(result), (hard / hard_div).to(result)
+    if num_items_in_batch is not None:
+        if isinstance(num_items_in_batch, Tensor):
+            num_items_in_batch = num_items_in_batch.to(loss.device)
+        loss, soft, hard = loss / num_items_in_batch, soft / num_items_in_batch, hard / num_items_in_batch
+    entropy = entropy.view(lead) if return_entropy else entropy
+    return _linear_results((loss, soft, hard, entropy), mesh, vocab_dim, token, return_entropy)
+
+
+def _linear_results(results: tuple[Tensor, Tensor, Tensor, Tensor], mesh: Any, vocab_dim: int,
+                    token: tuple[int, int] | None, return_entropy: bool) -> tuple[Any, Any, Any, Any]:
+    """A linear form's (loss, soft, hard, entropy): as they are for a group, DTensors on a mesh (the scalars
+    replicated, the entropy sharded as the tokens)."""
+    if mesh is None:
+        return results
+    from torch.distributed.tensor import DTensor, Replicate, Shard
+
+    layout = _Layout(mesh, vocab_dim, token, ())
+    replicated = [Replicate()] * mesh.ndim
+    loss, soft, hard = (_dtensor_result(x, layout, replicated, ()) for x in results[:3])
+    entropy = results[3]
+    if return_entropy:
+        placements = list(replicated)
+        if token is not None:
+            placements[token[0]] = Shard(token[1])
+        entropy = DTensor.from_local(entropy, mesh, placements, run_check=False)
     return loss, soft, hard, entropy

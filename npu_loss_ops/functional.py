@@ -795,11 +795,7 @@ def fused_linear_jsd_loss(
             reduction, beta, temperature, student_logit_scale, teacher_logit_scale, student_softcap,
             teacher_softcap, ignore_index, weight_hard_loss, weight_soft_loss, chunk_size, return_soft_hard_loss,
             return_entropy)
-    loss, soft, hard, entropy = results
-    parts = (soft, hard) if return_soft_hard_loss else ()
-    if return_entropy:
-        return (loss, *parts, entropy)
-    return (loss, *parts) if parts else loss
+    return _returned(results, return_soft_hard_loss, return_entropy)
 
 
 def sparse_jsd_loss(
@@ -929,6 +925,7 @@ def fused_linear_sparse_jsd_loss(
     chunk_size: int | None = None,
     return_soft_hard_loss: bool = False,
     return_entropy: bool = False,
+    vocab_parallel_group: Any = None,
 ) -> Tensor | tuple[Tensor, ...]:
     """:func:`sparse_jsd_loss` from the student's hidden states and ``lm_head`` weight, without making its N x V
     logits (docs/semantics.md, "Distillation from a served teacher")::
@@ -966,6 +963,10 @@ def fused_linear_sparse_jsd_loss(
         return_soft_hard_loss (bool): also return the two parts, unweighted, not differentiable.
         return_entropy (bool): also return the student's entropy per row (float32, of the leading shape, 0 on
             dropped rows, no gradient).
+        vocab_parallel_group (ProcessGroup, optional): the student's weight (and bias) split by rows over this
+            group, each rank its contiguous rows; the hidden states and the served teacher's ``(..., K)`` whole, its
+            ids global. The hidden states' gradient is each rank's partial sum, as :func:`fused_linear_jsd_loss`'s
+            (DTensor weights placed ``Shard(0)`` take this path without it and get it whole). Default: ``None``
 
     Returns:
         The 0-dim loss in the promoted dtype of ``student_input`` and ``teacher_logprobs``; ``(loss, soft_loss,
@@ -989,7 +990,24 @@ def fused_linear_sparse_jsd_loss(
                        weight_soft_loss=weight_soft_loss, chunk_size=chunk_size,
                        return_soft_hard_loss=return_soft_hard_loss, student_logit_scale=student_logit_scale,
                        student_softcap=student_softcap, return_entropy=return_entropy)
-        _dtensor.check_vocabulary_split(op_name, weights=(("student_weight", student_weight),))
+    split = vocab_parallel_group is not None
+    if _dtensor.any_dtensor(student_weight):
+        split = split or _vocab_parallel.vocabulary_split_weights((student_weight, student_input))
+        if not split:  # FSDP's Shard(0), the hidden states sharded alike: gathered once, as TRL does
+            student_weight = _vocab_parallel.fsdp_gathered(student_weight, student_input)
+            student_bias = None if student_bias is None else _vocab_parallel.fsdp_gathered(student_bias, student_input)
+    if split:
+        return _returned(_on_vocabulary_split(
+            op_name, vocab_parallel_group, student_input, reduction, num_items_in_batch, {},
+            lambda: _vocab_parallel.fused_linear_sparse_jsd_loss(
+                student_input, student_weight, teacher_logprobs, teacher_token_ids, labels,
+                group=vocab_parallel_group, student_bias=student_bias, support_mask=support_mask, beta=beta,
+                temperature=temperature, add_tail=add_tail, reduction=reduction,
+                num_items_in_batch=num_items_in_batch, ignore_index=ignore_index,
+                student_logit_scale=student_logit_scale, student_softcap=student_softcap,
+                weight_hard_loss=weight_hard_loss, weight_soft_loss=weight_soft_loss, chunk_size=chunk_size,
+                return_soft_hard_loss=return_soft_hard_loss, return_entropy=return_entropy)),
+            return_soft_hard_loss, return_entropy)
     if num_items_in_batch is not None:
         _check_num_items(num_items_in_batch, student_input, op_name)
     results: tuple[Tensor, Tensor, Tensor, Tensor] = torch.ops.npu_loss.fused_linear_sparse_jsd_loss(
@@ -1002,6 +1020,13 @@ def fused_linear_sparse_jsd_loss(
         if isinstance(num_items_in_batch, Tensor):
             num_items_in_batch = num_items_in_batch.to(loss.device)
         loss, soft, hard = loss / num_items_in_batch, soft / num_items_in_batch, hard / num_items_in_batch
+    return _returned((loss, soft, hard, entropy), return_soft_hard_loss, return_entropy)
+
+
+def _returned(results: tuple[Tensor, Tensor, Tensor, Tensor], return_soft_hard_loss: bool,
+              return_entropy: bool) -> Tensor | tuple[Tensor, ...]:
+    """A linear form's results as its function returns them: the loss, the two parts, the entropy, as asked."""
+    loss, soft, hard, entropy = results
     parts = (soft, hard) if return_soft_hard_loss else ()
     if return_entropy:
         return (loss, *parts, entropy)

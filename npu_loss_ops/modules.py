@@ -520,6 +520,8 @@ class FusedLinearSparseJSDLoss(Module):
         chunk_size (int, optional): rows per chunk; ``None`` sizes it by bytes. Default: ``None``
         student_logit_scale (float), student_softcap (float, optional): the student's logit transform.
         return_entropy (bool): the call returns ``(loss, entropy)``. Default: ``False``
+        vocab_parallel_group (ProcessGroup, optional): the weight's rows split over this group, each rank its
+            contiguous rows (docs/usage.md, "Distributed distillation"). Default: ``None``
 
     Raises:
         TypeError, ValueError: at construction, as the function raises them for the same arguments.
@@ -531,8 +533,10 @@ class FusedLinearSparseJSDLoss(Module):
     def __init__(self, beta: float = 0.0, temperature: float = 1.0, add_tail: bool = True, ignore_index: int = -100,
                  reduction: str = "batchmean", weight_hard_loss: float = 0.0, weight_soft_loss: float = 1.0,
                  chunk_size: int | None = None, *, student_logit_scale: float = 1.0,
-                 student_softcap: float | None = None, return_entropy: bool = False) -> None:
+                 student_softcap: float | None = None, return_entropy: bool = False,
+                 vocab_parallel_group: Any = None) -> None:
         super().__init__()
+        self.vocab_parallel_group = _group("FusedLinearSparseJSDLoss", vocab_parallel_group)
         # The function's own checks, on meta tensors (labels given: a hard loss needs them).
         functional.fused_linear_sparse_jsd_loss(
             _meta(1, 1), _meta(1, 1), _meta(1, 1), torch.zeros(1, 1, dtype=torch.long, device="meta"),
@@ -563,7 +567,8 @@ class FusedLinearSparseJSDLoss(Module):
             reduction=self.reduction, num_items_in_batch=num_items_in_batch, ignore_index=self.ignore_index,
             student_logit_scale=self.student_logit_scale, student_softcap=self.student_softcap,
             weight_hard_loss=self.weight_hard_loss, weight_soft_loss=self.weight_soft_loss,
-            chunk_size=self.chunk_size, return_entropy=self.return_entropy)
+            chunk_size=self.chunk_size, return_entropy=self.return_entropy,
+            vocab_parallel_group=self.vocab_parallel_group)
         if self.return_entropy:
             assert isinstance(result, tuple)
             return result[0], result[1]

@@ -316,18 +316,16 @@ def _run_elementwise(case: Case, distribute) -> dict[str, object]:
 # The layouts the family refuses, each raising the documented ValueError itself (not as the __cause__ of DTensor's
 # "Sharding propagation failed"): name -> (the call's two placements, given `distribute`, and the start of its
 # message). A vocabulary split is computed (tests/test_vocab_parallel.py) where both sides are split alike; a teacher
-# split otherwise, and the fused sparse JSD's weight, are refused.
+# split otherwise is refused.
 REFUSED_LAYOUTS = {
     "refused-jsd-student-vocabulary": (
         "S2", "R", "generalized_jsd_loss: teacher_logits must be split as student_logits is"),
     "refused-jsd-teacher-vocabulary": (
         "R", "S2", "generalized_jsd_loss: teacher_logits must be split as student_logits is"),
     "refused-fused-student_weight-S0": (
-        "S0", "R", "fused_linear_jsd_loss: teacher_weight must be split over the vocabulary as student_weight is"),
+        "S0", "R", "fused_linear_jsd_loss: the weights must be split over the vocabulary alike"),
     "refused-fused-teacher_weight-S0": (
-        "R", "S0", "fused_linear_jsd_loss: teacher_weight must be split over the vocabulary as student_weight is"),
-    "refused-fusedsparse-student_weight-S0": (
-        "S0", "R", "fused_linear_sparse_jsd_loss: student_weight is sharded on the vocabulary dimension"),
+        "R", "S0", "fused_linear_jsd_loss: the weights must be split over the vocabulary alike"),
 }
 
 
@@ -468,8 +466,8 @@ def _close(got, expected, what):
 
 @pytest.mark.parametrize("name", list(REFUSED_LAYOUTS))
 def test_refused_layouts_raise_the_documented_class_itself(name, dtensor_results):
-    """A teacher split over the vocabulary otherwise than its student (its logits, or either lm_head weight), and the
-    fused sparse JSD's weight split, are refused with a ValueError naming the tensor, raised as itself."""
+    """A teacher split over the vocabulary otherwise than its student (its logits, or either lm_head weight) is
+    refused with a ValueError naming it, raised as itself."""
     assert dtensor_results[name].startswith(f"ValueError: {REFUSED_LAYOUTS[name][2]}"), dtensor_results[name]
 
 

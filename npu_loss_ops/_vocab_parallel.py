@@ -419,8 +419,8 @@ def generalized_jsd(student: Tensor, teacher: Tensor, labels: Tensor | None, spl
     'none''s local (kept, V_local) values (the logits' shape without labels); the entropy per row (the leading
     shape) when asked; the count of kept rows over the split (None without labels)."""
     lead = student.shape[:-1]
-    xs = student.reshape(-1, student.size(-1))
-    xt = teacher.reshape(-1, teacher.size(-1))
+    xs = student.reshape(math.prod(lead), student.size(-1))
+    xt = teacher.reshape(math.prod(lead), teacher.size(-1))
     keep = None if labels is None else (labels.reshape(-1) != ignore_index)
     call = JsdCall(split, beta, Transform(student_logit_scale, student_softcap, temperature),
                    Transform(teacher_logit_scale, teacher_softcap, temperature), keep, reduction == "none",

@@ -183,7 +183,8 @@ def main() -> None:
     single = run(fused, 1, 0)[0] if "fused" in cases else None
     ranks = run(fused, 2, 29641) if single else []
     s_med, s_p20, s_p80 = stats(single["times"]) if single else (1.0, 1.0, 1.0)
-    lines += [] if not single else [f"### fused_linear_jsd_loss, N {fused['n']}, H {fused['h']}, V {fused['v']}: forward + backward", "",
+    title = f"### fused_linear_jsd_loss, N {fused['n']}, H {fused['h']}, V {fused['v']}: forward + backward"
+    lines += [] if not single else [title, "",
               "| process | median s | p20 .. p80 s | / single (spread) | bytes sent per call | all-gather of the "
               "logits would send |", "|---|---|---|---|---|---|",
               f"| single, 1 thread | {s_med:.2f} | {s_p20:.2f} .. {s_p80:.2f} | 1.00 | 0 | |"]
@@ -199,7 +200,8 @@ def main() -> None:
         lines += ["", "Target: each rank at most 0.6x the single process (bound 0.5x on 2 physical cores).", ""]
     logits = dict(sizes["logits"], case="logits", dtype="float32", reps=1)
     single = run(logits, 1, 0)[0] if "logits" in cases else None
-    lines += [] if not single else [f"### generalized_jsd_loss, N {logits['n']}, V {logits['v']}: peak above the inputs, one call", "",
+    title = f"### generalized_jsd_loss, N {logits['n']}, V {logits['v']}: peak above the inputs, one call"
+    lines += [] if not single else [title, "",
               "| processes | rank | peak MiB | / single | target (1/P + 5 %) | bytes sent per call |",
               "|---|---|---|---|---|---|",
               f"| 1 | | {single['peak_bytes'] / 2**20:.0f} | 1.000 | | 0 |"]

@@ -25,7 +25,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, cast
 
 import torch
 from torch import Tensor
@@ -99,7 +99,7 @@ def _all_reduce(x: Tensor, group: Any, op: str = "sum") -> Tensor:
 
 def chunk_rows(split: Split) -> int:
     ranks = _dist().get_world_size(split.group)
-    return max(1, _CHUNK_ELEMENTS * ranks // max(split.vocab, 1))
+    return max(1, _CHUNK_ELEMENTS * int(ranks) // max(split.vocab, 1))
 
 
 @dataclass(frozen=True)
@@ -362,13 +362,21 @@ def jsd_backward_none(call: JsdCall, xs: Tensor, xt: Tensor, stats: Tensor, grad
         g = grad[done:done + n].to(acc)
         done += n
         _, d_s, d_t = jsd_terms(s, t, call.beta, True)
-        a = [g * d for d, wanted in zip((d_s, d_t), grads) if wanted]
+        a = [g * cast(Tensor, d) for d, wanted in zip((d_s, d_t), grads) if wanted]
         reduced = list(_all_reduce(torch.stack([x.sum(-1) for x in a]), call.split.group).unbind(0))
         if grads[0]:
             _put(gs, chunk, (a.pop(0) - s.exp() * reduced.pop(0)[:, None]) * dzs)  # type: ignore[arg-type]
         if grads[1]:
             _put(gt, chunk, (a.pop(0) - t.exp() * reduced.pop(0)[:, None]) * dzt)  # type: ignore[arg-type]
     return gs, gt
+
+
+def _graded(*tensors: Tensor | None) -> tuple[Tensor | None, ...]:
+    """The tensors as a Function takes them: detached where autograd is off (under no_grad a Function still sees
+    its inputs' requires_grad, and would make the gradients, their memory and their collectives, for nothing)."""
+    if torch.is_grad_enabled():
+        return tensors
+    return tuple(None if t is None else t.detach() for t in tensors)
 
 
 def scaled_in_place(ctx: Any, name: str, grad: Tensor) -> list[Tensor | None]:
@@ -386,8 +394,8 @@ class _Jsd(torch.autograd.Function):
     """The generalized JSD on a split, over (R, V_local) logits: the global sum, or 'none''s values."""
 
     @staticmethod
-    def forward(ctx: Any, xs: Tensor, xt: Tensor, call: JsdCall) -> tuple[Tensor, Tensor]:  # type: ignore[override]
-        grads = (ctx.needs_input_grad[0], ctx.needs_input_grad[1])  # False under no_grad
+    def forward(ctx: Any, xs: Tensor, xt: Tensor, call: JsdCall) -> tuple[Tensor, Tensor]:
+        grads = (ctx.needs_input_grad[0], ctx.needs_input_grad[1])  # False under no_grad (_graded)
         # The reduced loss's gradients are made here; 'none''s in the backward, which knows its grad_output.
         made = (False, False) if call.none else grads
         value, gs, gt, entropy, stats = jsd_forward(call, xs.detach(), xt.detach(), made)
@@ -401,7 +409,8 @@ class _Jsd(torch.autograd.Function):
         return value, (entropy if entropy is not None else stats)
 
     @staticmethod
-    def backward(ctx: Any, grad: Tensor, _unused: Tensor) -> tuple[Tensor | None, Tensor | None, None]:  # type: ignore[override]
+    def backward(ctx: Any, grad: Tensor,
+                 _unused: Tensor) -> tuple[Tensor | None, Tensor | None, None]:
         call: JsdCall = ctx.call
         if call.none:
             xs, xt, stats = ctx.saved_tensors
@@ -425,7 +434,7 @@ def generalized_jsd(student: Tensor, teacher: Tensor, labels: Tensor | None, spl
     call = JsdCall(split, beta, Transform(student_logit_scale, student_softcap, temperature),
                    Transform(teacher_logit_scale, teacher_softcap, temperature), keep, reduction == "none",
                    return_entropy)
-    value, extra = _Jsd.apply(xs, xt, call)
+    value, extra = _Jsd.apply(*_graded(xs, xt), call)  # type: ignore[no-untyped-call]
     entropy = extra.view(lead) if return_entropy else None
     if reduction == "none" and labels is None:
         value = value.view(student.shape)
@@ -478,7 +487,8 @@ def _layout(op: str, student: Any, teacher: Any, names: tuple[str, str]) -> _Lay
     vocab = vocab_mesh_dim(student)
     assert vocab is not None
     token = None
-    for i, placement in enumerate(student.placements):
+    placements: Any = student.placements
+    for i, placement in enumerate(placements):
         if i == vocab or placement.is_replicate():
             continue
         if not placement.is_shard():
@@ -500,7 +510,7 @@ def _local_rows(op: str, name: str, tensor: Any, layout: _Layout) -> Any:
     if tensor is None:
         return None
     if isinstance(tensor, DTensor):
-        want = [Replicate()] * layout.mesh.ndim
+        want: list[Any] = [Replicate()] * layout.mesh.ndim
         if layout.token is not None:
             want[layout.token[0]] = Shard(layout.token[1])
         return tensor.redistribute(layout.mesh, want).to_local()
@@ -563,9 +573,9 @@ def generalized_jsd_loss(student: Any, teacher: Any, labels: Any, *, group: Any,
     if layout is not None:
         from torch.distributed.tensor import Replicate, Shard
 
-        replicated = [Replicate()] * layout.mesh.ndim
+        replicated: list[Any] = [Replicate()] * layout.mesh.ndim
         if how == "none":
-            placements = list(replicated)
+            placements: list[Any] = list(replicated)
             placements[layout.vocab_dim] = Shard(value.dim() - 1)
             if layout.token is not None:
                 placements[layout.token[0]] = Shard(layout.token[1])
@@ -587,7 +597,7 @@ def _divided(total: Tensor, how: str, num_items_in_batch: Any, count: Tensor | N
     if num_items_in_batch is not None:
         if isinstance(num_items_in_batch, Tensor):
             num_items_in_batch = num_items_in_batch.to(total.device)
-        return total / num_items_in_batch
+        return cast(Tensor, total / num_items_in_batch)
     if how in ("sum", "none"):
         return total
     if how == "batchmean":
@@ -752,7 +762,7 @@ def sparse_backward(call: SparseCall, x: Tensor, logprobs: Tensor, ids: Tensor, 
 
 class _SparseJsd(torch.autograd.Function):
     @staticmethod
-    def forward(ctx: Any, x: Tensor, logprobs: Tensor, ids: Tensor, mask: Tensor,  # type: ignore[override]
+    def forward(ctx: Any, x: Tensor, logprobs: Tensor, ids: Tensor, mask: Tensor,
                 call: SparseCall) -> Tensor:
         value, support, lse = sparse_forward(call, x.detach(), logprobs.detach(), ids, mask)
         ctx.call = call
@@ -760,7 +770,7 @@ class _SparseJsd(torch.autograd.Function):
         return value
 
     @staticmethod
-    def backward(ctx: Any, grad: Tensor) -> tuple[Tensor | None, ...]:  # type: ignore[override]
+    def backward(ctx: Any, grad: Tensor) -> tuple[Tensor | None, ...]:
         x, logprobs, ids, mask, support, lse = ctx.saved_tensors
         gx, gl = sparse_backward(ctx.call, x, logprobs, ids, mask, support, lse, grad,
                                  (ctx.needs_input_grad[0], ctx.needs_input_grad[1]))
@@ -816,7 +826,7 @@ def sparse_jsd_loss(student: Any, teacher_logprobs: Any, teacher_token_ids: Any,
     check_support_ids(op, ids, mask, split.vocab, keep)
     call = SparseCall(split, Transform(student_logit_scale, student_softcap, temperature), beta, add_tail, keep,
                       how == "none")
-    value = _SparseJsd.apply(x, logprobs, ids, mask, call)
+    value = _SparseJsd.apply(*_graded(x, logprobs), ids, mask, call)  # type: ignore[no-untyped-call]
     if how == "none" and labels is None:
         value = value.view(lead + (k + add_tail,))
     count = None
@@ -829,7 +839,7 @@ def sparse_jsd_loss(student: Any, teacher_logprobs: Any, teacher_token_ids: Any,
     if layout is not None:
         from torch.distributed.tensor import Replicate, Shard
 
-        placements = [Replicate()] * layout.mesh.ndim
+        placements: list[Any] = [Replicate()] * layout.mesh.ndim
         if how == "none":
             if layout.token is not None:
                 placements[layout.token[0]] = Shard(layout.token[1])
@@ -949,7 +959,7 @@ def linear_forward(call: LinearCall, hs: Tensor, ws: Tensor, bs: Tensor | None, 
 
 class _LinearJsd(torch.autograd.Function):
     @staticmethod
-    def forward(ctx: Any, hs: Tensor, ws: Tensor, bs: Tensor | None, ht: Tensor, wt: Tensor,  # type: ignore[override]
+    def forward(ctx: Any, hs: Tensor, ws: Tensor, bs: Tensor | None, ht: Tensor, wt: Tensor,
                 bt: Tensor | None, call: LinearCall) -> tuple[Tensor, Tensor, Tensor, Tensor]:
         need = ctx.needs_input_grad
         grads = (any(need[0:3]), any(need[3:6]))
@@ -963,11 +973,11 @@ class _LinearJsd(torch.autograd.Function):
         return loss, soft, hard, entropy
 
     @staticmethod
-    def backward(ctx: Any, grad: Tensor, *_unused: Tensor) -> tuple[Tensor | None, ...]:  # type: ignore[override]
+    def backward(ctx: Any, grad: Tensor, *_unused: Tensor) -> tuple[Tensor | None, ...]:
         return (*scaled_in_place(ctx, "grads_made", grad), None)
 
 
-def _weight_split(op: str, weight: Any, inputs: Any, name: str) -> int | None:
+def _weight_split(weight: Any, inputs: Any) -> int | None:
     """The mesh dimension over which a DTensor lm_head weight's rows (vocabulary) are split, where the hidden states
     are replicated across it (a vocabulary split); None where they are not split, or where the hidden states are
     sharded across it too: FSDP's Shard(0), which the caller gathers once."""
@@ -975,7 +985,8 @@ def _weight_split(op: str, weight: Any, inputs: Any, name: str) -> int | None:
 
     if not isinstance(weight, DTensor):
         return None
-    for i, placement in enumerate(weight.placements):
+    placements: Any = weight.placements
+    for i, placement in enumerate(placements):
         if placement.is_shard() and placement.dim % 2 == 0:
             if isinstance(inputs, DTensor) and inputs.device_mesh == weight.device_mesh \
                     and not inputs.placements[i].is_replicate():
@@ -991,7 +1002,7 @@ def fsdp_gathered(weight: Any, inputs: Any) -> Any:
 
     if not isinstance(weight, DTensor) or not isinstance(inputs, DTensor):
         return weight
-    placements = list(weight.placements)
+    placements: list[Any] = list(weight.placements)
     for i, placement in enumerate(placements):
         if placement.is_shard() and placement.dim % 2 == 0 and not inputs.placements[i].is_replicate():
             placements[i] = Replicate()
@@ -1000,7 +1011,7 @@ def fsdp_gathered(weight: Any, inputs: Any) -> Any:
 
 def vocabulary_split_weights(*pairs: tuple[Any, Any]) -> bool:
     """Whether any (weight, hidden states) pair is a DTensor vocabulary split (not FSDP's)."""
-    return any(_weight_split("", w, h, "") is not None for w, h in pairs)
+    return any(_weight_split(w, h) is not None for w, h in pairs)
 
 
 def fused_linear_jsd_loss(student_input: Any, student_weight: Any, teacher_input: Any, teacher_weight: Any,
@@ -1053,7 +1064,7 @@ def fused_linear_jsd_loss(student_input: Any, student_weight: Any, teacher_input
     hard_labels = None
     if labels is not None and (weight_hard_loss != 0.0 or return_soft_hard_loss):
         hard_labels = labels.reshape(-1)
-        wrong = keep & ((hard_labels < 0) | (hard_labels >= split.vocab))  # type: ignore[operator]
+        wrong = keep & ((hard_labels < 0) | (hard_labels >= split.vocab))
         if bool(wrong.any()):
             row = int(wrong.nonzero()[0])
             raise ValueError(f"{op}: labels[{row}] = {int(hard_labels[row])} is outside the vocabulary "
@@ -1068,8 +1079,8 @@ def fused_linear_jsd_loss(student_input: Any, student_weight: Any, teacher_input
                       Transform(teacher_logit_scale, teacher_softcap, temperature), keep, hard_labels,
                       weight_soft_loss / soft_div, weight_hard_loss / hard_div, chunk_size, return_entropy,
                       mesh is not None)
-    loss, soft, hard, entropy = _LinearJsd.apply(hs, student_weight, student_bias, ht, teacher_weight, teacher_bias,
-                                                 call)
+    tensors = _graded(hs, student_weight, student_bias, ht, teacher_weight, teacher_bias)
+    loss, soft, hard, entropy = _LinearJsd.apply(*tensors, call)  # type: ignore[no-untyped-call]
     result = torch.promote_types(hs.dtype, ht.dtype)
     soft, hard = (soft / soft_div).to(result), (hard / hard_div).to(result)
     entropy = entropy.view(lead) if return_entropy else entropy
@@ -1193,7 +1204,7 @@ def sparse_linear_forward(call: SparseLinearCall, hs: Tensor, ws: Tensor, bs: Te
 
 class _SparseLinearJsd(torch.autograd.Function):
     @staticmethod
-    def forward(ctx: Any, hs: Tensor, ws: Tensor, bs: Tensor | None, logprobs: Tensor,  # type: ignore[override]
+    def forward(ctx: Any, hs: Tensor, ws: Tensor, bs: Tensor | None, logprobs: Tensor,
                 ids: Tensor, mask: Tensor, call: SparseLinearCall) -> tuple[Tensor, Tensor, Tensor, Tensor]:
         need = ctx.needs_input_grad
         grads = (any(need[0:3]), need[3])
@@ -1207,7 +1218,7 @@ class _SparseLinearJsd(torch.autograd.Function):
         return loss, soft, hard, entropy
 
     @staticmethod
-    def backward(ctx: Any, grad: Tensor, *_unused: Tensor) -> tuple[Tensor | None, ...]:  # type: ignore[override]
+    def backward(ctx: Any, grad: Tensor, *_unused: Tensor) -> tuple[Tensor | None, ...]:
         return (*scaled_in_place(ctx, "grads_made", grad), None, None, None)
 
 
@@ -1217,19 +1228,20 @@ def _linear_layout(op: str, inputs: tuple[tuple[Any, str], ...], weights: tuple[
     same for each), and the token split of the hidden states (mesh dimension, tensor dimension) or None."""
     from torch.distributed.tensor import DTensor, Shard
 
-    dims = {_weight_split(op, weight, hidden, name) for weight, hidden, name in weights}
+    dims = {_weight_split(weight, hidden) for weight, hidden, _ in weights}
     if len(dims) != 1 or None in dims:
         names = " and ".join(f"{name} {tuple(getattr(w, 'placements', ()))}" for w, _, name in weights)
         raise ValueError(f"{op}: the weights must be split over the vocabulary alike, on one mesh dimension: {names}"
                          if len(weights) > 1 else f"{op}: {weights[0][2]} must be split over the vocabulary")
-    vocab_dim = dims.pop()
+    vocab_dim = cast(int, dims.pop())
     mesh = weights[0][0].device_mesh
     token = None
     for tensor, name in inputs:
         if not isinstance(tensor, DTensor) or tensor.device_mesh != mesh:
             raise ValueError(f"{op}: {name} must be a DTensor on the weights' mesh, replicated over the "
                              "vocabulary's mesh dimension")
-        for i, placement in enumerate(tensor.placements):
+        placements: Any = tensor.placements
+        for i, placement in enumerate(placements):
             if placement.is_shard():
                 if placement.dim % tensor.dim() == tensor.dim() - 1 or token not in (None, (i, placement.dim)):
                     raise ValueError(f"{op}: {name} placed {tuple(tensor.placements)}: only one token dimension "
@@ -1318,7 +1330,7 @@ def fused_linear_sparse_jsd_loss(student_input: Any, student_weight: Any, teache
     hard_labels = None
     if labels is not None and (weight_hard_loss != 0.0 or return_soft_hard_loss):
         hard_labels = labels.reshape(-1)
-        wrong = keep & ((hard_labels < 0) | (hard_labels >= split.vocab))  # type: ignore[operator]
+        wrong = keep & ((hard_labels < 0) | (hard_labels >= split.vocab))
         if bool(wrong.any()):
             row = int(wrong.nonzero()[0])
             raise ValueError(f"{op}: labels[{row}] = {int(hard_labels[row])} is outside the vocabulary "
@@ -1332,7 +1344,8 @@ def fused_linear_sparse_jsd_loss(student_input: Any, student_weight: Any, teache
     call = SparseLinearCall(split, Transform(student_logit_scale, student_softcap, temperature), beta, add_tail, keep,
                             hard_labels, weight_soft_loss / soft_div, weight_hard_loss / hard_div, chunk_size,
                             return_entropy, mesh is not None)
-    loss, soft, hard, entropy = _SparseLinearJsd.apply(hs, student_weight, student_bias, logprobs, ids, mask, call)
+    tensors = _graded(hs, student_weight, student_bias, logprobs)
+    loss, soft, hard, entropy = _SparseLinearJsd.apply(*tensors, ids, mask, call)  # type: ignore[no-untyped-call]
     result = torch.promote_types(hs.dtype, logprobs.dtype)
     soft, hard = (soft / soft_div).to(result), (hard / hard_div).to(result)
     if num_items_in_batch is not None:
@@ -1352,7 +1365,7 @@ def _linear_results(results: tuple[Tensor, Tensor, Tensor, Tensor], mesh: Any, v
     from torch.distributed.tensor import DTensor, Replicate, Shard
 
     layout = _Layout(mesh, vocab_dim, token, ())
-    replicated = [Replicate()] * mesh.ndim
+    replicated: list[Any] = [Replicate()] * mesh.ndim
     loss, soft, hard = (_dtensor_result(x, layout, replicated, ()) for x in results[:3])
     entropy = results[3]
     if return_entropy:

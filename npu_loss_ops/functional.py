@@ -631,7 +631,7 @@ def generalized_jsd_loss(
         raise TypeError(f"generalized_jsd_loss: return_entropy must be a bool, got {return_entropy!r} "
                         f"({type(return_entropy).__name__})")
     if vocab_parallel_group is not None or _dtensor.vocabulary_split(student_logits, teacher_logits):
-        return _on_vocabulary_split(
+        return cast("Tensor | tuple[Tensor, Tensor]", _on_vocabulary_split(
             "generalized_jsd_loss", vocab_parallel_group, student_logits, reduction, num_items_in_batch,
             dict(beta=beta, temperature=temperature, ignore_index=ignore_index, student_logit_scale=student_logit_scale,
                  teacher_logit_scale=teacher_logit_scale, student_softcap=student_softcap,
@@ -641,7 +641,7 @@ def generalized_jsd_loss(
                 temperature=temperature, reduction=reduction, num_items_in_batch=num_items_in_batch,
                 ignore_index=ignore_index, student_logit_scale=student_logit_scale,
                 teacher_logit_scale=teacher_logit_scale, student_softcap=student_softcap,
-                teacher_softcap=teacher_softcap, return_entropy=return_entropy))
+                teacher_softcap=teacher_softcap, return_entropy=return_entropy)))
     if return_entropy:
         value = generalized_jsd_loss(student_logits, teacher_logits, labels, beta, temperature, reduction,
                                      num_items_in_batch, ignore_index=ignore_index,
@@ -877,7 +877,7 @@ def sparse_jsd_loss(
                            student_logit_scale=student_logit_scale, student_softcap=student_softcap,
                            vocab_parallel_group=vocab_parallel_group)
     if vocab_parallel_group is not None or _dtensor.vocabulary_split(student_logits):
-        return _on_vocabulary_split(
+        return cast(Tensor, _on_vocabulary_split(
             "sparse_jsd_loss", vocab_parallel_group, student_logits, reduction, num_items_in_batch,
             dict(beta=beta, temperature=temperature, add_tail=add_tail, ignore_index=ignore_index,
                  student_logit_scale=student_logit_scale, student_softcap=student_softcap),
@@ -885,7 +885,7 @@ def sparse_jsd_loss(
                 student_logits, teacher_logprobs, teacher_token_ids, labels, group=vocab_parallel_group,
                 support_mask=support_mask, beta=beta, temperature=temperature, add_tail=add_tail,
                 reduction=reduction, num_items_in_batch=num_items_in_batch, ignore_index=ignore_index,
-                student_logit_scale=student_logit_scale, student_softcap=student_softcap))
+                student_logit_scale=student_logit_scale, student_softcap=student_softcap)))
     if not torch.compiler.is_compiling():
         if not isinstance(reduction, str):
             raise TypeError(f"sparse_jsd_loss: reduction must be a str, got {reduction!r} ({type(reduction).__name__})")

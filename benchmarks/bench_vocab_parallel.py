@@ -28,6 +28,7 @@ Writes --out/bench_vocab_parallel.csv and .md.
 
     python benchmarks/bench_vocab_parallel.py            # the issue's sizes: about 8 minutes on 2 cores
     python benchmarks/bench_vocab_parallel.py --quick    # about a minute
+    python benchmarks/bench_vocab_parallel.py --plot benchmarks/results/bench_vocab_parallel.csv   # the figure
 """
 from __future__ import annotations
 
@@ -92,6 +93,20 @@ if cfg["case"] == "fused":
     def step():
         hs.grad = ws.grad = None
         npu_loss_ops.fused_linear_jsd_loss(hs, ws, ht, wt, labels, **kw).backward()
+elif cfg["case"] == "matmul":
+    # The floor: the four products of the fused form's forward + backward on this process's rows of the heads,
+    # unchunked (both logits, then the input's and the weight's gradients from an N x V_r gradient).
+    hs = torch.randn(n, h, generator=g).to(dtype)
+    ws = (torch.randn(v, h, generator=g) / h ** 0.5).to(dtype)[lo:hi].clone()
+    ht = torch.randn(n, h, generator=g).to(dtype)
+    wt = (torch.randn(v, h, generator=g) / h ** 0.5).to(dtype)[lo:hi].clone()
+
+    def step():
+        logits = hs @ ws.t()
+        del logits
+        logits = ht @ wt.t()
+        logits @ ws
+        logits.t() @ hs
 else:
     xs = (torch.randn(n, v, generator=g) * 2).to(dtype)[:, lo:hi].clone().requires_grad_()
     xt = (torch.randn(n, v, generator=g) * 2).to(dtype)[:, lo:hi].clone()
@@ -120,7 +135,11 @@ for i in range(cfg["reps"] + 1):
     if i == 1:
         peak = status("VmHWM:") - before
         call_bytes = sent[0]
-row = {"rank": rank, "world": world, "times": times, "peak_bytes": peak, "sent_bytes": call_bytes}
+        # The gradients the family's bound leaves out (it counts what the call adds beyond the inputs, the
+        # weights and their gradients): the fused form's input and weight gradients.
+        grad_bytes = sum(t.grad.numel() * t.grad.element_size() for t in (hs, ws)) if cfg["case"] == "fused" else 0
+row = {"rank": rank, "world": world, "times": times, "peak_bytes": peak, "sent_bytes": call_bytes,
+       "grad_bytes": grad_bytes, "width": hi - lo}
 if split:
     every = [None] * world
     dist.all_gather_object(every, row)
@@ -162,6 +181,14 @@ def threads_per_core() -> str:
     return "?"
 
 
+def buffers(row: dict) -> float:
+    """A process's peak beyond its inputs and the gradients, in units of its own N x V_r float32."""
+    return (row["peak_bytes"] - row["grad_bytes"]) / (FULL_OR_QUICK["n"] * row["width"] * 4)
+
+
+FULL_OR_QUICK: dict = {}
+
+
 def stats(times: list[float]) -> tuple[float, float, float]:
     return quantile(times, 0.5), quantile(times, 0.2), quantile(times, 0.8)
 
@@ -174,6 +201,7 @@ def main() -> None:
     p.add_argument("--out", default=os.path.join(HERE, "out"))
     args = p.parse_args()
     sizes = QUICK if args.quick else FULL
+    FULL_OR_QUICK.update(sizes["fused"])
     os.makedirs(args.out, exist_ok=True)
     rows = []
     lines = [f"CPU {cpu_model()}, threads per core {threads_per_core()}, revision {git_revision()}, load "
@@ -182,22 +210,38 @@ def main() -> None:
     fused = dict(sizes["fused"], case="fused", dtype="float32", reps=args.reps)
     single = run(fused, 1, 0)[0] if "fused" in cases else None
     ranks = run(fused, 2, 29641) if single else []
+    floor = run(dict(fused, case="matmul"), 1, 0)[0] if single else None
+    floor_ranks = run(dict(fused, case="matmul"), 2, 29644) if single else []
     s_med, s_p20, s_p80 = stats(single["times"]) if single else (1.0, 1.0, 1.0)
     title = f"### fused_linear_jsd_loss, N {fused['n']}, H {fused['h']}, V {fused['v']}: forward + backward"
     lines += [] if not single else [title, "",
               "| process | median s | p20 .. p80 s | / single (spread) | bytes sent per call | all-gather of the "
-              "logits would send |", "|---|---|---|---|---|---|",
-              f"| single, 1 thread | {s_med:.2f} | {s_p20:.2f} .. {s_p80:.2f} | 1.00 | 0 | |"]
+              "logits would send | peak beyond the gradients, x its N x V_r float32 (bound 0.25) |",
+              "|---|---|---|---|---|---|---|",
+              f"| single, 1 thread | {s_med:.2f} | {s_p20:.2f} .. {s_p80:.2f} | 1.00 | 0 | | "
+              f"{buffers(single):.3f} |"]
     gather = 2 * fused["n"] * fused["v"] * 4 // 2
     for r in ranks:
         med, p20, p80 = stats(r["times"])
         lines.append(f"| rank {r['rank']} of 2, 1 thread | {med:.2f} | {p20:.2f} .. {p80:.2f} | {med / s_med:.3f} "
-                     f"({p20 / s_p80:.3f} .. {p80 / s_p20:.3f}) | {r['sent_bytes']:,} | {gather:,} |")
+                     f"({p20 / s_p80:.3f} .. {p80 / s_p20:.3f}) | {r['sent_bytes']:,} | {gather:,} | "
+                     f"{buffers(r):.3f} |")
         rows.append(dict(case="fused", world=2, rank=r["rank"], median_s=med, p20_s=p20, p80_s=p80,
                          ratio=med / s_med, sent_bytes=r["sent_bytes"], gather_bytes=gather,
-                         peak_bytes=r["peak_bytes"], single_median_s=s_med, single_peak_bytes=single["peak_bytes"]))
+                         peak_bytes=r["peak_bytes"], single_median_s=s_med, single_peak_bytes=single["peak_bytes"],
+                         buffers=buffers(r), single_buffers=buffers(single)))
     if single:
-        lines += ["", "Target: each rank at most 0.6x the single process (bound 0.5x on 2 physical cores).", ""]
+        f_med = stats(floor["times"])[0]
+        r_med = max(stats(r["times"])[0] for r in floor_ranks)
+        lines += [f"| the four products unchunked, whole V (the floor), 1 process | {f_med:.2f} | | "
+                  f"{f_med / s_med:.3f} | | | |",
+                  f"| the four products unchunked, V / 2, each of 2 processes | {r_med:.2f} | | {r_med / s_med:.3f} "
+                  "| | | |", "",
+                  "Target: each rank at most 0.6x the single process. Bound: each rank makes half the products and "
+                  "half the elementwise work, so 0.5x at the single process's efficiency; the table's floor rows "
+                  "are the products' own time on each side.", ""]
+        rows.append(dict(case="matmul", world=1, rank=0, median_s=f_med, ratio=f_med / s_med))
+        rows.append(dict(case="matmul", world=2, rank=-1, median_s=r_med, ratio=r_med / s_med))
     logits = dict(sizes["logits"], case="logits", dtype="float32", reps=1)
     single = run(logits, 1, 0)[0] if "logits" in cases else None
     title = f"### generalized_jsd_loss, N {logits['n']}, V {logits['v']}: peak above the inputs, one call"
@@ -222,8 +266,53 @@ def main() -> None:
     write_csv_with_meta(os.path.join(args.out, name + ".csv"),
                         {"cpu": cpu_model(), "threads_per_core": threads_per_core(), "revision": git_revision()},
                         rows, ["case", "world", "rank", "median_s", "p20_s", "p80_s", "ratio", "sent_bytes",
-                               "gather_bytes", "peak_bytes", "single_median_s", "single_peak_bytes"])
+                               "gather_bytes", "peak_bytes", "single_median_s", "single_peak_bytes", "buffers",
+                               "single_buffers"])
+
+
+def plot(rows: list[dict], path: str) -> None:
+    """Two panels: each rank's time over the single process's (the target and the half-the-work line), and each
+    rank's peak over the single process's (the 1 / P + 5 % target). Needs matplotlib; skipped, and said, without."""
+    try:
+        import matplotlib
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        print("matplotlib is not installed: no figure")
+        return
+    fig, (left, right) = plt.subplots(1, 2, figsize=(10, 3.8))
+    fused = [r for r in rows if r["case"] == "fused"]
+    left.bar([f"rank {r['rank']}" for r in fused], [r["ratio"] for r in fused], color="#4c72b0")
+    left.errorbar(range(len(fused)), [r["ratio"] for r in fused],
+                  yerr=[[r["ratio"] - r["p20_s"] / r["single_median_s"] for r in fused],
+                        [r["p80_s"] / r["single_median_s"] - r["ratio"] for r in fused]], fmt="none", color="black")
+    left.axhline(0.6, color="red", linestyle="--", label="target 0.6x")
+    left.axhline(0.5, color="gray", linestyle=":", label="half the work")
+    left.set_ylim(0, 1.0)
+    left.set_ylabel("time / one process (1 thread)")
+    left.set_title("fused linear JSD, P = 2", fontsize=10)
+    left.legend(fontsize=8)
+    logits = [r for r in rows if r["case"] == "logits"]
+    labels = [f"P{r['world']} r{r['rank']}" for r in logits]
+    right.bar(labels, [r["ratio"] for r in logits], color="#55a868")
+    for world in sorted({r["world"] for r in logits}):
+        xs = [i for i, r in enumerate(logits) if r["world"] == world]
+        right.hlines(1 / world + 0.05, min(xs) - 0.4, max(xs) + 0.4, color="red", linestyle="--")
+    right.set_ylabel("peak / one process's")
+    right.set_title("generalized JSD from logits: peak per rank (target 1/P + 5 %)", fontsize=10)
+    right.set_ylim(0, 0.7)
+    fig.suptitle("The vocabulary split over gloo ranks, N 2,048, V 151,936, float32", fontsize=11)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    print(f"wrote {path}")
 
 
 if __name__ == "__main__":
-    main()
+    if len(sys.argv) == 3 and sys.argv[1] == "--plot":  # redraw from a CSV: --plot results/bench_vocab_parallel.csv
+        from bench_common import read_csv_with_meta
+
+        _, table = read_csv_with_meta(sys.argv[2], ("world", "rank"), ("median_s", "p20_s", "p80_s", "ratio",
+                                                                       "single_median_s"))
+        plot(table, sys.argv[2].replace(".csv", ".png"))
+    else:
+        main()

@@ -286,8 +286,8 @@ def _register_op_strategy() -> _Register:
 # rank's rows divides ("mean", whose count of kept rows differs from rank to rank; 'none' with labels, whose
 # row count does), only replication is offered, which DTensor reaches by gathering the logits: the Python
 # function divides the sum itself ('batchmean' and 'mean' as sum / count, a DTensor division), so that its
-# rows stay sharded. Logits sharded on the vocabulary dimension are refused with a clear error: each rank would
-# need the whole row's softmax.
+# rows stay sharded. Logits sharded on the vocabulary dimension are refused by the ops with a clear error (each rank
+# would need the whole row's softmax); the Python functions compute that split themselves (_vocab_parallel.py).
 
 
 @dataclass(frozen=True)
@@ -380,8 +380,9 @@ def _row_strategy(row: RowLossOps, which: str) -> Callable[[OpSchema], OpStrateg
 
 def refuse_vocabulary_split(op: str, name: str, placements: Sequence[Placement], ndim: int, weight: bool) -> None:
     """A ValueError when `placements` shard the vocabulary dimension of `name`: the last of logits of `ndim`
-    dimensions, the first of an lm_head weight (`weight`). Called by the rules above and, so that the ValueError
-    itself reaches the caller rather than DTensor's RuntimeError around it, by the functions before the call."""
+    dimensions, the first of an lm_head weight (`weight`): the ops themselves (torch.ops.npu_loss.*) make each
+    row's statistics from a whole row. The Python functions compute such a split before any op is reached
+    (npu_loss_ops/_vocab_parallel.py)."""
     from torch.distributed.tensor.placement_types import Shard
 
     vocab_dim = 0 if weight else ndim - 1
@@ -390,18 +391,6 @@ def refuse_vocabulary_split(op: str, name: str, placements: Sequence[Placement],
             advice = ("replicate it (the hidden states may be sharded: they are gathered)" if weight else
                       "shard a token dimension of the logits (and of labels) instead, or replicate them")
             raise ValueError(f"{op}: {name} is sharded on the vocabulary dimension ({placement}); {advice}")
-
-
-def check_vocabulary_split(op: str, logits: Sequence[tuple[str, object]] = (),
-                           weights: Sequence[tuple[str, object]] = ()) -> None:
-    """refuse_vocabulary_split for a function's DTensor arguments, given as (name, tensor) pairs."""
-    module = sys.modules.get(_DTENSOR_MODULE)
-    if module is None:
-        return
-    for pairs, weight in ((logits, False), (weights, True)):
-        for name, tensor in pairs:
-            if isinstance(tensor, module.DTensor):
-                refuse_vocabulary_split(op, name, tensor.placements, tensor.dim(), weight)
 
 
 def _linear_strategy(linear: LinearFormOps, outputs: int) -> Callable[[OpSchema], OpStrategy]:

@@ -858,6 +858,16 @@ def sparse_jsd_loss(student: Any, teacher_logprobs: Any, teacher_token_ids: Any,
 # logit from the rank that holds it.
 
 
+def linear_chunk(rows: int, vocab: int, buffers: float) -> int:
+    """The linear forms' default chunk of rows: as many as keep the call's `buffers` chunk buffers (C, V_r) within
+    3/16 of one rank's N x V_r, the family's budget on the CPU (docs/semantics.md, "The default chunk"; its bound is
+    0.25x), and each within 1 GiB of float32 over the whole vocabulary. It depends on N, V and the call's scalars
+    alone, so every rank of the group takes the same chunks. Smaller chunks cost time: each streams the weights'
+    rows through three products and adds into the weight's gradient (at N 2,048, V 151,936 over 2 ranks, 51 rows
+    per chunk took 18.2 s a call, 77 rows 15 s, 256 rows 12.3 s at 0.6x N x V_r)."""
+    return max(1, min(int(rows * 3 / (16 * buffers)), (1 << 28) // max(vocab, 1)))
+
+
 @dataclass(frozen=True)
 class LinearCall:
     split: Split
@@ -1071,10 +1081,10 @@ def fused_linear_jsd_loss(student_input: Any, student_weight: Any, teacher_input
                              f"[0, {split.vocab}) where the cross entropy reads it")
     soft_div = {"sum": 1.0, "batchmean": max(count, 1.0), "mean": max(count, 1.0) * split.vocab}[reduction]
     hard_div = 1.0 if reduction == "sum" else max(count, 1.0)
-    if chunk_size is None:
-        # The family's default, an eighth of the rows (each rank's buffers an eighth of its N x V_r), within 1 GiB
-        # of the whole vocabulary's float32 logits, so that every rank takes the same chunks.
-        chunk_size = max(1, min(-(-rows // 8), (1 << 28) // max(split.vocab, 1)))
+    if chunk_size is None:  # s, t and three scratch buffers, the slopes of the softcaps, the hard loss's own
+        half = 0.5 if hs.itemsize < 4 else 0.0  # logits, and the products in the inputs' 16-bit dtype
+        chunk_size = linear_chunk(rows, split.vocab, 5 + (student_softcap is not None) + (teacher_softcap is not None)
+                                  + (hard_labels is not None and temperature != 1.0) + 3 * half)
     call = LinearCall(split, beta, Transform(student_logit_scale, student_softcap, temperature),
                       Transform(teacher_logit_scale, teacher_softcap, temperature), keep, hard_labels,
                       weight_soft_loss / soft_div, weight_hard_loss / hard_div, chunk_size, return_entropy,
@@ -1339,8 +1349,10 @@ def fused_linear_sparse_jsd_loss(student_input: Any, student_weight: Any, teache
     entries = k + add_tail
     soft_div = {"sum": 1.0, "batchmean": max(count, 1.0), "mean": max(count, 1.0) * entries}[how]
     hard_div = 1.0 if how == "sum" else max(count, 1.0)
-    if chunk_size is None:
-        chunk_size = max(1, min(-(-rows // 8), (1 << 28) // max(split.vocab, 1)))
+    if chunk_size is None:  # s and two scratch buffers, the softcap's slope, the hard loss's own logits, the products'
+        half = 0.5 if hs.itemsize < 4 else 0.0
+        chunk_size = linear_chunk(rows, split.vocab, 3 + (student_softcap is not None)
+                                  + (hard_labels is not None and temperature != 1.0) + 2 * half)
     call = SparseLinearCall(split, Transform(student_logit_scale, student_softcap, temperature), beta, add_tail, keep,
                             hard_labels, weight_soft_loss / soft_div, weight_hard_loss / hard_div, chunk_size,
                             return_entropy, mesh is not None)

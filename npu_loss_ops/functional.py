@@ -657,8 +657,6 @@ def generalized_jsd_loss(
         _scalars.check("generalized_jsd_loss", beta=beta, temperature=temperature, ignore_index=ignore_index,
                        student_logit_scale=student_logit_scale, teacher_logit_scale=teacher_logit_scale,
                        student_softcap=student_softcap, teacher_softcap=teacher_softcap)
-        _dtensor.check_vocabulary_split("generalized_jsd_loss", logits=(("student_logits", student_logits),
-                                                                         ("teacher_logits", teacher_logits)))
     _family_reduction("generalized_jsd_loss", reduction)
     op = torch.ops.npu_loss.generalized_jsd_loss
     # The op's scalars after the reduction, in its schema's order (csrc/losses.h).
@@ -892,7 +890,6 @@ def sparse_jsd_loss(
         _scalars.check("sparse_jsd_loss", beta=beta, temperature=temperature, add_tail=add_tail,
                        ignore_index=ignore_index, student_logit_scale=student_logit_scale,
                        student_softcap=student_softcap)
-        _dtensor.check_vocabulary_split("sparse_jsd_loss", logits=(("student_logits", student_logits),))
     _family_reduction("sparse_jsd_loss", reduction)
     op = torch.ops.npu_loss.sparse_jsd_loss
     # The op's scalars after the reduction, in its schema's order (csrc/losses.h).

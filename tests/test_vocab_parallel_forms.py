@@ -41,7 +41,8 @@ class Case:
     id: str
     world: int
     form: str  # "sparse", "fused", "fsparse", "trl"
-    layout: str  # "group", "dt1", "dt2" (2x2 mesh: tokens over dimension 0), "tp"/"fsdp" (the TRL switch)
+    layout: str  # "group", "dt1", "dt2" (2x2 mesh: tokens over dimension 0), "fsdp1" (every tensor Shard(0) on a
+    # 1-D mesh: FSDP's heads, gathered), "tp"/"fsdp" (the TRL switch)
     kwargs: dict = field(default_factory=dict, hash=False)
     labels: str = "some"  # "none", "some" (a few dropped, the rest in every rank's slice), "tok0" (rank 0's rows)
     dtype: str = "f64"
@@ -86,6 +87,10 @@ def _cases() -> list[Case]:
                               "bf16"))
             cases.append(Case(f"fsparse-{tag}-num_items", world, "fsparse", layout,
                               dict(num_items_in_batch=6.0, weight_hard_loss=0.2), "some", "f32"))
+        # FSDP's Shard(0) of the heads' rows with the hidden states sharded over the same dimension: gathered once.
+        cases.append(Case(f"fused-w{world}-fsdp1", world, "fused", "fsdp1", dict(weight_hard_loss=0.3), "some",
+                          "f64", bias=True))
+        cases.append(Case(f"fsparse-w{world}-fsdp1", world, "fsparse", "fsdp1", dict(beta=0.5), "some", "f64"))
         for layout in ("tp", "fsdp"):
             cases.append(Case(f"trl-w{world}-{layout}", world, "trl", layout,
                               dict(beta=0.5, temperature=1.3, student_final_logit_softcapping=4.0), "none"))
@@ -205,8 +210,10 @@ def _distributed(case: Case, args, extra, kw, mesh, leaves):
         if tensor is None:
             return None
         rows_placement = [Replicate()] if name in ("ws", "wt", "bs", "bt") and mesh.ndim == 2 else token
-        d = distribute_tensor(tensor.detach(), mesh, rows_placement + [vocab_placement]).requires_grad_(
-            tensor.requires_grad)
+        placements = rows_placement + [vocab_placement]
+        if case.layout == "fsdp1":  # every tensor's first dimension over the one mesh dimension
+            placements = [Shard(0)]
+        d = distribute_tensor(tensor.detach(), mesh, placements).requires_grad_(tensor.requires_grad)
         if name is not None:
             leaves[name] = d
         return d
@@ -258,12 +265,15 @@ def _run(case: Case, rank: int, group, meshes) -> dict:
     from npu_loss_ops import _vocab_parallel
 
     split_calls = []
-    real = _vocab_parallel.fused_linear_jsd_loss
-    _vocab_parallel.fused_linear_jsd_loss = lambda *a, **k: (split_calls.append(1), real(*a, **k))[1]
+    names = ("fused_linear_jsd_loss", "fused_linear_sparse_jsd_loss")
+    real = {name: getattr(_vocab_parallel, name) for name in names}
+    for name in names:
+        setattr(_vocab_parallel, name, lambda *a, _f=real[name], **k: (split_calls.append(1), _f(*a, **k))[1])
     try:
         out, leaves = _call(case, t, slices, group, mesh)
     finally:
-        _vocab_parallel.fused_linear_jsd_loss = real
+        for name in names:
+            setattr(_vocab_parallel, name, real[name])
     outs = _outputs(out)  # full_tensor() of a DTensor result: differentiable
     _backward(case, outs[0])
     grads = {}
@@ -310,11 +320,85 @@ def _worker(rank: int, world: int, result_dir: str) -> None:
                 results[case.id] = _run(case, rank, dist.group.WORLD, meshes)
             except Exception:
                 results[case.id] = {"error": traceback.format_exc()}
+        if world == 2:
+            results["payload"] = _payload(meshes)
         if rank == 0:
             torch.save(results, os.path.join(result_dir, "results.pt"))
         finished = True
     finally:
         leave_gloo(finished)
+
+
+PAYLOAD_VOCABS = (32768, 151936)
+PAYLOAD_FORMS = ("sparse", "fused-group", "fused-dt1", "fsparse-group", "fsparse-dt1")
+
+
+def _payload(meshes) -> dict:
+    """The bytes each collective of one call with its backward sends from this rank, by form and V (N 4, H 8)."""
+    from torch.distributed.tensor import Replicate, Shard, distribute_tensor
+
+    rank, world = dist.get_rank(), dist.get_world_size()
+    results = {}
+    for form in PAYLOAD_FORMS:
+        for vocab in PAYLOAD_VOCABS:
+            g = torch.Generator().manual_seed(vocab)
+            lo, hi = vocab * rank // world, vocab * (rank + 1) // world
+            labels = torch.tensor([1, -100, 2, vocab - 1])
+            ids = torch.tensor([[0, 5], [1, 2], [vocab - 1, 3], [4, 7]])
+            logprobs = torch.log(torch.tensor([[0.5, 0.25]] * 4))
+            hs, ht = torch.randn(4, 8, generator=g), torch.randn(4, 8, generator=g)
+            ws, wt = torch.randn(vocab, 8, generator=g), torch.randn(vocab, 8, generator=g)
+            calls: list[int] = []
+            saved = {name: getattr(dist, name) for name in ("all_reduce", "all_gather")}
+
+            def counted(*args, _fn=None, _gather=False, **kwargs):
+                sent = args[1] if _gather else args[0]
+                calls.append(sent.numel() * sent.element_size())
+                return _fn(*args, **kwargs)
+
+            dist.all_reduce = lambda *a, **k: counted(*a, _fn=saved["all_reduce"], **k)
+            dist.all_gather = lambda *a, **k: counted(*a, _fn=saved["all_gather"], _gather=True, **k)
+            try:
+                if form == "sparse":
+                    x = (torch.randn(4, vocab, generator=g)[:, lo:hi]).requires_grad_()
+                    out = npu_loss_ops.sparse_jsd_loss(x, logprobs, ids, labels, vocab_parallel_group=dist.group.WORLD)
+                elif form.endswith("-dt1"):
+                    mesh = meshes["dt1"]
+                    rep = lambda t: distribute_tensor(t, mesh, [Replicate()])  # noqa: E731
+                    w = distribute_tensor(ws, mesh, [Shard(0)]).requires_grad_()
+                    h = rep(hs).requires_grad_()
+                    if form.startswith("fused"):
+                        out = npu_loss_ops.fused_linear_jsd_loss(h, w, rep(ht), distribute_tensor(wt, mesh, [Shard(0)]),
+                                                                 rep(labels), weight_hard_loss=0.5)
+                    else:
+                        out = npu_loss_ops.fused_linear_sparse_jsd_loss(h, w, rep(logprobs), rep(ids), rep(labels),
+                                                                        weight_hard_loss=0.5)
+                    out = out.full_tensor()
+                else:
+                    h = hs.clone().requires_grad_()
+                    w = ws[lo:hi].clone().requires_grad_()
+                    if form.startswith("fused"):
+                        out = npu_loss_ops.fused_linear_jsd_loss(h, w, ht, wt[lo:hi], labels, weight_hard_loss=0.5,
+                                                                 vocab_parallel_group=dist.group.WORLD)
+                    else:
+                        out = npu_loss_ops.fused_linear_sparse_jsd_loss(h, w, logprobs, ids, labels,
+                                                                        weight_hard_loss=0.5,
+                                                                        vocab_parallel_group=dist.group.WORLD)
+                out.backward()
+            finally:
+                dist.all_reduce, dist.all_gather = saved["all_reduce"], saved["all_gather"]
+            results[(form, vocab)] = calls
+    return results
+
+
+@pytest.mark.parametrize("form", PAYLOAD_FORMS)
+def test_payload_does_not_grow_with_the_vocabulary(form: str):
+    """The bytes one call with its backward sends through torch.distributed are the same at V 32,768 and 151,936
+    (the same N and H), and a few floats per row: never the logits or a head's rows."""
+    got = _results(2)["payload"]
+    small, large = (got[(form, v)] for v in PAYLOAD_VOCABS)
+    assert small and small == large, (small, large)
+    assert sum(large) <= 4 * 8 * 4 + 64 * 4 * 8, large  # one N x H float32 gradient and per-row floats
 
 
 _RESULTS: dict[int, dict] = {}
@@ -355,8 +439,8 @@ def test_equals_one_process(case: Case):
     got = _results(case.world)[case.id]
     assert "error" not in got, got.get("error")
     want = _reference(case)
-    if case.form == "trl":  # tensor parallelism computes on the split; FSDP gathers the heads, as TRL does
-        assert got["split"] == (case.layout == "tp")
+    if case.form != "sparse":  # a vocabulary split is computed on the split; FSDP's rows are gathered, as TRL does
+        assert got["split"] == (case.layout not in ("fsdp", "fsdp1"))
     assert len(got["outs"]) == len(want["outs"])
     for i, (a, b) in enumerate(zip(got["outs"], want["outs"])):
         _close(a, b, case.dtype, f"result {i}")

@@ -24,9 +24,9 @@ a few floats per row (microseconds each on loopback). On 2 hyperthreads of one c
 arithmetic, and the bound is near 1.0x: lscpu's "Thread(s) per core" says which this machine has, and the table
 prints it.
 
-Writes --out/bench_vocab_parallel.csv and .md.
+Writes --out/bench_vocab_parallel.csv and .md; --plot CSV draws the figure beside it (needs matplotlib).
 
-    python benchmarks/bench_vocab_parallel.py            # the issue's sizes: about 8 minutes on 2 cores
+    python benchmarks/bench_vocab_parallel.py            # N 2,048, V 151,936: about 12 minutes on 2 cores
     python benchmarks/bench_vocab_parallel.py --quick    # about a minute
     python benchmarks/bench_vocab_parallel.py --plot benchmarks/results/bench_vocab_parallel.csv   # the figure
 """

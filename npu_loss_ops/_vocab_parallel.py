@@ -967,6 +967,19 @@ def linear_forward(call: LinearCall, hs: Tensor, ws: Tensor, bs: Tensor | None, 
     return soft, hard, entropy, out
 
 
+def _linear_outputs(ctx: Any, made: list[Any], need: tuple[bool, ...], sums: tuple[Tensor, Tensor, Tensor | None],
+                    call: Any, dtype: torch.dtype) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+    """A linear form's Function outputs: the weighted loss (differentiable: the gradients `made` in the forward,
+    kept for the backward where autograd needs them), the soft and hard sums and the entropy (not)."""
+    soft, hard, entropy = sums
+    ctx.grads_made = [g if wanted else None for g, wanted in zip(made, need)]
+    loss = (soft * call.soft + hard * call.hard).to(dtype)
+    if entropy is None:
+        entropy = torch.zeros(0, dtype=torch.float32, device=soft.device)
+    ctx.mark_non_differentiable(soft, hard, entropy)
+    return loss, soft, hard, entropy
+
+
 class _LinearJsd(torch.autograd.Function):
     @staticmethod
     def forward(ctx: Any, hs: Tensor, ws: Tensor, bs: Tensor | None, ht: Tensor, wt: Tensor,
@@ -975,12 +988,7 @@ class _LinearJsd(torch.autograd.Function):
         grads = (any(need[0:3]), any(need[3:6]))
         soft, hard, entropy, out = linear_forward(call, hs.detach(), ws.detach(), None if bs is None else bs.detach(),
                                                   ht.detach(), wt.detach(), None if bt is None else bt.detach(), grads)
-        ctx.grads_made = [g if wanted else None for g, wanted in zip(out, need[:6])]
-        loss = (soft * call.soft + hard * call.hard).to(torch.promote_types(hs.dtype, ht.dtype))
-        if entropy is None:
-            entropy = torch.zeros(0, dtype=torch.float32, device=hs.device)
-        ctx.mark_non_differentiable(soft, hard, entropy)
-        return loss, soft, hard, entropy
+        return _linear_outputs(ctx, out, need[:6], (soft, hard, entropy), call, torch.promote_types(hs.dtype, ht.dtype))
 
     @staticmethod
     def backward(ctx: Any, grad: Tensor, *_unused: Tensor) -> tuple[Tensor | None, ...]:
@@ -1220,12 +1228,8 @@ class _SparseLinearJsd(torch.autograd.Function):
         grads = (any(need[0:3]), need[3])
         soft, hard, entropy, out = sparse_linear_forward(
             call, hs.detach(), ws.detach(), None if bs is None else bs.detach(), logprobs.detach(), ids, mask, grads)
-        ctx.grads_made = [g if wanted else None for g, wanted in zip(out, need[:4])]
-        loss = (soft * call.soft + hard * call.hard).to(torch.promote_types(hs.dtype, logprobs.dtype))
-        if entropy is None:
-            entropy = torch.zeros(0, dtype=torch.float32, device=hs.device)
-        ctx.mark_non_differentiable(soft, hard, entropy)
-        return loss, soft, hard, entropy
+        return _linear_outputs(ctx, out, need[:4], (soft, hard, entropy), call,
+                               torch.promote_types(hs.dtype, logprobs.dtype))
 
     @staticmethod
     def backward(ctx: Any, grad: Tensor, *_unused: Tensor) -> tuple[Tensor | None, ...]:

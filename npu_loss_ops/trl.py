@@ -68,12 +68,14 @@ def _whole_head(weight: Tensor, bias: Tensor | None, dtype: torch.dtype) -> tupl
     return weight, bias
 
 
-def _vocabulary_mesh_dim(weights: tuple[Tensor, Tensor], hidden: tuple[Tensor, Tensor]) -> int | None:
+def _vocabulary_mesh_dim(weights: tuple[Tensor, Tensor], biases: tuple[Tensor | None, Tensor | None],
+                         hidden: tuple[Tensor, Tensor]) -> int | None:
     """The mesh dimension over which both heads' rows are split by tensor parallelism (ColwiseParallel's
     ``Shard(0)``), or None. TRL's hidden states are plain tensors: where they are the same on every rank of that
     dimension (two floats per rank and side compared, one all-gather), the rows split the vocabulary and the loss is
     computed on the split; where they differ, the ranks hold different tokens and the rows are FSDP's, gathered once
-    as TRL gathers them (docs/usage.md, "Distributed distillation")."""
+    as TRL gathers them (docs/usage.md, "Distributed distillation"). Heads whose biases are not split alike, or a
+    mesh dimension of one rank, are gathered as TRL gathers them too."""
     module = sys.modules.get("torch.distributed.tensor")
     if module is None or not all(isinstance(w, module.DTensor) for w in weights):
         return None
@@ -81,9 +83,14 @@ def _vocabulary_mesh_dim(weights: tuple[Tensor, Tensor], hidden: tuple[Tensor, T
     dims = [i for i, p in enumerate(w_s.placements) if p.is_shard() and p.dim % 2 == 0]
     if len(dims) != 1 or w_t.device_mesh != w_s.device_mesh or tuple(w_t.placements) != tuple(w_s.placements):
         return None
+    if any(b is not None and not (isinstance(b, module.DTensor) and cast(Any, b).placements[dims[0]].is_shard())
+           for b in biases):
+        return None
     import torch.distributed as dist
 
     group = w_s.device_mesh.get_group(dims[0])
+    if dist.get_world_size(group) == 1:
+        return None
     mine = torch.stack([torch.stack([h.detach().double().sum(), h.detach().double().square().sum()])
                         for h in hidden]).reshape(-1).cpu()
     every = [torch.empty_like(mine) for _ in range(dist.get_world_size(group))]
@@ -128,6 +135,7 @@ def chunked_divergence_loss(
     bfloat16's tolerance there, and within float32's rounding in float32.
     """
     split = _vocabulary_mesh_dim((student_lm_head_weight, teacher_lm_head_weight),
+                                 (student_lm_head_bias, teacher_lm_head_bias),
                                  (student_hidden_states, teacher_hidden_states))
     if split is None:
         student_lm_head_weight, student_lm_head_bias = _whole_head(

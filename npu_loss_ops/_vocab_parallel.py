@@ -53,24 +53,42 @@ class Split:
     local: int  # its slice's width
 
 
-def split_of(op: str, group: Any, local: int, rows: int, kept: int, rows_group: Any = None) -> Split:
-    """The split of `group`, from one all-gather of three integers per rank: its rows, its slice's width and its
-    kept rows, which must agree for every rank (a clear error where they do not, before any chunk is taken)."""
+def _refusal(check: Any) -> BaseException | None:
+    """What a rank's own checks of its arguments raise (None if nothing): raised after split_of's all-gather has
+    told every rank of the group, so that no peer is left waiting in a collective for a rank that stopped."""
+    try:
+        check()
+    except (RuntimeError, ValueError, TypeError, IndexError) as exc:
+        return exc
+    return None
+
+
+def split_of(op: str, group: Any, local: int, rows: int, kept: int, rows_group: Any = None,
+             refused: BaseException | None = None) -> Split:
+    """The split of `group`, from one all-gather of four integers per rank: its rows, its slice's width, its kept
+    rows, which must agree for every rank, and whether its own checks refused its arguments (`refused`, raised here
+    on that rank; its peers raise a RuntimeError naming it), all before any chunk is taken."""
     dist = _dist()
     if not dist.is_available() or not dist.is_initialized():
         raise RuntimeError(f"{op}: vocab_parallel_group needs torch.distributed initialized (init_process_group)")
     size = dist.get_world_size(group)
-    mine = torch.tensor([rows, local, kept], dtype=torch.int64, device=_collective_device(group))
+    mine = torch.tensor([rows, local, kept, refused is not None], dtype=torch.int64, device=_collective_device(group))
     every = [torch.empty_like(mine) for _ in range(size)]
     dist.all_gather(every, mine, group=group)
     table = torch.stack(every).cpu().tolist()
     rank = dist.get_rank(group)
-    for i, (r, _, k) in enumerate(table):
+    if refused is not None:
+        raise refused
+    for i, (_, _, _, stopped) in enumerate(table):
+        if stopped:
+            raise RuntimeError(f"{op}: rank {i} of the group refused its arguments (its own error says why); every "
+                               "rank stops before the first chunk")
+    for i, (r, _, k, _) in enumerate(table):
         if r != rows or k != kept:
             raise ValueError(
                 f"{op}: the ranks of vocab_parallel_group must pass the same rows (each its slice of the vocabulary): "
                 f"rank {rank} has {rows} rows with {kept} kept, rank {i} has {r} with {k} kept")
-    widths = [w for _, w, _ in table]
+    widths = [w for _, w, _, _ in table]
     vocab = sum(widths)
     if vocab == 0:
         raise ValueError(f"{op}: the vocabulary split over vocab_parallel_group is empty on every rank")
@@ -554,15 +572,18 @@ def generalized_jsd_loss(student: Any, teacher: Any, labels: Any, *, group: Any,
     else:
         rows_group = None
         shape = tuple(student.shape[:-1]) + (-1,)
-    if student.shape != teacher.shape:
-        raise RuntimeError(f"{op}: student_logits and teacher_logits must have the same shape on each rank, got "
-                           f"{tuple(student.shape)} and {tuple(teacher.shape)}")
-    if labels is not None and tuple(labels.shape) != tuple(student.shape[:-1]):
-        raise RuntimeError(f"{op}: labels must have the logits' leading shape {tuple(student.shape[:-1])}, got "
-                           f"{tuple(labels.shape)}")
+    def check() -> None:
+        if student.shape != teacher.shape:
+            raise RuntimeError(f"{op}: student_logits and teacher_logits must have the same shape on each rank, got "
+                               f"{tuple(student.shape)} and {tuple(teacher.shape)}")
+        if labels is not None and tuple(labels.shape) != tuple(student.shape[:-1]):
+            raise RuntimeError(f"{op}: labels must have the logits' leading shape {tuple(student.shape[:-1])}, got "
+                               f"{tuple(labels.shape)}")
+
+    refused = _refusal(check)
     rows = math.prod(student.shape[:-1])
     kept = rows if labels is None else int((labels != ignore_index).sum())
-    split = split_of(op, group, student.size(-1), rows, kept, rows_group)
+    split = split_of(op, group, student.size(-1), rows, kept, rows_group, refused)
     if layout is None:
         shape = shape[:-1] + (split.vocab,)
     value, entropy, count = generalized_jsd(
@@ -805,24 +826,28 @@ def sparse_jsd_loss(student: Any, teacher_logprobs: Any, teacher_token_ids: Any,
     else:
         rows_group = None
     lead = tuple(student.shape[:-1])
-    for name, tensor in (("teacher_logprobs", teacher_logprobs), ("teacher_token_ids", teacher_token_ids),
-                         ("support_mask", support_mask)):
-        if tensor is not None and (tensor.dim() != len(lead) + 1 or tuple(tensor.shape[:-1]) != lead
-                                   or tensor.shape[-1] != teacher_logprobs.shape[-1]):
-            raise RuntimeError(f"{op}: {name} must be (..., K) of the logits' leading shape {lead}, got "
-                               f"{tuple(tensor.shape)}")
-    if labels is not None and tuple(labels.shape) != lead:
-        raise RuntimeError(f"{op}: labels must have the logits' leading shape {lead}, got {tuple(labels.shape)}")
-    if teacher_token_ids.dtype.is_floating_point or teacher_token_ids.dtype == torch.bool:
-        raise TypeError(f"{op}: teacher_token_ids must be of an integer dtype, got {teacher_token_ids.dtype}")
+    def check() -> None:
+        for name, tensor in (("teacher_logprobs", teacher_logprobs), ("teacher_token_ids", teacher_token_ids),
+                             ("support_mask", support_mask)):
+            if tensor is not None and (tensor.dim() != len(lead) + 1 or tuple(tensor.shape[:-1]) != lead
+                                       or tensor.shape[-1] != teacher_logprobs.shape[-1]):
+                raise RuntimeError(f"{op}: {name} must be (..., K) of the logits' leading shape {lead}, got "
+                                   f"{tuple(tensor.shape)}")
+        if labels is not None and tuple(labels.shape) != lead:
+            raise RuntimeError(f"{op}: labels must have the logits' leading shape {lead}, got {tuple(labels.shape)}")
+        if teacher_token_ids.dtype.is_floating_point or teacher_token_ids.dtype == torch.bool:
+            raise TypeError(f"{op}: teacher_token_ids must be of an integer dtype, got {teacher_token_ids.dtype}")
+
+    refused = _refusal(check)
     rows = math.prod(lead)
+    keep = None if labels is None else labels.reshape(-1) != ignore_index
+    split = split_of(op, group, student.size(-1), rows, rows if keep is None else int(keep.sum()), rows_group,
+                     refused)
     k = teacher_logprobs.size(-1)
     x = student.reshape(rows, student.size(-1))
     logprobs = teacher_logprobs.reshape(rows, k)
     ids = teacher_token_ids.reshape(rows, k)
     mask = (torch.ones_like(ids, dtype=torch.bool) if support_mask is None else support_mask.reshape(rows, k).bool())
-    keep = None if labels is None else labels.reshape(-1) != ignore_index
-    split = split_of(op, group, student.size(-1), rows, rows if keep is None else int(keep.sum()), rows_group)
     check_support_ids(op, ids, mask, split.vocab, keep)
     call = SparseCall(split, Transform(student_logit_scale, student_softcap, temperature), beta, add_tail, keep,
                       how == "none")
@@ -1058,24 +1083,28 @@ def fused_linear_jsd_loss(student_input: Any, student_weight: Any, teacher_input
     else:
         rows_group = None
     lead = tuple(student_input.shape[:-1])
-    if tuple(teacher_input.shape[:-1]) != lead:
-        raise RuntimeError(f"{op}: teacher_input's leading shape {tuple(teacher_input.shape[:-1])} is not "
-                           f"student_input's {lead}")
-    for weight, inputs, name in ((student_weight, student_input, "student_weight"),
-                                 (teacher_weight, teacher_input, "teacher_weight")):
-        if weight.dim() != 2 or weight.size(1) != inputs.size(-1):
-            raise RuntimeError(f"{op}: {name} must be (V_r, H) with H = {inputs.size(-1)}, got {tuple(weight.shape)}")
-    if teacher_weight.size(0) != student_weight.size(0):
-        raise RuntimeError(f"{op}: each rank's rows of teacher_weight ({teacher_weight.size(0)}) and student_weight "
-                           f"({student_weight.size(0)}) must be the same slice of the vocabulary")
-    if weight_hard_loss != 0.0 and labels is None:
-        raise ValueError(f"{op}: weight_hard_loss={weight_hard_loss} needs labels")
+    def check() -> None:
+        if tuple(teacher_input.shape[:-1]) != lead:
+            raise RuntimeError(f"{op}: teacher_input's leading shape {tuple(teacher_input.shape[:-1])} is not "
+                               f"student_input's {lead}")
+        for weight, inputs, name in ((student_weight, student_input, "student_weight"),
+                                     (teacher_weight, teacher_input, "teacher_weight")):
+            if weight.dim() != 2 or weight.size(1) != inputs.size(-1):
+                raise RuntimeError(f"{op}: {name} must be (V_r, H) with H = {inputs.size(-1)}, got "
+                                   f"{tuple(weight.shape)}")
+        if teacher_weight.size(0) != student_weight.size(0):
+            raise RuntimeError(f"{op}: each rank's rows of teacher_weight ({teacher_weight.size(0)}) and "
+                               f"student_weight ({student_weight.size(0)}) must be the same slice of the vocabulary")
+        if weight_hard_loss != 0.0 and labels is None:
+            raise ValueError(f"{op}: weight_hard_loss={weight_hard_loss} needs labels")
+
+    refused = _refusal(check)
     rows = math.prod(lead)
-    hs = student_input.reshape(rows, student_input.size(-1))
-    ht = teacher_input.reshape(rows, teacher_input.size(-1))
     keep = None if labels is None else labels.reshape(-1) != ignore_index
     kept = rows if keep is None else int(keep.sum())
-    split = split_of(op, group, student_weight.size(0), rows, kept, rows_group)
+    split = split_of(op, group, student_weight.size(0), rows, kept, rows_group, refused)
+    hs = student_input.reshape(rows, student_input.size(-1))
+    ht = teacher_input.reshape(rows, teacher_input.size(-1))
     count = float(kept)
     if rows_group is not None:
         count = float(_all_reduce(torch.tensor(kept, dtype=torch.float64), rows_group))
@@ -1318,27 +1347,30 @@ def fused_linear_sparse_jsd_loss(student_input: Any, student_weight: Any, teache
         rows_group = None
     lead = tuple(student_input.shape[:-1])
     k = teacher_logprobs.size(-1)
-    for name, tensor in (("teacher_logprobs", teacher_logprobs), ("teacher_token_ids", teacher_token_ids),
-                         ("support_mask", support_mask)):
-        if tensor is not None and (tuple(tensor.shape[:-1]) != lead or tensor.size(-1) != k):
-            raise RuntimeError(f"{op}: {name} must be (..., K) of the hidden states' leading shape {lead}, got "
-                               f"{tuple(tensor.shape)}")
-    if student_weight.dim() != 2 or student_weight.size(1) != student_input.size(-1):
-        raise RuntimeError(f"{op}: student_weight must be (V_r, H) with H = {student_input.size(-1)}, got "
-                           f"{tuple(student_weight.shape)}")
-    if labels is not None and tuple(labels.shape) != lead:
-        raise RuntimeError(f"{op}: labels must have the hidden states' leading shape {lead}, got "
-                           f"{tuple(labels.shape)}")
-    if weight_hard_loss != 0.0 and labels is None:
-        raise ValueError(f"{op}: weight_hard_loss={weight_hard_loss} needs labels")
+    def check() -> None:
+        for name, tensor in (("teacher_logprobs", teacher_logprobs), ("teacher_token_ids", teacher_token_ids),
+                             ("support_mask", support_mask)):
+            if tensor is not None and (tuple(tensor.shape[:-1]) != lead or tensor.size(-1) != k):
+                raise RuntimeError(f"{op}: {name} must be (..., K) of the hidden states' leading shape {lead}, got "
+                                   f"{tuple(tensor.shape)}")
+        if student_weight.dim() != 2 or student_weight.size(1) != student_input.size(-1):
+            raise RuntimeError(f"{op}: student_weight must be (V_r, H) with H = {student_input.size(-1)}, got "
+                               f"{tuple(student_weight.shape)}")
+        if labels is not None and tuple(labels.shape) != lead:
+            raise RuntimeError(f"{op}: labels must have the hidden states' leading shape {lead}, got "
+                               f"{tuple(labels.shape)}")
+        if weight_hard_loss != 0.0 and labels is None:
+            raise ValueError(f"{op}: weight_hard_loss={weight_hard_loss} needs labels")
+
+    refused = _refusal(check)
     rows = math.prod(lead)
+    keep = None if labels is None else labels.reshape(-1) != ignore_index
+    kept = rows if keep is None else int(keep.sum())
+    split = split_of(op, group, student_weight.size(0), rows, kept, rows_group, refused)
     hs = student_input.reshape(rows, student_input.size(-1))
     logprobs = teacher_logprobs.reshape(rows, k)
     ids = teacher_token_ids.reshape(rows, k)
     mask = torch.ones_like(ids, dtype=torch.bool) if support_mask is None else support_mask.reshape(rows, k).bool()
-    keep = None if labels is None else labels.reshape(-1) != ignore_index
-    kept = rows if keep is None else int(keep.sum())
-    split = split_of(op, group, student_weight.size(0), rows, kept, rows_group)
     check_support_ids(op, ids, mask, split.vocab, keep)
     count = float(kept) if rows_group is None else float(_all_reduce(torch.tensor(float(kept)), rows_group))
     hard_labels = None

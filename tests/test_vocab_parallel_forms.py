@@ -322,11 +322,58 @@ def _worker(rank: int, world: int, result_dir: str) -> None:
                 results[case.id] = {"error": traceback.format_exc()}
         if world == 2:
             results["payload"] = _payload(meshes)
+            results["refused"] = _refused_on_one_rank(rank)
         if rank == 0:
             torch.save(results, os.path.join(result_dir, "results.pt"))
         finished = True
     finally:
         leave_gloo(finished)
+
+
+# Rank 0's arguments wrong, rank 1's right: each function's own check raises on rank 0, and rank 1, told by the
+# split's first collective, raises too instead of waiting in the next one; then the group is used again.
+REFUSED_CALLS = {
+    "generalized": lambda r, w: npu_loss_ops.generalized_jsd_loss(
+        torch.randn(4, 5), torch.randn(4, 5 if r else 6), vocab_parallel_group=w),
+    "sparse": lambda r, w: npu_loss_ops.sparse_jsd_loss(
+        torch.randn(4, 5), torch.randn(4, 2), torch.zeros(4 if r else 3, 2, dtype=torch.long), vocab_parallel_group=w),
+    "fused": lambda r, w: npu_loss_ops.fused_linear_jsd_loss(
+        torch.randn(4, 3), torch.randn(5, 3), torch.randn(4, 3), torch.randn(5, 3 if r else 2), vocab_parallel_group=w),
+    "fsparse": lambda r, w: npu_loss_ops.fused_linear_sparse_jsd_loss(
+        torch.randn(4, 3), torch.randn(5, 3 if r else 2), torch.randn(4, 2), torch.zeros(4, 2, dtype=torch.long),
+        vocab_parallel_group=w),
+}
+REFUSED_MESSAGES = {"generalized": "student_logits and teacher_logits must have the same shape",
+                    "sparse": "teacher_token_ids must be (..., K)", "fused": "teacher_weight must be (V_r, H)",
+                    "fsparse": "student_weight must be (V_r, H)"}
+
+
+def _refused_on_one_rank(rank: int) -> list[dict]:
+    mine = {}
+    for name, call in REFUSED_CALLS.items():
+        try:
+            call(rank, dist.group.WORLD)
+            mine[name] = "no error"
+        except Exception as exc:  # noqa: BLE001 - the class and message are what the test reads
+            mine[name] = f"{type(exc).__name__}: {exc}"
+    after = npu_loss_ops.generalized_jsd_loss(torch.ones(2, 3), torch.zeros(2, 3),
+                                              vocab_parallel_group=dist.group.WORLD)
+    mine["after"] = float(after)
+    every: list = [None] * dist.get_world_size()
+    dist.all_gather_object(every, mine)
+    return every
+
+
+@pytest.mark.parametrize("name", list(REFUSED_CALLS))
+def test_one_rank_refused_stops_every_rank(name: str):
+    """A rank whose own arguments are refused raises its error; its peer raises a RuntimeError naming that rank,
+    instead of waiting in a collective; and the group works afterwards."""
+    got = _results(2)["refused"]
+    assert got[0][name].startswith("RuntimeError: ") and REFUSED_MESSAGES[name] in got[0][name], got[0][name]
+    assert got[1][name].startswith(f"RuntimeError: {'generalized_jsd_loss' if name == 'generalized' else ''}")
+    assert "rank 0 of the group refused its arguments" in got[1][name], got[1][name]
+    expected = float(npu_loss_ops.generalized_jsd_loss(torch.ones(2, 3), torch.zeros(2, 3)))
+    assert got[0]["after"] == pytest.approx(expected) and got[1]["after"] == pytest.approx(expected)
 
 
 PAYLOAD_VOCABS = (32768, 151936)

@@ -498,3 +498,119 @@ def test_equals_one_process(case: Case):
         if case.layout == "fsdp" and name == "ws":
             expected = expected[:-(-V // case.world)]  # rank 0's rows: Shard(0) places ceil(V / P) there
         _close(g, expected, case.dtype, f"grad {name}")
+
+
+# ---- the split's local parts on the test device (the emulated NPU in its suite): torch's ops on the device's
+# tensors, the collectives through gloo on host copies, against one process on the CPU ----
+
+
+def _device_worker(rank: int, device: str, result_dir: str) -> None:
+    if device == "npu":
+        import sys
+
+        sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "npu_emulator"))
+        import emulator
+
+        emulator.import_torch_npu()
+    store = f"file://{os.path.join(result_dir, 'store')}"
+    dist.init_process_group("gloo", init_method=store, rank=rank, world_size=2,
+                            timeout=datetime.timedelta(seconds=120))
+    finished = False
+    try:
+        results = {}
+        for name in DEVICE_CALLS:
+            try:
+                results[name] = _device_call(name, rank, 2, device)
+            except Exception:
+                results[name] = {"error": traceback.format_exc()}
+        every: list = [None] * 2
+        dist.all_gather_object(every, results)
+        if rank == 0:
+            torch.save(every, os.path.join(result_dir, "device.pt"))
+        finished = True
+    finally:
+        leave_gloo(finished)
+
+
+DEVICE_CALLS = ("generalized", "sparse", "fused", "fsparse")
+
+
+def _device_call(name: str, rank: int, world: int, device: str) -> dict:
+    """One call of `name` on this rank's part (rank None: the whole tensors, on the CPU), float32, with its
+    backward: the loss and the gradients of this rank's part, on the CPU."""
+    g = torch.Generator().manual_seed(7)
+    n, v, h, k = 6, 37, 5, 3
+    lo, hi = (0, v) if rank is None else (v * rank // world, v * (rank + 1) // world)
+    xs, xt = torch.randn(n, v, generator=g) * 2, torch.randn(n, v, generator=g) * 2
+    hs, ws = torch.randn(n, h, generator=g), torch.randn(v, h, generator=g)
+    ht, wt = torch.randn(n, h, generator=g), torch.randn(v, h, generator=g)
+    ids = torch.stack([torch.randperm(v, generator=g)[:k] for _ in range(n)])
+    logprobs = torch.log_softmax(torch.randn(n, v, generator=g), -1).gather(1, ids)
+    labels = torch.tensor([1, -100, 30, 4, -100, 20])
+    dev = torch.device(device)
+    kw = {} if rank is None else {"vocab_parallel_group": dist.group.WORLD}
+    leaves = {}
+
+    def leaf(key, tensor):
+        leaves[key] = tensor.to(dev).requires_grad_()
+        return leaves[key]
+
+    if name == "generalized":
+        loss = npu_loss_ops.generalized_jsd_loss(leaf("xs", xs[:, lo:hi]), xt[:, lo:hi].to(dev), labels.to(dev),
+                                                 beta=0.5, temperature=1.5, student_softcap=4.0, **kw)
+    elif name == "sparse":
+        loss = npu_loss_ops.sparse_jsd_loss(leaf("xs", xs[:, lo:hi]), leaf("logprobs", logprobs), ids.to(dev),
+                                            labels.to(dev), beta=0.5, **kw)
+    elif name == "fused":
+        loss = npu_loss_ops.fused_linear_jsd_loss(leaf("hs", hs), leaf("ws", ws[lo:hi]), ht.to(dev),
+                                                  wt[lo:hi].to(dev), labels.to(dev), weight_hard_loss=0.3,
+                                                  temperature=1.5, **kw)
+    else:
+        loss = npu_loss_ops.fused_linear_sparse_jsd_loss(leaf("hs", hs), leaf("ws", ws[lo:hi]),
+                                                         leaf("logprobs", logprobs), ids.to(dev), labels.to(dev),
+                                                         weight_hard_loss=0.3, **kw)
+    loss.backward()
+    return {"loss": loss.detach().cpu(), "device": str(loss.device), "lo": lo, "hi": hi,
+            **{key: t.grad.cpu() for key, t in leaves.items()}}
+
+
+_DEVICE_RESULTS: dict[str, list] = {}
+
+
+def _device_results(device: str) -> list:
+    if device in _DEVICE_RESULTS:
+        return _DEVICE_RESULTS[device]
+    with tempfile.TemporaryDirectory() as result_dir:
+        context = mp.start_processes(_device_worker, args=(device, result_dir), nprocs=2, join=False,
+                                     start_method="spawn")
+        deadline = time.monotonic() + TIME_LIMIT
+        while not context.join(timeout=5):
+            if time.monotonic() > deadline:
+                for process in context.processes:
+                    process.kill()
+                pytest.fail(f"the two processes on {device} took more than {TIME_LIMIT} s")
+        _DEVICE_RESULTS[device] = torch.load(os.path.join(result_dir, "device.pt"))
+    return _DEVICE_RESULTS[device]
+
+
+@pytest.mark.parametrize("name", DEVICE_CALLS)
+def test_local_parts_on_the_device(name, device):
+    """Each function's split on the test device's tensors (the emulated NPU's in its suite: torch_npu's ops through
+    the emulated CANN), its collectives through gloo, gives one CPU process's loss and gradients."""
+    device_results = _device_results(device)
+    want = _device_call(name, None, 2, "cpu")
+    for rank, every in enumerate(device_results):
+        got = every[name]
+        assert "error" not in got, got.get("error")
+        assert got["device"].startswith(device), got["device"]
+        torch.testing.assert_close(got["loss"], want["loss"], rtol=1e-4, atol=1e-5)
+        lo, hi = got["lo"], got["hi"]
+        for key in ("xs", "ws"):
+            if key in got:
+                part = want[key][:, lo:hi] if key == "xs" else want[key][lo:hi]
+                torch.testing.assert_close(got[key], part, rtol=1e-4, atol=1e-5, msg=lambda m: f"{key}: {m}")
+        if "logprobs" in got:
+            torch.testing.assert_close(got["logprobs"], want["logprobs"], rtol=1e-4, atol=1e-5)
+    if "hs" in want:  # each rank's partial sum (Megatron's ColumnParallelLinear sums it)
+        torch.testing.assert_close(device_results[0][name]["hs"] + device_results[1][name]["hs"], want["hs"],
+                                   rtol=1e-4, atol=1e-5)

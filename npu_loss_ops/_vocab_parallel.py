@@ -992,6 +992,20 @@ def linear_forward(call: LinearCall, hs: Tensor, ws: Tensor, bs: Tensor | None, 
     return soft, hard, entropy, out
 
 
+def _hard_labels(op: str, labels: Tensor | None, keep: Tensor | None, vocab: int, wanted: bool) -> Tensor | None:
+    """The labels the linear forms' cross entropy reads (None where it is not computed), each kept one checked to be
+    in [0, V) of the whole vocabulary (the same on every rank)."""
+    if labels is None or not wanted:
+        return None
+    flat = labels.reshape(-1)
+    wrong = cast(Tensor, keep) & ((flat < 0) | (flat >= vocab))  # labels given: keep is made from them
+    if bool(wrong.any()):
+        row = int(wrong.nonzero()[0])
+        raise ValueError(f"{op}: labels[{row}] = {int(flat[row])} is outside the vocabulary [0, {vocab}) where the "
+                         "cross entropy reads it")
+    return flat
+
+
 def _linear_outputs(ctx: Any, made: list[Any], need: tuple[bool, ...], sums: tuple[Tensor, Tensor, Tensor | None],
                     call: Any, dtype: torch.dtype) -> tuple[Tensor, Tensor, Tensor, Tensor]:
     """A linear form's Function outputs: the weighted loss (differentiable: the gradients `made` in the forward,
@@ -1108,14 +1122,7 @@ def fused_linear_jsd_loss(student_input: Any, student_weight: Any, teacher_input
     count = float(kept)
     if rows_group is not None:
         count = float(_all_reduce(torch.tensor(kept, dtype=torch.float64), rows_group))
-    hard_labels = None
-    if labels is not None and (weight_hard_loss != 0.0 or return_soft_hard_loss):
-        hard_labels = labels.reshape(-1)
-        wrong = keep & ((hard_labels < 0) | (hard_labels >= split.vocab))
-        if bool(wrong.any()):
-            row = int(wrong.nonzero()[0])
-            raise ValueError(f"{op}: labels[{row}] = {int(hard_labels[row])} is outside the vocabulary "
-                             f"[0, {split.vocab}) where the cross entropy reads it")
+    hard_labels = _hard_labels(op, labels, keep, split.vocab, weight_hard_loss != 0.0 or return_soft_hard_loss)
     soft_div = {"sum": 1.0, "batchmean": max(count, 1.0), "mean": max(count, 1.0) * split.vocab}[reduction]
     hard_div = 1.0 if reduction == "sum" else max(count, 1.0)
     if chunk_size is None:  # s, t and three scratch buffers, the slopes of the softcaps, the hard loss's own
@@ -1373,14 +1380,7 @@ def fused_linear_sparse_jsd_loss(student_input: Any, student_weight: Any, teache
     mask = torch.ones_like(ids, dtype=torch.bool) if support_mask is None else support_mask.reshape(rows, k).bool()
     check_support_ids(op, ids, mask, split.vocab, keep)
     count = float(kept) if rows_group is None else float(_all_reduce(torch.tensor(float(kept)), rows_group))
-    hard_labels = None
-    if labels is not None and (weight_hard_loss != 0.0 or return_soft_hard_loss):
-        hard_labels = labels.reshape(-1)
-        wrong = keep & ((hard_labels < 0) | (hard_labels >= split.vocab))
-        if bool(wrong.any()):
-            row = int(wrong.nonzero()[0])
-            raise ValueError(f"{op}: labels[{row}] = {int(hard_labels[row])} is outside the vocabulary "
-                             f"[0, {split.vocab}) where the cross entropy reads it")
+    hard_labels = _hard_labels(op, labels, keep, split.vocab, weight_hard_loss != 0.0 or return_soft_hard_loss)
     how = "sum" if num_items_in_batch is not None else reduction
     entries = k + add_tail
     soft_div = {"sum": 1.0, "batchmean": max(count, 1.0), "mean": max(count, 1.0) * entries}[how]

@@ -115,6 +115,13 @@ def _all_reduce(x: Tensor, group: Any, op: str = "sum") -> Tensor:
     return y if y.device == x.device else y.to(x.device)
 
 
+def wide(acc: torch.dtype, device: torch.device) -> torch.dtype:
+    """The dtype of a call's sums over chunks and of a served teacher's support terms: float64 on the CPU; on an
+    accelerator the call's own `acc`, since the NPU's ops reject float64 (docs/npu_paths.md) and its kernels compute
+    these terms in float32 too."""
+    return torch.float64 if device.type == "cpu" else acc
+
+
 def chunk_rows(split: Split) -> int:
     ranks = _dist().get_world_size(split.group)
     return max(1, _CHUNK_ELEMENTS * int(ranks) // max(split.vocab, 1))
@@ -164,11 +171,12 @@ def jsd_terms(s: Tensor, t: Tensor, beta: float, need: bool) -> tuple[Tensor, Te
         p = s.exp()
         value = p * (s - t)
         return value, (value + p if need else None), (-p if need else None)
-    m = torch.logaddexp(s + math.log(1.0 - beta), t + math.log(beta))
-    bq = beta * t.exp()
-    bp = (1.0 - beta) * s.exp()
-    ds = bp * (s - m)
-    dt = bq * (t - m)
+    # m = log((1 - beta) p + beta q) through the softplus of d = s - t + log(1 - beta) - log(beta), never formed
+    # (exact where p and q underflow; no logaddexp, which Ascend 310B's CANN lacks): the composite's formulas.
+    d = s - t + (math.log1p(-beta) - math.log(beta))
+    soft = torch.log1p(torch.exp(-d.abs())) + d.clamp(min=0)  # softplus(d)
+    ds = (1.0 - beta) * s.exp() * (d - soft - math.log1p(-beta))  # s - m = d - softplus(d) - log(1 - beta)
+    dt = beta * t.exp() * (-soft - math.log(beta))  # t - m = -softplus(d) - log(beta)
     return ds + dt, (ds if need else None), (dt if need else None)
 
 
@@ -206,7 +214,7 @@ def _put(out: Tensor, rows: Any, values: Tensor) -> None:
     if isinstance(rows, slice):
         out[rows] = values
     else:
-        out.index_copy_(0, rows, values.to(out.dtype))
+        out.index_put_((rows,), values.to(out.dtype))  # not index_copy_: Ascend 950's CANN has no aclnnInplaceIndexCopy
 
 
 class Workspace:
@@ -285,13 +293,14 @@ def jsd_chunk_terms(beta: float, a: Tensor, b: Tensor, lse_s: Tensor, lse_t: Ten
         if values is not None:
             values.copy_(d)
         a_t, a_s = c.neg_(), d.sub_(c)
-    else:  # m = logaddexp(s + log(1 - beta), t + log(beta)); dL/ds = (1 - beta) p (s - m), dL/dt = beta q (t - m)
-        torch.add(a, math.log(1.0 - beta), out=c)
-        torch.add(b, math.log(beta), out=d)
-        torch.logaddexp(c, d, out=c)
-        torch.sub(a, c, out=d).mul_(torch.exp(a, out=e).mul_(1.0 - beta))
-        torch.sub(b, c, out=c).mul_(torch.exp(b, out=e).mul_(beta))
-        a_s, a_t = d, c
+    else:  # dL/ds = (1 - beta) p (s - m), dL/dt = beta q (t - m), m as in jsd_terms (softplus, no logaddexp)
+        log_1mb, log_b = math.log1p(-beta), math.log(beta)
+        torch.sub(a, b, out=c).add_(log_1mb - log_b)  # d
+        torch.clamp(c, min=0, out=e)
+        torch.abs(c, out=d).neg_().exp_().log1p_().add_(e)  # softplus(d)
+        c.sub_(d).sub_(log_1mb).mul_(torch.exp(a, out=e).mul_(1.0 - beta))  # (1 - beta) p (s - m)
+        d.neg_().sub_(log_b).mul_(torch.exp(b, out=e).mul_(beta))  # beta q (t - m)
+        a_s, a_t = c, d
         total = a_s.sum() + a_t.sum()
         if values is not None:
             torch.add(a_s, a_t, out=values) if values.dtype == a_s.dtype else values.copy_(a_s + a_t)
@@ -661,11 +670,35 @@ def support_terms(s: Tensor, t: Tensor, mask: Tensor, beta: float, add_tail: boo
     s0, t0 = torch.where(mask, s, zero), torch.where(mask, t, zero)
     p, q = torch.where(mask, s.exp(), zero), torch.where(mask, t.exp(), zero)
     if beta == 0.0:
-        return torch.nan_to_num(q * (t0 - s0), nan=0.0)
+        return nan_to_zero(q * (t0 - s0))
     if beta == 1.0:
-        return torch.nan_to_num(p * (s0 - t0), nan=0.0)
+        return nan_to_zero(p * (s0 - t0))
     m = torch.where(mask, torch.log(((1 - beta) * p + beta * q).clamp_min(tiny)), zero)
-    return beta * torch.nan_to_num(q * (t0 - m), nan=0.0) + (1 - beta) * torch.nan_to_num(p * (s0 - m), nan=0.0)
+    return beta * nan_to_zero(q * (t0 - m)) + (1 - beta) * nan_to_zero(p * (s0 - m))
+
+
+def nan_to_zero(x: Tensor) -> Tensor:
+    """torch.nan_to_num(x, nan=0.0), its infinities clamped to the dtype's largest value, and its gradient passed
+    only where x is finite, as nan_to_num's, built from where and clamp: torch_npu runs nan_to_num through an aclop
+    kernel where these are aclnn calls (the composite's nan_to_zero, csrc/composite/sparse_jsd.cpp)."""
+    largest = torch.finfo(x.dtype).max
+    return torch.where(x != x, torch.zeros((), dtype=x.dtype, device=x.device), x).clamp(-largest, largest)
+
+
+def _rows_of(rel: Tensor) -> Tensor:
+    return torch.arange(rel.size(0), device=rel.device)[:, None].expand_as(rel)
+
+
+def take_at(dense: Tensor, rel: Tensor) -> Tensor:
+    """dense[i, rel[i, j]]: advanced indexing (aclnnIndex on the NPU; ops-nn's aclnnGather document lists no Ascend
+    950, docs/npu_paths.md)."""
+    return dense[_rows_of(rel), rel]
+
+
+def add_at(dense: Tensor, rel: Tensor, values: Tensor) -> None:
+    """dense[i, rel[i, j]] += values[i, j], in place: index_put_ with accumulation (aclnnIndexPutImpl on the NPU,
+    where torch_npu runs scatter_add_ through an aclop kernel; the composite's choice too)."""
+    dense.index_put_((_rows_of(rel), rel), values, accumulate=True)
 
 
 def check_support_ids(op: str, ids: Tensor, mask: Tensor, vocab: int, keep: Tensor | None) -> None:
@@ -722,18 +755,19 @@ def sparse_forward(call: SparseCall, x: Tensor, logprobs: Tensor, ids: Tensor, m
     values = x.new_empty((kept, k + call.add_tail), dtype=result) if call.none else None
     support = x.new_empty((kept, k), dtype=acc)
     lse_all = x.new_empty((kept,), dtype=acc)
+    in_terms = wide(acc, x.device)
     done = 0
     for chunk in _chunks(call.keep, rows, step):
         z, _ = call.student(_take(x, chunk), acc)
         (lse,) = log_normalizers([z], call.split.group)
         rel, inside, on = _support_chunk(call, ids, mask, chunk)
-        at = z.gather(1, rel) if z.size(1) else torch.zeros(rel.shape, dtype=acc, device=x.device)
+        at = take_at(z, rel) if z.size(1) else torch.zeros(rel.shape, dtype=acc, device=x.device)
         s = _all_reduce(torch.where(inside, at, torch.zeros((), dtype=acc, device=x.device)), call.split.group)
         s = s - lse[:, None]
         n = s.size(0)
         support[done:done + n] = s
         lse_all[done:done + n] = lse
-        value = support_terms(s.double(), _take(logprobs, chunk).double(), on, call.beta, call.add_tail,
+        value = support_terms(s.to(in_terms), _take(logprobs, chunk).to(in_terms), on, call.beta, call.add_tail,
                               torch.finfo(acc).tiny)
         if values is not None:
             values[done:done + n] = value.to(result)
@@ -753,6 +787,7 @@ def sparse_backward(call: SparseCall, x: Tensor, logprobs: Tensor, ids: Tensor, 
     """The gradients w.r.t. the rank's logits slice and the teacher's log-probabilities: the support's G by
     autograd on (n, K), then the log-softmax's backward on the slice, with no collective."""
     acc = support.dtype
+    in_terms = wide(acc, x.device)
     rows = ids.size(0)
     step = chunk_rows(call.split)
     gx = torch.zeros_like(x) if grads[0] else None
@@ -761,9 +796,9 @@ def sparse_backward(call: SparseCall, x: Tensor, logprobs: Tensor, ids: Tensor, 
     for chunk in _chunks(call.keep, rows, step):
         rel, inside, on = _support_chunk(call, ids, mask, chunk)
         n = rel.size(0)
-        s = support[done:done + n].detach().double().requires_grad_()
-        t = _take(logprobs, chunk).detach().double().requires_grad_()
-        w = grad[done:done + n].double() if call.none else grad.double()
+        s = support[done:done + n].detach().to(in_terms).requires_grad_()
+        t = _take(logprobs, chunk).detach().to(in_terms).requires_grad_()
+        w = (grad[done:done + n] if call.none else grad).to(in_terms)
         lse = lse_all[done:done + n]
         done += n
         with torch.enable_grad():
@@ -776,7 +811,7 @@ def sparse_backward(call: SparseCall, x: Tensor, logprobs: Tensor, ids: Tensor, 
             z, dz = call.student(_take(x, chunk), acc)
             dense = (z - lse[:, None]).exp() * -g_s.sum(-1, keepdim=True)
             if dense.size(1):
-                dense.scatter_add_(1, rel, torch.where(inside, g_s, torch.zeros((), dtype=acc, device=x.device)))
+                add_at(dense, rel, torch.where(inside, g_s, torch.zeros((), dtype=acc, device=x.device)))
             _put(gx, chunk, dense * dz)
     return gx, gl
 
@@ -914,13 +949,14 @@ def _logits_into(h: Tensor, w: Tensor, b: Tensor | None, out: Tensor) -> Tensor:
 
 def linear_forward(call: LinearCall, hs: Tensor, ws: Tensor, bs: Tensor | None, ht: Tensor, wt: Tensor,
                    bt: Tensor | None, grads: tuple[bool, bool]) -> tuple[Tensor, Tensor, Tensor | None, list[Any]]:
-    """The JSD's and the cross entropy's global sums (0-dim, float64), the entropy per row (or None), and the
+    """The JSD's and the cross entropy's global sums (0-dim, `wide`), the entropy per row (or None), and the
     gradients of the weighted loss w.r.t. (hs, ws, bs, ht, wt, bt) where `grads` asks for a side."""
     acc = torch.float64 if torch.float64 in (hs.dtype, ht.dtype) else torch.float32
     rows = hs.size(0)
     group = call.split.group
-    soft = torch.zeros((), dtype=torch.float64, device=hs.device)
-    hard = torch.zeros((), dtype=torch.float64, device=hs.device)
+    summed = wide(acc, hs.device)
+    soft = torch.zeros((), dtype=summed, device=hs.device)
+    hard = torch.zeros((), dtype=summed, device=hs.device)
     entropy = torch.zeros(rows, dtype=torch.float32, device=hs.device) if call.entropy else None
     out: list[Any] = [None] * 6
     if grads[0]:
@@ -949,7 +985,7 @@ def linear_forward(call: LinearCall, hs: Tensor, ws: Tensor, bs: Tensor | None, 
         scratch = [work("c", n), work("d", n), work("e", n)]
         lse = normalizers_into([a, b, u] if own_normalizer else [a, b], group, scratch[0])
         part, a_s, a_t, sums = jsd_chunk_terms(call.beta, a, b, lse[0], lse[1], scratch, call.entropy, None)
-        soft += part.double()
+        soft += part.to(summed)
         if with_hard:  # the label's log-probability of the untempered logits, from the rank that holds it
             log_u = u.sub_(lse[2][:, None]) if own_normalizer else a
             label = _take(call.labels, chunk).long() - call.split.offset  # type: ignore[arg-type]
@@ -960,7 +996,7 @@ def linear_forward(call: LinearCall, hs: Tensor, ws: Tensor, bs: Tensor | None, 
         if entropy is not None:
             _put(entropy, chunk, (lse[0] - reduced[2]).float())
         if with_hard:
-            hard -= reduced[-1].sum().double()
+            hard -= reduced[-1].sum().to(summed)
         for side in (0, 1):
             if not grads[side]:
                 continue
@@ -1162,15 +1198,16 @@ class SparseLinearCall:
 def sparse_linear_forward(call: SparseLinearCall, hs: Tensor, ws: Tensor, bs: Tensor | None, logprobs: Tensor,
                           ids: Tensor, mask: Tensor, grads: tuple[bool, bool]
                           ) -> tuple[Tensor, Tensor, Tensor | None, list[Any]]:
-    """The divergence's and the cross entropy's sums (0-dim, float64), the entropy per row, and the gradients of the
+    """The divergence's and the cross entropy's sums (0-dim, `wide`), the entropy per row, and the gradients of the
     weighted loss w.r.t. (hs, ws, bs, logprobs) where `grads` asks (the student's side, the teacher's values)."""
     acc = torch.float64 if hs.dtype == torch.float64 else torch.float32
     tiny = torch.finfo(acc).tiny
     rows, k = ids.shape
     group = call.split.group
     width = ws.size(0)
-    soft = torch.zeros((), dtype=torch.float64, device=hs.device)
-    hard = torch.zeros((), dtype=torch.float64, device=hs.device)
+    summed = wide(acc, hs.device)
+    soft = torch.zeros((), dtype=summed, device=hs.device)
+    hard = torch.zeros((), dtype=summed, device=hs.device)
     entropy = torch.zeros(rows, dtype=torch.float32, device=hs.device) if call.entropy else None
     out: list[Any] = [None] * 4
     if grads[0]:
@@ -1195,7 +1232,7 @@ def sparse_linear_forward(call: SparseLinearCall, hs: Tensor, ws: Tensor, bs: Te
         scratch = work("c", n)
         lse = normalizers_into([a, u] if own_normalizer else [a], group, scratch)
         rel, inside, on = _support_chunk(call, ids, mask, chunk)  # type: ignore[arg-type]
-        at = a.gather(1, rel) if width else torch.zeros(rel.shape, dtype=acc, device=hs.device)
+        at = take_at(a, rel) if width else torch.zeros(rel.shape, dtype=acc, device=hs.device)
         parts = [torch.where(inside, at, zero)]
         if with_hard:  # the label's untempered logit, from the rank that holds it
             label = _take(call.labels, chunk).long() - call.split.offset  # type: ignore[arg-type]
@@ -1212,18 +1249,18 @@ def sparse_linear_forward(call: SparseLinearCall, hs: Tensor, ws: Tensor, bs: Te
         s = reduced[:, :k] - lse[0][:, None]
         if entropy is not None:
             _put(entropy, chunk, (lse[0] - reduced[:, -1]).float())
-        t = _take(logprobs, chunk).detach().double().requires_grad_(grads[1])
-        s64 = s.double().requires_grad_(grads[0])
+        t = _take(logprobs, chunk).detach().to(summed).requires_grad_(grads[1])
+        s_wide = s.to(summed).requires_grad_(grads[0])
         with torch.enable_grad():
-            terms = support_terms(s64, t, on, call.beta, call.add_tail, tiny)
+            terms = support_terms(s_wide, t, on, call.beta, call.add_tail, tiny)
             total = terms.sum()
-            wanted = [x for x, g in ((s64, grads[0]), (t, grads[1])) if g]
+            wanted = [x for x, g in ((s_wide, grads[0]), (t, grads[1])) if g]
             g_terms = torch.autograd.grad(total, wanted) if wanted else ()
         soft += total.detach()
         log_u = None
         if with_hard:
             lse_u = lse[1] if own_normalizer else lse[0]
-            hard -= (reduced[:, k] - lse_u).sum().double()
+            hard -= (reduced[:, k] - lse_u).sum().to(summed)
         if grads[1]:
             _put(out[3], chunk, g_terms[-1] * call.soft)
         if not grads[0]:
@@ -1233,7 +1270,7 @@ def sparse_linear_forward(call: SparseLinearCall, hs: Tensor, ws: Tensor, bs: Te
         # The log-softmax's backward on the slice: -p * sum(G) everywhere, G added at the ids this rank holds.
         torch.exp(a, out=d).mul_(-g_s.sum(-1, keepdim=True))
         if width:
-            d.scatter_add_(1, rel, torch.where(inside, g_s, zero))
+            add_at(d, rel, torch.where(inside, g_s, zero))
         d.mul_(slope).mul_(call.soft)
         if with_hard and call.hard != 0.0:  # + hard * (softmax(u) - one_hot) * du/dx
             log_u = u.sub_(lse[1][:, None]) if own_normalizer else a

@@ -214,7 +214,7 @@ def _put(out: Tensor, rows: Any, values: Tensor) -> None:
     if isinstance(rows, slice):
         out[rows] = values
     else:
-        out.index_put_((rows,), values.to(out.dtype))  # not index_copy_: Ascend 950's CANN has no aclnnInplaceIndexCopy
+        out.index_put_((rows,), values.to(out.dtype))  # as the composite path: index_copy_ fails on the emulated 950
 
 
 class Workspace:

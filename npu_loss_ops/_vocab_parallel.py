@@ -117,8 +117,8 @@ def _all_reduce(x: Tensor, group: Any, op: str = "sum") -> Tensor:
 
 def wide(acc: torch.dtype, device: torch.device) -> torch.dtype:
     """The dtype of a call's sums over chunks and of a served teacher's support terms: float64 on the CPU; on an
-    accelerator the call's own `acc`, since the NPU's ops reject float64 (docs/npu_paths.md) and its kernels compute
-    these terms in float32 too."""
+    accelerator the call's own `acc` (float32 but for float64 inputs), as the package's NPU kernels compute these
+    terms (docs/npu_paths.md): float64 there is not every chip's, and costs what float32 does not."""
     return torch.float64 if device.type == "cpu" else acc
 
 

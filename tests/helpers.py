@@ -111,6 +111,23 @@ def leave_gloo(finished: bool) -> None:
     os._exit(0 if finished else 1)
 
 
+def run_ranks(worker: Callable, args: tuple, nprocs: int, time_limit: float, what: str) -> None:
+    """Runs worker(rank, *args) in `nprocs` spawned processes and waits for them all; past `time_limit` seconds
+    kills them and fails the test, naming `what` ("the two DTensor processes")."""
+    import time
+
+    import pytest
+    import torch.multiprocessing as mp
+
+    context = mp.start_processes(worker, args=args, nprocs=nprocs, join=False, start_method="spawn")
+    deadline = time.monotonic() + time_limit
+    while not context.join(timeout=5):
+        if time.monotonic() > deadline:
+            for process in context.processes:
+                process.kill()
+            pytest.fail(f"{what} took more than {time_limit} s")
+
+
 class RecordOps(TorchDispatchMode):
     """Records the name of every op that reaches the dispatcher inside the `with` block, e.g.
     "npu_loss.l1_loss.default" or "aten.abs.default", in `.ops`, and runs it unchanged."""

@@ -19,17 +19,15 @@ import socket
 import subprocess
 import sys
 import tempfile
-import time
 import warnings
 from dataclasses import dataclass
 
 import pytest
 import torch
 import torch.distributed as dist
-import torch.multiprocessing as mp
 
 import npu_loss_ops
-from helpers import leave_gloo, package_parent
+from helpers import leave_gloo, package_parent, run_ranks
 
 pytestmark = pytest.mark.skipif(
     not dist.is_available() or not dist.is_gloo_available(), reason="torch.distributed with gloo"
@@ -444,15 +442,7 @@ def _skip_without_avg(got: dict[str, object], dtensor_results) -> None:
 @pytest.fixture(scope="module")
 def dtensor_results():
     with tempfile.TemporaryDirectory() as result_dir:
-        context = mp.start_processes(
-            _worker, args=(result_dir,), nprocs=WORLD, join=False, start_method="spawn"
-        )
-        deadline = time.monotonic() + TIME_LIMIT
-        while not context.join(timeout=5):
-            if time.monotonic() > deadline:
-                for process in context.processes:
-                    process.kill()
-                pytest.fail(f"the two DTensor processes took more than {TIME_LIMIT} s")
+        run_ranks(_worker, (result_dir,), WORLD, TIME_LIMIT, "the two DTensor processes")
         return torch.load(os.path.join(result_dir, "dtensor.pt"))
 
 

@@ -29,7 +29,6 @@ import math
 import os
 import socket
 import tempfile
-import time
 import traceback
 import zlib
 from dataclasses import dataclass
@@ -37,10 +36,9 @@ from dataclasses import dataclass
 import pytest
 import torch
 import torch.distributed as dist
-import torch.multiprocessing as mp
 
 import npu_loss_ops
-from helpers import leave_gloo
+from helpers import leave_gloo, run_ranks
 
 pytestmark = pytest.mark.skipif(
     not dist.is_available() or not dist.is_gloo_available(), reason="torch.distributed with gloo"
@@ -519,14 +517,7 @@ def _worker(rank: int, world: int, result_dir: str) -> None:
 def _spawn(world: int) -> list[dict]:
     """Each rank's results, rank order."""
     with tempfile.TemporaryDirectory() as result_dir:
-        context = mp.start_processes(_worker, args=(world, result_dir), nprocs=world, join=False,
-                                     start_method="spawn")
-        deadline = time.monotonic() + TIME_LIMIT
-        while not context.join(timeout=2):
-            if time.monotonic() > deadline:
-                for process in context.processes:
-                    process.kill()
-                pytest.fail(f"the {world} vocabulary-parallel processes took more than {TIME_LIMIT} s")
+        run_ranks(_worker, (world, result_dir), world, TIME_LIMIT, f"the {world} vocabulary-parallel processes")
         return [torch.load(os.path.join(result_dir, f"vocab_parallel-{world}-{rank}.pt"), weights_only=False)
                 for rank in range(world)]
 

@@ -14,17 +14,15 @@ import datetime
 import os
 import socket
 import tempfile
-import time
 import traceback
 from dataclasses import dataclass, field
 
 import pytest
 import torch
 import torch.distributed as dist
-import torch.multiprocessing as mp
 
 import npu_loss_ops
-from helpers import leave_gloo
+from helpers import leave_gloo, run_ranks
 
 pytestmark = pytest.mark.skipif(
     not dist.is_available() or not dist.is_gloo_available(), reason="torch.distributed with gloo"
@@ -454,14 +452,7 @@ _RESULTS: dict[int, dict] = {}
 def _results(world: int) -> dict:
     if world not in _RESULTS:
         with tempfile.TemporaryDirectory() as result_dir:
-            context = mp.start_processes(_worker, args=(world, result_dir), nprocs=world, join=False,
-                                         start_method="spawn")
-            deadline = time.monotonic() + TIME_LIMIT
-            while not context.join(timeout=5):
-                if time.monotonic() > deadline:
-                    for process in context.processes:
-                        process.kill()
-                    pytest.fail(f"the {world} processes took more than {TIME_LIMIT} s")
+            run_ranks(_worker, (world, result_dir), world, TIME_LIMIT, f"the {world} processes")
             _RESULTS[world] = torch.load(os.path.join(result_dir, "results.pt"))
     return _RESULTS[world]
 
@@ -589,14 +580,7 @@ def _device_results(device: str) -> list:
     if device in _DEVICE_RESULTS:
         return _DEVICE_RESULTS[device]
     with tempfile.TemporaryDirectory() as result_dir:
-        context = mp.start_processes(_device_worker, args=(device, result_dir), nprocs=2, join=False,
-                                     start_method="spawn")
-        deadline = time.monotonic() + TIME_LIMIT
-        while not context.join(timeout=5):
-            if time.monotonic() > deadline:
-                for process in context.processes:
-                    process.kill()
-                pytest.fail(f"the two processes on {device} took more than {TIME_LIMIT} s")
+        run_ranks(_device_worker, (device, result_dir), 2, TIME_LIMIT, f"the two processes on {device}")
         _DEVICE_RESULTS[device] = torch.load(os.path.join(result_dir, "device.pt"))
     return _DEVICE_RESULTS[device]
 
